@@ -1,0 +1,92 @@
+// The C ABI of common/flash_steps.h over the C++ registry. No exception crosses this boundary.
+#include <exception>
+#include <string>
+
+#include "flash_steps.h"
+#include "registry.h"
+
+namespace {
+
+thread_local std::string last_error;
+
+fs_status fail(fs_status status, std::string message) {
+  last_error = std::move(message);
+  return status;
+}
+
+const fs::Step* step_at(int index) {
+  const auto& all = fs::steps();
+  return index >= 0 && size_t(index) < all.size() ? &all[size_t(index)] : nullptr;
+}
+
+// Runs `body` and turns any exception into a status and last_error.
+template <typename F>
+fs_status guarded(const char* step_id, const fs_problem* p, F&& body) {
+  last_error.clear();
+  try {
+    if (!step_id) return fail(FS_ERR_UNKNOWN_STEP, "step id is a null pointer");
+    if (!p) return fail(FS_ERR_INVALID, "problem is a null pointer");
+    const fs::Step* step = fs::find_step(step_id);
+    if (!step) return fail(FS_ERR_UNKNOWN_STEP, std::string("no step has id '") + step_id + "' (see fs_step_id)");
+    return body(*step, *p);
+  } catch (const fs::Error& e) {
+    return fail(FS_ERR_CUDA, e.what());
+  } catch (const std::exception& e) {
+    return fail(FS_ERR_CUDA, e.what());
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+FS_API void fs_problem_init(fs_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
+                            int64_t heads_kv, int64_t head_dim, int32_t dtype, int32_t causal) {
+  if (!p) return;
+  *p = fs::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, static_cast<fs::DType>(dtype),
+                        causal != 0);
+  p->causal = causal;  // keep the caller's value so that a bad one is reported by fs_check
+}
+
+FS_API int fs_step_count(void) {
+  try {
+    return int(fs::steps().size());
+  } catch (...) {
+    return 0;
+  }
+}
+
+FS_API const char* fs_step_id(int index) { return step_at(index) ? step_at(index)->id.c_str() : nullptr; }
+FS_API const char* fs_step_name(int index) { return step_at(index) ? step_at(index)->name.c_str() : nullptr; }
+FS_API const char* fs_step_lesson(int index) { return step_at(index) ? step_at(index)->lesson.c_str() : nullptr; }
+FS_API int fs_step_min_compute_capability(int index) {
+  return step_at(index) ? step_at(index)->min_compute_capability : -1;
+}
+
+FS_API fs_status fs_check(const char* step_id, const fs_problem* p) {
+  return guarded(step_id, p, [](const fs::Step& step, const fs_problem& prob) {
+    const std::string why = fs::validate(prob);  // before touching the GPU
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    const std::string refused = fs::check(step, prob, fs::current_device());
+    return refused.empty() ? FS_OK : fail(FS_ERR_INVALID, refused);
+  });
+}
+
+FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q, const void* k, const void* v,
+                        void* o, float* lse, void* stream) {
+  return guarded(step_id, p, [&](const fs::Step& step, const fs_problem& prob) {
+    const fs::Tensors t{q, k, v, o, lse};
+    std::string why = fs::validate(prob);  // before touching the GPU
+    if (why.empty()) why = fs::validate_tensors(prob, t);
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    const fs::DeviceInfo dev = fs::current_device();
+    why = fs::check(step, prob, dev);
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    fs::run(step, prob, t, static_cast<cudaStream_t>(stream), dev);
+    return FS_OK;
+  });
+}
+
+FS_API const char* fs_last_error(void) { return last_error.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,201 @@
+#include "cli.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+namespace fs {
+
+namespace {
+
+// Whole-string integer in [lo, hi], else an error naming the flag, the text and the range.
+bool parse_int(const std::string& flag, const std::string& text, int64_t lo, int64_t hi, int64_t& out,
+               std::string& error) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+    std::ostringstream m;
+    m << flag << " expects an integer between " << lo << " and " << hi << ", got '" << text << "'";
+    error = m.str();
+    return false;
+  }
+  out = v;
+  return true;
+}
+
+bool parse_float(const std::string& flag, const std::string& text, float& out, std::string& error) {
+  errno = 0;
+  char* end = nullptr;
+  const float v = std::strtof(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v <= 0) {
+    error = flag + " expects a finite number greater than 0, got '" + text + "'";
+    return false;
+  }
+  out = v;
+  return true;
+}
+
+}  // namespace
+
+ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
+  ParsedArgs r;
+  RunnerOptions& o = r.options;
+  size_t i = 0;
+  if (!args.empty() && (args[0] == "list" || args[0] == "run")) o.command = args[i++];
+  bool seqlen_q_set = false, seqlen_k_set = false;
+  for (; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    bool has_value = false;
+    const size_t eq = flag.find('=');
+    if (flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    auto need_value = [&]() -> bool {
+      if (has_value) return true;
+      if (i + 1 >= args.size()) {
+        r.error = flag + " needs a value";
+        return false;
+      }
+      value = args[++i];
+      return true;
+    };
+    auto int_flag = [&](int64_t lo, int64_t hi, int64_t& out) {
+      return need_value() && parse_int(flag, value, lo, hi, out, r.error);
+    };
+    auto no_value = [&]() {
+      if (has_value) r.error = flag + " takes no value";
+      return !has_value;
+    };
+    int64_t n = 0;
+    bool ok = true;
+    if (flag == "--help" || flag == "-h") {
+      ok = no_value();
+      o.command = "help";
+    } else if (flag == "--list") {
+      ok = no_value();
+      o.command = "list";
+    } else if (flag == "--step") {
+      ok = need_value();
+      if (ok) {
+        std::stringstream ss(value);
+        std::string id;
+        while (std::getline(ss, id, ','))
+          if (!id.empty()) o.steps.push_back(id);
+        if (o.steps.empty()) {
+          r.error = "--step expects a step id (see --list), got '" + value + "'";
+          ok = false;
+        }
+      }
+    } else if (flag == "--batch") {
+      ok = int_flag(1, INT32_MAX, o.batch);
+    } else if (flag == "--seqlen") {
+      ok = int_flag(0, INT32_MAX, n);
+      if (ok) {
+        if (!seqlen_q_set) o.seqlen_q = n;
+        if (!seqlen_k_set) o.seqlen_k = n;
+      }
+    } else if (flag == "--seqlen-q") {
+      ok = int_flag(0, INT32_MAX, o.seqlen_q);
+      seqlen_q_set = true;
+    } else if (flag == "--seqlen-k") {
+      ok = int_flag(0, INT32_MAX, o.seqlen_k);
+      seqlen_k_set = true;
+    } else if (flag == "--heads") {
+      ok = int_flag(1, INT32_MAX, o.heads);
+    } else if (flag == "--kv-heads") {
+      ok = int_flag(1, INT32_MAX, o.kv_heads);
+    } else if (flag == "--head-dim") {
+      ok = int_flag(1, 1 << 20, o.head_dim);
+    } else if (flag == "--dtype") {
+      ok = need_value();
+      if (ok) {
+        if (value == "fp16") o.dtype = DType::fp16;
+        else if (value == "bf16") o.dtype = DType::bf16;
+        else {
+          r.error = "--dtype expects fp16 or bf16, got '" + value + "'";
+          ok = false;
+        }
+      }
+    } else if (flag == "--causal") {
+      ok = no_value();
+      o.causal = true;
+    } else if (flag == "--scale") {
+      ok = need_value() && parse_float(flag, value, o.scale, r.error);
+      o.scale_given = ok;
+    } else if (flag == "--iters") {
+      ok = int_flag(1, 100000, n);
+      o.iters = int(n);
+    } else if (flag == "--warmup") {
+      ok = int_flag(0, 100000, n);
+      o.warmup = int(n);
+    } else if (flag == "--seed") {
+      ok = int_flag(0, INT64_MAX, n);
+      o.seed = uint64_t(n);
+    } else if (flag == "--no-flush") {
+      ok = no_value();
+      o.flush_l2 = false;
+    } else if (flag == "--no-baseline") {
+      ok = no_value();
+      o.baseline = false;
+    } else if (flag == "--json") {
+      ok = no_value();
+      o.format = OutputFormat::json;
+    } else if (flag == "--csv") {
+      ok = no_value();
+      o.format = OutputFormat::csv;
+    } else {
+      r.error = "unknown argument '" + args[i] + "' (see --help)";
+      ok = false;
+    }
+    if (!ok) {
+      if (r.error.empty()) r.error = "bad argument '" + args[i] + "'";
+      return r;
+    }
+  }
+  return r;
+}
+
+Problem problem_from(const RunnerOptions& o) {
+  Problem p = make_problem(o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.kv_heads ? o.kv_heads : o.heads,
+                           o.head_dim, o.dtype, o.causal);
+  if (o.scale_given) p.softmax_scale = o.scale;
+  return p;
+}
+
+std::string runner_usage() {
+  return R"(flash-steps — run, check and time every step of the FlashAttention ladder
+
+usage: flash-steps [run] [options]     check every step against the reference, time it, print a table
+       flash-steps --list              list the registered steps (no GPU needed)
+
+problem (defaults: batch 2, heads 16, seqlen 2048, head_dim 128, fp16, not causal):
+  --batch N            batch size
+  --seqlen N           query and key length
+  --seqlen-q N         query length (overrides --seqlen)
+  --seqlen-k N         key/value length (overrides --seqlen)
+  --heads N            query heads
+  --kv-heads N         key/value heads (GQA/MQA; must divide --heads; default: --heads)
+  --head-dim N         head dimension (a multiple of 8, at most 256)
+  --dtype fp16|bf16    element type of Q, K, V, O
+  --causal             causal mask, bottom-right aligned
+  --scale X            softmax scale (default 1/sqrt(head_dim))
+
+run:
+  --step ID[,ID...]    only these steps (repeatable; see --list)
+  --iters N            timed launches per step (default 20; the median is reported)
+  --warmup N           untimed launches first (default 2)
+  --no-flush           do not flush the L2 cache between timed launches
+  --no-baseline        leave out the unfused cuBLAS row
+  --seed N             seed of the random inputs (default 1)
+  --json | --csv       machine-readable output on stdout instead of the table
+  -h, --help           this text
+
+Exit status: 0 all checked steps pass, 1 a step failed or no GPU, 2 bad arguments.
+)";
+}
+
+}  // namespace fs

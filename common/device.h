@@ -1,0 +1,57 @@
+// CUDA error checking and what the harness needs to know about the device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+namespace fs {
+
+// Every failure the harness reports: a refused problem, a bad pointer, a failed CUDA call.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Throws fs::Error("file:line: expr failed: cudaErrorName (message)").
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
+
+}  // namespace fs
+
+// Wrap every CUDA runtime call: CHECK_CUDA(cudaMalloc(&p, n));
+#define CHECK_CUDA(expr)                                                      \
+  do {                                                                        \
+    cudaError_t fs_err_ = (expr);                                             \
+    if (fs_err_ != cudaSuccess) ::fs::throw_cuda_error(fs_err_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+// After every kernel launch: catches bad configurations (and, in debug, asynchronous faults).
+#define CHECK_LAUNCH() CHECK_CUDA(cudaGetLastError())
+
+namespace fs {
+
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  int compute_capability = 0;         // 90 for sm_90
+  int sm_count = 0;
+  size_t smem_per_block_optin = 0;    // cudaDevAttrMaxSharedMemoryPerBlockOptin
+  size_t l2_bytes = 0;
+  size_t free_bytes = 0;              // at the time of the query
+  size_t total_bytes = 0;
+  int driver_version = 0;             // e.g. 13000
+  int runtime_version = 0;
+};
+
+// "" when a CUDA device can be used, else why not, in words: no device found, driver too old for
+// this runtime, or the error CUDA gave.
+std::string cuda_unavailable_reason();
+
+// The current device. Throws fs::Error with cuda_unavailable_reason() if there is none.
+DeviceInfo current_device();
+
+// A description of a device for logs and results files.
+std::string describe(const DeviceInfo& d);
+
+}  // namespace fs

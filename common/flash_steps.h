@@ -1,0 +1,97 @@
+/*
+ * flash_steps.h — the C ABI of flash-steps (libflash_steps.so).
+ *
+ * Every step of the project can be listed, checked and launched through these functions, from C,
+ * from Python (ctypes: see bench/compare_torch.py) or from any language with a C FFI.
+ *
+ * Tensors follow FlashAttention's convention:
+ *   Q : (batch, seqlen_q, heads_q,  head_dim)     O : (batch, seqlen_q, heads_q, head_dim)
+ *   K : (batch, seqlen_k, heads_kv, head_dim)     V : (batch, seqlen_k, heads_kv, head_dim)
+ * in fp16 or bf16 (all four the same dtype), with element strides for the batch, row (seqlen) and
+ * head dimensions and a contiguous head_dim. Every stride must be a multiple of 8 elements and
+ * every pointer 16-byte aligned, so that any row can be moved with 16-byte accesses.
+ * LSE (optional, may be NULL) is fp32, contiguous (batch, heads_q, seqlen_q), natural log:
+ *   LSE[b][h][i] = log(sum_j exp(scale * q_i . k_j)) over the keys j that row i may attend.
+ *
+ * Semantics:
+ *   - softmax_scale multiplies Q.K^T before the softmax; fs_problem_init sets it to 1/sqrt(head_dim).
+ *     It must be finite and > 0.
+ *   - GQA / MQA: heads_q must be a multiple of heads_kv; query head h reads K/V head
+ *     h / (heads_q / heads_kv).
+ *   - causal is bottom-right aligned, as in FlashAttention >= 2.1: query i attends to key j iff
+ *     j <= i + seqlen_k - seqlen_q. A query row with no key to attend gets O = 0 and LSE = -inf.
+ *   - seqlen_k == 0: every row has no key, so O = 0 and LSE = -inf. seqlen_q == 0: nothing to do.
+ *   - All work is enqueued on `stream` (a cudaStream_t, NULL for the default stream); fs_run does
+ *     not synchronize.
+ *
+ * Errors: every function that can fail returns an fs_status; fs_last_error() then returns a sentence
+ * (thread-local, valid until the next call on this thread) that names the offending value and the
+ * limit it broke. Nothing is launched on a problem that fails its checks.
+ */
+#ifndef FLASH_STEPS_H
+#define FLASH_STEPS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FS_API __attribute__((visibility("default")))
+
+typedef enum fs_dtype { FS_FP16 = 0, FS_BF16 = 1 } fs_dtype;
+
+typedef enum fs_status {
+  FS_OK = 0,
+  FS_ERR_INVALID = 1,      /* the problem or a pointer breaks a rule of the harness or of the step */
+  FS_ERR_UNKNOWN_STEP = 2, /* no step has this id */
+  FS_ERR_CUDA = 3          /* a CUDA call failed (no device, driver too old, launch failure, ...) */
+} fs_status;
+
+/* Element strides of one (batch, seqlen, heads, head_dim) tensor; head_dim itself has stride 1. */
+typedef struct fs_strides {
+  int64_t batch;
+  int64_t row;
+  int64_t head;
+} fs_strides;
+
+typedef struct fs_problem {
+  int64_t batch;
+  int64_t seqlen_q;
+  int64_t seqlen_k;
+  int64_t heads_q;
+  int64_t heads_kv;
+  int64_t head_dim;
+  int32_t dtype;  /* fs_dtype */
+  int32_t causal; /* 0 or 1 */
+  float softmax_scale;
+  fs_strides q, k, v, o;
+} fs_problem;
+
+/* Fills *p with the given shape, contiguous strides and softmax_scale = 1/sqrt(head_dim). */
+FS_API void fs_problem_init(fs_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
+                            int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
+                            int32_t causal);
+
+/* The registered steps, in order. Index out of range: NULL / -1. */
+FS_API int fs_step_count(void);
+FS_API const char* fs_step_id(int index);     /* e.g. "01_naive" */
+FS_API const char* fs_step_name(int index);   /* e.g. "naive" */
+FS_API const char* fs_step_lesson(int index); /* one line */
+FS_API int fs_step_min_compute_capability(int index); /* e.g. 80 for sm_80 */
+
+/* FS_OK when `step_id` can run `p` on the current CUDA device. */
+FS_API fs_status fs_check(const char* step_id, const fs_problem* p);
+
+/* Checks, then enqueues the step on `stream`. */
+FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q, const void* k,
+                        const void* v, void* o, float* lse, void* stream);
+
+/* The message of the last failed call on this thread ("" if none). */
+FS_API const char* fs_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASH_STEPS_H */

@@ -1,0 +1,175 @@
+#include "problem.h"
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+
+namespace fs {
+
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case FS_FP16: return "fp16";
+    case FS_BF16: return "bf16";
+    default: return "dtype?";
+  }
+}
+
+Strides contiguous_strides(int64_t seqlen, int64_t heads, int64_t head_dim) {
+  return Strides{seqlen * heads * head_dim, heads * head_dim, head_dim};
+}
+
+Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
+                     int64_t heads_kv, int64_t head_dim, DType dtype, bool causal) {
+  Problem p{};
+  p.batch = batch;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.head_dim = head_dim;
+  p.dtype = static_cast<int32_t>(dtype);
+  p.causal = causal ? 1 : 0;
+  p.softmax_scale = head_dim > 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))) : 1.0f;
+  p.q = contiguous_strides(seqlen_q, heads_q, head_dim);
+  p.o = p.q;
+  p.k = contiguous_strides(seqlen_k, heads_kv, head_dim);
+  p.v = p.k;
+  return p;
+}
+
+namespace {
+
+std::string check_strides(const char* name, const Strides& s, int64_t seqlen, int64_t heads,
+                          int64_t head_dim) {
+  const struct { const char* what; int64_t stride; int64_t extent; } dims[] = {
+      {"batch", s.batch, 1}, {"row", s.row, seqlen}, {"head", s.head, heads}};
+  for (const auto& d : dims) {
+    std::ostringstream m;
+    if (d.stride < 0) {
+      m << name << "'s " << d.what << " stride is " << d.stride << "; strides must be >= 0";
+      return m.str();
+    }
+    if (d.stride % kHeadDimMultiple != 0) {
+      m << name << "'s " << d.what << " stride is " << d.stride
+        << " elements; it must be a multiple of " << kHeadDimMultiple
+        << " so that every row starts 16-byte aligned";
+      return m.str();
+    }
+  }
+  // Rows of one head must not overlap the head_dim of the next row or head.
+  if (seqlen > 1 && s.row < head_dim) {
+    std::ostringstream m;
+    m << name << "'s row stride " << s.row << " is smaller than head_dim " << head_dim
+      << "; rows would overlap (the last dimension must be contiguous)";
+    return m.str();
+  }
+  if (heads > 1 && s.head < head_dim) {
+    std::ostringstream m;
+    m << name << "'s head stride " << s.head << " is smaller than head_dim " << head_dim
+      << "; heads would overlap (the last dimension must be contiguous)";
+    return m.str();
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string validate(const Problem& p) {
+  std::ostringstream m;
+  if (p.dtype != FS_FP16 && p.dtype != FS_BF16) {
+    m << "dtype is " << p.dtype << "; it must be " << FS_FP16 << " (fp16) or " << FS_BF16 << " (bf16)";
+    return m.str();
+  }
+  if (p.batch < 1) {
+    m << "batch is " << p.batch << "; it must be at least 1";
+    return m.str();
+  }
+  if (p.seqlen_q < 0 || p.seqlen_q > kMaxSeqlen) {
+    m << "seqlen_q is " << p.seqlen_q << "; it must be between 0 and " << kMaxSeqlen;
+    return m.str();
+  }
+  if (p.seqlen_k < 0 || p.seqlen_k > kMaxSeqlen) {
+    m << "seqlen_k is " << p.seqlen_k << "; it must be between 0 and " << kMaxSeqlen;
+    return m.str();
+  }
+  if (p.heads_q < 1) {
+    m << "heads_q is " << p.heads_q << "; it must be at least 1";
+    return m.str();
+  }
+  if (p.heads_kv < 1) {
+    m << "heads_kv is " << p.heads_kv << "; it must be at least 1";
+    return m.str();
+  }
+  if (p.heads_q % p.heads_kv != 0) {
+    m << "heads_q (" << p.heads_q << ") is not a multiple of heads_kv (" << p.heads_kv
+      << "); GQA needs every K/V head shared by the same number of query heads";
+    return m.str();
+  }
+  if (p.batch * p.heads_q > kMaxBatchHeads) {
+    m << "batch * heads_q is " << p.batch * p.heads_q << "; it must be at most " << kMaxBatchHeads;
+    return m.str();
+  }
+  if (p.head_dim < kHeadDimMultiple || p.head_dim > kMaxHeadDim || p.head_dim % kHeadDimMultiple != 0) {
+    m << "head_dim is " << p.head_dim << "; it must be a multiple of " << kHeadDimMultiple
+      << " between " << kHeadDimMultiple << " and " << kMaxHeadDim;
+    return m.str();
+  }
+  if (p.causal != 0 && p.causal != 1) {
+    m << "causal is " << p.causal << "; it must be 0 or 1";
+    return m.str();
+  }
+  if (!std::isfinite(p.softmax_scale) || p.softmax_scale <= 0.0f) {
+    m << "softmax_scale is " << p.softmax_scale << "; it must be finite and greater than 0";
+    return m.str();
+  }
+  std::string s;
+  if (!(s = check_strides("Q", p.q, p.seqlen_q, p.heads_q, p.head_dim)).empty()) return s;
+  if (!(s = check_strides("K", p.k, p.seqlen_k, p.heads_kv, p.head_dim)).empty()) return s;
+  if (!(s = check_strides("V", p.v, p.seqlen_k, p.heads_kv, p.head_dim)).empty()) return s;
+  if (!(s = check_strides("O", p.o, p.seqlen_q, p.heads_q, p.head_dim)).empty()) return s;
+  return "";
+}
+
+std::string validate_tensors(const Problem& p, const Tensors& t) {
+  const struct { const char* name; const void* ptr; bool needed; } ptrs[] = {
+      {"Q", t.q, p.seqlen_q > 0}, {"K", t.k, p.seqlen_k > 0 && p.seqlen_q > 0},
+      {"V", t.v, p.seqlen_k > 0 && p.seqlen_q > 0}, {"O", t.o, p.seqlen_q > 0}};
+  for (const auto& x : ptrs) {
+    std::ostringstream m;
+    if (x.needed && x.ptr == nullptr) {
+      m << x.name << " is a null pointer";
+      return m.str();
+    }
+    if (reinterpret_cast<uintptr_t>(x.ptr) % 16 != 0) {
+      m << x.name << " pointer " << x.ptr << " is not 16-byte aligned (address mod 16 = "
+        << reinterpret_cast<uintptr_t>(x.ptr) % 16 << ")";
+      return m.str();
+    }
+  }
+  if (reinterpret_cast<uintptr_t>(t.lse) % 4 != 0) {
+    std::ostringstream m;
+    m << "LSE pointer " << static_cast<const void*>(t.lse) << " is not 4-byte aligned";
+    return m.str();
+  }
+  return "";
+}
+
+int64_t view_extent(const Strides& s, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  if (batch == 0 || seqlen == 0 || heads == 0 || head_dim == 0) return 0;
+  return (batch - 1) * s.batch + (seqlen - 1) * s.row + (heads - 1) * s.head + head_dim;
+}
+
+double attention_flops(const Problem& p) {
+  const double f = 4.0 * double(p.batch) * double(p.heads_q) * double(p.seqlen_q) *
+                   double(p.seqlen_k) * double(p.head_dim);
+  return p.causal ? f / 2 : f;
+}
+
+std::string describe(const Problem& p) {
+  std::ostringstream m;
+  m << "b" << p.batch << " h" << p.heads_q << "/" << p.heads_kv << " sq" << p.seqlen_q << " sk"
+    << p.seqlen_k << " d" << p.head_dim << " " << dtype_name(p.dtype) << (p.causal ? " causal" : "");
+  return m.str();
+}
+
+}  // namespace fs

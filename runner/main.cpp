@@ -1,0 +1,250 @@
+// flash-steps: checks every registered step against the reference on one problem, times it, and
+// prints the ladder. `flash-steps --help` lists the flags.
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "common/cli.h"
+#include "common/timing.h"
+#include "version.h"
+
+namespace {
+
+struct Row {
+  std::string id, lesson;
+  std::string status;  // PASS, FAIL, REFUSED, ERROR
+  std::string reason;  // why it was refused, or the error
+  double ms = 0, tflops = 0, x_step01 = 0, x_prev = 0;
+  fs::Comparison cmp;
+  bool timed() const { return status == "PASS" || status == "FAIL"; }
+};
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') { out += "\\n"; continue; }
+    out += c;
+  }
+  return out;
+}
+
+std::string fixed(double x, int digits) {
+  std::ostringstream m;
+  m << std::fixed << std::setprecision(digits) << x;
+  return m.str();
+}
+
+int list_steps() {
+  std::cout << std::left << std::setw(14) << "id" << std::setw(8) << "min sm" << "lesson\n";
+  for (const fs::Step& s : fs::steps())
+    std::cout << std::setw(14) << s.id << std::setw(8) << s.min_compute_capability << s.lesson << "\n";
+  return 0;
+}
+
+void print_table(const std::vector<Row>& rows) {
+  std::cout << std::left << std::setw(12) << "step" << std::setw(10) << "result" << std::right << std::setw(10)
+            << "ms" << std::setw(10) << "TFLOP/s" << std::setw(10) << "x 01" << std::setw(10) << "x prev"
+            << std::setw(11) << "max err" << "  " << std::left << "lesson\n";
+  for (const Row& r : rows) {
+    std::cout << std::left << std::setw(12) << r.id << std::setw(10) << r.status << std::right;
+    if (r.timed()) {
+      std::cout << std::setw(10) << fixed(r.ms, 3) << std::setw(10) << fixed(r.tflops, 2) << std::setw(10)
+                << (r.x_step01 > 0 ? fixed(r.x_step01, 2) : "-") << std::setw(10)
+                << (r.x_prev > 0 ? fixed(r.x_prev, 2) : "-") << std::setw(11) << std::scientific
+                << std::setprecision(2) << r.cmp.max_abs_err << std::defaultfloat;
+    } else {
+      std::cout << std::setw(10) << "-" << std::setw(10) << "-" << std::setw(10) << "-" << std::setw(10) << "-"
+                << std::setw(11) << "-";
+    }
+    std::cout << "  " << r.lesson << "\n";
+    if (!r.reason.empty()) std::cout << "            " << r.reason << "\n";
+  }
+}
+
+void print_json(const std::vector<Row>& rows, const fs::Problem& p, const fs::DeviceInfo& dev,
+                const std::string& date, const fs::RunnerOptions& o) {
+  std::cout << "{\n  \"tool\": \"flash-steps\",\n  \"commit\": \"" << FLASH_STEPS_COMMIT << "\",\n  \"date\": \"" << date
+            << "\",\n  \"device\": \"" << json_escape(fs::describe(dev)) << "\",\n  \"problem\": {\"batch\": " << p.batch
+            << ", \"seqlen_q\": " << p.seqlen_q << ", \"seqlen_k\": " << p.seqlen_k << ", \"heads_q\": " << p.heads_q
+            << ", \"heads_kv\": " << p.heads_kv << ", \"head_dim\": " << p.head_dim << ", \"dtype\": \""
+            << fs::dtype_name(p.dtype) << "\", \"causal\": " << (p.causal ? "true" : "false")
+            << ", \"softmax_scale\": " << p.softmax_scale << ", \"flops\": " << fs::attention_flops(p)
+            << "},\n  \"timing\": {\"iters\": " << o.iters << ", \"warmup\": " << o.warmup
+            << ", \"l2_flush\": " << (o.flush_l2 ? "true" : "false") << ", \"statistic\": \"median\"},\n  \"rows\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::cout << "    {\"id\": \"" << r.id << "\", \"status\": \"" << r.status << "\", \"lesson\": \""
+              << json_escape(r.lesson) << "\", \"reason\": \"" << json_escape(r.reason) << "\"";
+    if (r.timed())
+      std::cout << ", \"ms\": " << r.ms << ", \"tflops\": " << r.tflops << ", \"x_step01\": " << r.x_step01
+                << ", \"x_prev\": " << r.x_prev << ", \"max_abs_err\": " << r.cmp.max_abs_err
+                << ", \"rel_fro_err\": " << r.cmp.rel_fro_err << ", \"max_lse_err\": " << r.cmp.max_lse_err;
+    std::cout << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  std::cout << "  ]\n}\n";
+}
+
+void print_csv(const std::vector<Row>& rows) {
+  std::cout << "id,status,ms,tflops,x_step01,x_prev,max_abs_err,rel_fro_err,reason\n";
+  for (const Row& r : rows) {
+    std::cout << r.id << "," << r.status << ",";
+    if (r.timed())
+      std::cout << r.ms << "," << r.tflops << "," << r.x_step01 << "," << r.x_prev << "," << r.cmp.max_abs_err << ","
+                << r.cmp.rel_fro_err;
+    else
+      std::cout << ",,,,,";
+    std::string reason = r.reason;
+    for (char& c : reason)
+      if (c == ',' || c == '\n') c = ';';
+    std::cout << "," << reason << "\n";
+  }
+}
+
+int run(const fs::RunnerOptions& o) {
+  const std::string why = fs::cuda_unavailable_reason();
+  if (!why.empty()) {
+    std::cerr << "flash-steps: " << why << "; the kernels need an NVIDIA GPU (sm_80 or newer). "
+              << "`flash-steps --list` works without one.\n";
+    return 1;
+  }
+  const fs::Problem p = fs::problem_from(o);
+  const std::string invalid = fs::validate(p);
+  if (!invalid.empty()) {
+    std::cerr << "flash-steps: " << invalid << "\n";
+    return 2;
+  }
+  std::vector<const fs::Step*> selected;
+  for (const std::string& id : o.steps) {
+    const fs::Step* s = fs::find_step(id);
+    if (!s) {
+      std::cerr << "flash-steps: no step has id '" << id << "' (see flash-steps --list)\n";
+      return 2;
+    }
+    selected.push_back(s);
+  }
+  if (o.steps.empty())
+    for (const fs::Step& s : fs::steps()) selected.push_back(&s);
+
+  const fs::DeviceInfo dev = fs::current_device();
+  const std::string date = utc_now();
+  const double flops = fs::attention_flops(p);
+  std::cerr << "flash-steps " << FLASH_STEPS_COMMIT << " on " << fs::describe(dev) << ", " << date << "\n"
+            << "problem: " << fs::describe(p) << ", " << fixed(flops / 1e9, 1) << " GFLOP; timing: median of "
+            << o.iters << " launches" << (o.flush_l2 ? ", L2 flushed before each" : "") << "\n";
+
+  fs::Workload w(p, o.seed);
+  fs::GpuReference gpu;
+  std::cerr << "reference: " << (fs::reference_cpu_cost(p) <= fs::kCpuReferenceMaxCost ? "fp64 CPU" : "fp32 GPU (cuBLAS)")
+            << "...\n";
+  const fs::Reference ref = fs::make_reference(w, gpu);
+  const fs::TimingOptions topt{o.warmup, o.iters, o.flush_l2};
+
+  std::vector<Row> rows;
+  const size_t total = selected.size() + (o.baseline ? 1 : 0);
+  auto progress = [&](size_t k, const std::string& id, const char* what) {
+    std::cerr << "[" << k << "/" << total << "] " << id << ": " << what << "\n";
+  };
+  double t01 = 0, t_prev = 0;
+  for (size_t k = 0; k < selected.size(); ++k) {
+    const fs::Step& s = *selected[k];
+    Row r;
+    r.id = s.id;
+    r.lesson = s.lesson;
+    r.reason = fs::check(s, p, dev);
+    if (!r.reason.empty()) {
+      r.status = "REFUSED";
+      progress(k + 1, s.id, "refused");
+      rows.push_back(r);
+      continue;
+    }
+    try {
+      progress(k + 1, s.id, "checking against the reference");
+      r.cmp = fs::run_and_compare(s, w, ref, dev);
+      r.status = r.cmp.pass() ? "PASS" : "FAIL";
+      if (!r.cmp.pass()) r.reason = r.cmp.summary();
+      progress(k + 1, s.id, "timing");
+      const fs::Tensors t = w.tensors();
+      r.ms = fs::time_launches([&](cudaStream_t st) { fs::run(s, p, t, st, dev); }, topt).median_ms;
+      r.tflops = fs::tflops(flops, r.ms);
+      if (s.id == "01_naive") t01 = r.ms;
+      r.x_step01 = t01 > 0 ? t01 / r.ms : 0;
+      r.x_prev = t_prev > 0 ? t_prev / r.ms : 0;
+      t_prev = r.ms;
+    } catch (const fs::Error& e) {
+      r.status = "ERROR";
+      r.reason = e.what();
+    }
+    rows.push_back(r);
+  }
+  if (o.baseline) {
+    Row r;
+    r.id = "cublas";
+    r.lesson = "unfused baseline: cuBLAS S = QKᵀ (fp32 out), softmax kernel, fp32 P·V; the GPU reference";
+    try {
+      progress(total, r.id, "checking and timing");
+      w.poison();
+      fs::Tensors t = w.tensors();
+      gpu.run(p, t, nullptr, nullptr);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      r.cmp = fs::compare(p, w.download_o(), w.download_lse(), ref, w.max_abs_v());
+      r.status = r.cmp.pass() ? "PASS" : "FAIL";
+      if (!r.cmp.pass()) r.reason = r.cmp.summary();
+      r.ms = fs::time_launches([&](cudaStream_t st) { gpu.run(p, t, nullptr, st); }, topt).median_ms;
+      r.tflops = fs::tflops(flops, r.ms);
+      r.x_step01 = t01 > 0 ? t01 / r.ms : 0;
+    } catch (const fs::Error& e) {
+      r.status = "ERROR";
+      r.reason = e.what();
+    }
+    rows.push_back(r);
+  }
+
+  switch (o.format) {
+    case fs::OutputFormat::json: print_json(rows, p, dev, date, o); break;
+    case fs::OutputFormat::csv: print_csv(rows); break;
+    case fs::OutputFormat::table:
+      std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
+                << fs::describe(p) << " | " << fixed(flops / 1e9, 1) << " GFLOP | median of " << o.iters
+                << " launches" << (o.flush_l2 ? ", L2 flushed" : "") << " | x = speed-up (time ratio)\n\n";
+      print_table(rows);
+      break;
+  }
+  bool ok = true;
+  for (const Row& r : rows) ok = ok && (r.status == "PASS" || r.status == "REFUSED");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const fs::ParsedArgs a = fs::parse_runner_args(std::vector<std::string>(argv + 1, argv + argc));
+  if (!a.error.empty()) {
+    std::cerr << "flash-steps: " << a.error << "\n";
+    return 2;
+  }
+  try {
+    if (a.options.command == "help") {
+      std::cout << fs::runner_usage();
+      return 0;
+    }
+    if (a.options.command == "list") return list_steps();
+    return run(a.options);
+  } catch (const std::exception& e) {
+    std::cerr << "flash-steps: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,88 @@
+// The runner's command line: every flag, and a clear error for every mistake.
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "common/cli.h"
+
+namespace {
+fs::ParsedArgs parse(std::vector<std::string> args) { return fs::parse_runner_args(args); }
+}  // namespace
+
+TEST_CASE("cli: defaults are the documented default shape", "[cli]") {
+  const fs::ParsedArgs a = parse({});
+  REQUIRE(a.error.empty());
+  const fs::Problem p = fs::problem_from(a.options);
+  CHECK(fs::describe(p) == "b2 h16/16 sq2048 sk2048 d128 fp16");
+  CHECK(a.options.command == "run");
+  CHECK(a.options.iters == 20);
+  CHECK(a.options.flush_l2);
+  CHECK(a.options.format == fs::OutputFormat::table);
+}
+
+TEST_CASE("cli: every flag is parsed", "[cli]") {
+  const fs::ParsedArgs a = parse({"--batch", "4", "--seqlen=512", "--seqlen-k", "1000", "--heads", "32", "--kv-heads=8",
+                                  "--head-dim", "64", "--dtype", "bf16", "--causal", "--scale", "0.2", "--iters", "7",
+                                  "--warmup", "0", "--seed", "42", "--no-flush", "--no-baseline", "--json", "--step",
+                                  "01_naive,02_online_softmax", "--step=03_smem_tiling"});
+  REQUIRE(a.error.empty());
+  const fs::RunnerOptions& o = a.options;
+  const fs::Problem p = fs::problem_from(o);
+  CHECK(fs::describe(p) == "b4 h32/8 sq512 sk1000 d64 bf16 causal");
+  CHECK(p.softmax_scale == 0.2f);
+  CHECK(o.iters == 7);
+  CHECK(o.warmup == 0);
+  CHECK(o.seed == 42);
+  CHECK_FALSE(o.flush_l2);
+  CHECK_FALSE(o.baseline);
+  CHECK(o.format == fs::OutputFormat::json);
+  CHECK(o.steps == std::vector<std::string>{"01_naive", "02_online_softmax", "03_smem_tiling"});
+  CHECK(parse({"--csv"}).options.format == fs::OutputFormat::csv);
+  CHECK(parse({"--list"}).options.command == "list");
+  CHECK(parse({"list"}).options.command == "list");
+  CHECK(parse({"--help"}).options.command == "help");
+  CHECK(parse({"-h"}).options.command == "help");
+  // --seqlen-q / --seqlen-k win over --seqlen whatever the order.
+  const fs::RunnerOptions o2 = parse({"--seqlen-q", "3", "--seqlen", "9"}).options;
+  CHECK(o2.seqlen_q == 3);
+  CHECK(o2.seqlen_k == 9);
+}
+
+TEST_CASE("cli: mistakes give one clear message", "[cli]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{"--bacth", "2"}, "unknown argument '--bacth' (see --help)"},
+      {{"extra"}, "unknown argument 'extra' (see --help)"},
+      {{"--batch"}, "--batch needs a value"},
+      {{"--batch", "two"}, "--batch expects an integer between 1 and 2147483647, got 'two'"},
+      {{"--batch", "0"}, "--batch expects an integer between 1 and 2147483647, got '0'"},
+      {{"--seqlen", "12x"}, "--seqlen expects an integer between 0 and 2147483647, got '12x'"},
+      {{"--seqlen", "99999999999"}, "--seqlen expects an integer between 0 and 2147483647, got '99999999999'"},
+      {{"--head-dim="}, "--head-dim expects an integer between 1 and 1048576, got ''"},
+      {{"--iters", "-1"}, "--iters expects an integer between 1 and 100000, got '-1'"},
+      {{"--dtype", "fp32"}, "--dtype expects fp16 or bf16, got 'fp32'"},
+      {{"--scale", "0"}, "--scale expects a finite number greater than 0, got '0'"},
+      {{"--scale", "nan"}, "--scale expects a finite number greater than 0, got 'nan'"},
+      {{"--scale", "inf"}, "--scale expects a finite number greater than 0, got 'inf'"},
+      {{"--causal=1"}, "--causal takes no value"},
+      {{"--step", ","}, "--step expects a step id (see --list), got ','"},
+  };
+  for (const Case& c : cases) {
+    const fs::ParsedArgs a = parse(c.args);
+    CAPTURE(c.args[0]);
+    CHECK(a.error == c.message);
+  }
+}
+
+TEST_CASE("cli: the usage text documents every flag", "[cli]") {
+  const std::string usage = fs::runner_usage();
+  for (const char* flag : {"--list", "--step", "--batch", "--seqlen", "--seqlen-q", "--seqlen-k", "--heads", "--kv-heads",
+                           "--head-dim", "--dtype", "--causal", "--scale", "--iters", "--warmup", "--no-flush",
+                           "--no-baseline", "--seed", "--json", "--csv", "--help"}) {
+    CAPTURE(flag);
+    CHECK(usage.find(flag) != std::string::npos);
+  }
+}

@@ -1,0 +1,110 @@
+// GPU tests of the harness itself: the cuBLAS reference against the fp64 one, poisoning, timing,
+// empty work and the C ABI on real pointers.
+#include <cmath>
+#include <string>
+
+#include "catch.h"
+#include "common/check.h"
+#include "common/timing.h"
+
+namespace {
+
+struct Shape {
+  int64_t b, sq, sk, hq, hkv, d;
+  bool causal;
+};
+
+}  // namespace
+
+TEST_CASE("GPU fp32 reference matches the fp64 CPU reference", "[harness]") {
+  fs::GpuReference gpu;
+  const Shape shapes[] = {{1, 1, 1, 1, 1, 8, false},      {2, 17, 33, 4, 2, 40, true},   {1, 129, 64, 8, 1, 64, true},
+                          {1, 64, 257, 2, 2, 128, false}, {2, 100, 100, 8, 8, 256, true}, {1, 33, 5, 4, 4, 64, true}};
+  int seed = 100;
+  for (const Shape& s : shapes)
+    for (fs::DType dt : {fs::DType::fp16, fs::DType::bf16}) {
+      const fs::Problem p = fs::make_problem(s.b, s.sq, s.sk, s.hq, s.hkv, s.d, dt, s.causal);
+      CAPTURE(fs::describe(p));
+      fs::Workload w(p, uint64_t(++seed));
+      const fs::Reference cpu = fs::reference_cpu(p, w.download_inputs());
+      const fs::Reference g = gpu.compute(w);
+      std::vector<float> o(g.o.begin(), g.o.end()), lse(g.lse.begin(), g.lse.end());
+      // The GPU reference is fp32 with fp32 O: hold it to a tolerance far tighter than any step's.
+      double max_err = 0;
+      for (size_t i = 0; i < o.size(); ++i) max_err = std::max(max_err, std::fabs(o[i] - cpu.o[i]));
+      CHECK(max_err < 1e-4 * w.max_abs_v());
+      for (size_t i = 0; i < lse.size(); ++i) {
+        if (std::isinf(cpu.lse[i])) CHECK(lse[i] == cpu.lse[i]);
+        else CHECK(std::fabs(lse[i] - cpu.lse[i]) < 1e-5 * (1 + std::fabs(cpu.lse[i])));
+      }
+    }
+}
+
+TEST_CASE("GPU reference writes the dtype output in the problem's strides (packed QKV)", "[harness]") {
+  fs::GpuReference gpu;
+  const fs::Problem shape = fs::make_problem(2, 70, 70, 4, 2, 64, fs::DType::bf16, true);
+  fs::Workload w(shape, 5, fs::Layout::packed_qkv);
+  const fs::Reference cpu = fs::reference_cpu(w.problem(), w.download_inputs());
+  w.poison();
+  gpu.run(w.problem(), w.tensors(), nullptr, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const fs::Comparison c = fs::compare(w.problem(), w.download_o(), w.download_lse(), cpu, w.max_abs_v());
+  INFO(c.summary());
+  CHECK(c.pass());
+}
+
+TEST_CASE("poisoned outputs that a step never writes fail the check", "[harness]") {
+  const fs::Step lazy{"90_lazy", "lazy", "writes nothing", 80,
+                      [](const fs::Problem&, const fs::DeviceInfo&) { return std::string(); },
+                      [](const fs::Problem&, const fs::Tensors&, cudaStream_t) {}};
+  const fs::Problem p = fs::make_problem(1, 16, 16, 1, 1, 64, fs::DType::fp16, false);
+  fs::Workload w(p, 3);
+  const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
+  const fs::Comparison c = fs::run_and_compare(lazy, w, ref, fs::current_device());
+  CHECK_FALSE(c.pass());
+  CHECK(c.nonfinite == 16 * 64 + 16);  // every O element and every LSE entry is still NaN
+}
+
+TEST_CASE("inputs are random, seeded and not zero-mean", "[harness]") {
+  const fs::Problem p = fs::make_problem(1, 256, 256, 2, 2, 64, fs::DType::fp16, false);
+  fs::Workload a(p, 1), b(p, 1), c(p, 2);
+  const fs::HostInputs ha = a.download_inputs(), hb = b.download_inputs(), hc = c.download_inputs();
+  CHECK(ha.data == hb.data);
+  CHECK(ha.data != hc.data);
+  double sum = 0;
+  for (float x : ha.data) sum += x;
+  const double mean = sum / double(ha.data.size());
+  CHECK(std::fabs(mean - fs::kInputOffset) < 0.02);
+  CHECK(a.max_abs_v() > 2.0f);
+}
+
+TEST_CASE("timing returns the median of positive samples", "[harness]") {
+  fs::DeviceBuffer buf(size_t(64) << 20);
+  const fs::Timing t = fs::time_launches(
+      [&](cudaStream_t s) { CHECK_CUDA(cudaMemsetAsync(buf.get(), 1, buf.bytes(), s)); }, fs::TimingOptions{1, 9, true});
+  CHECK(t.samples_ms.size() == 9);
+  CHECK(t.min_ms > 0);
+  CHECK(t.min_ms <= t.median_ms);
+  CHECK(t.median_ms <= t.max_ms);
+}
+
+TEST_CASE("C ABI runs every step on device pointers", "[harness]") {
+  const fs::Problem shape = fs::make_problem(2, 100, 77, 4, 2, 64, fs::DType::fp16, true);
+  fs::Workload w(shape, 9);
+  const fs::Problem& p = w.problem();
+  const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
+  for (const fs::Step& s : fs::steps()) {
+    CAPTURE(s.id);
+    if (fs_check(s.id.c_str(), &p) != FS_OK) {
+      CHECK(std::string(fs_last_error()).size() > 0);
+      continue;
+    }
+    w.poison();
+    const fs::Tensors t = w.tensors();
+    REQUIRE(fs_run(s.id.c_str(), &p, t.q, t.k, t.v, t.o, t.lse, nullptr) == FS_OK);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const fs::Comparison c = fs::compare(p, w.download_o(), w.download_lse(), ref, w.max_abs_v());
+    INFO(c.summary());
+    CHECK(c.pass());
+  }
+}

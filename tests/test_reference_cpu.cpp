@@ -1,0 +1,153 @@
+// The fp64 CPU reference against direct formulas and known properties of attention.
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "catch.h"
+#include "common/reference.h"
+
+namespace {
+
+using fs::HostInputs;
+using fs::Problem;
+
+// Inputs with the problem's (contiguous) strides, filled by `fill(tensor, b, s, h, d)`.
+template <typename F>
+HostInputs make_inputs(const Problem& p, F fill) {
+  HostInputs in;
+  const int64_t nq = fs::view_extent(p.q, p.batch, p.seqlen_q, p.heads_q, p.head_dim);
+  const int64_t nk = fs::view_extent(p.k, p.batch, p.seqlen_k, p.heads_kv, p.head_dim);
+  const int64_t nv = fs::view_extent(p.v, p.batch, p.seqlen_k, p.heads_kv, p.head_dim);
+  in.data.assign(size_t(nq + nk + nv), std::numeric_limits<float>::quiet_NaN());  // padding stays NaN
+  in.q = 0;
+  in.k = nq;
+  in.v = nq + nk;
+  for (int t = 0; t < 3; ++t) {
+    const fs::Strides& st = t == 0 ? p.q : t == 1 ? p.k : p.v;
+    const int64_t seq = t == 0 ? p.seqlen_q : p.seqlen_k, heads = t == 0 ? p.heads_q : p.heads_kv;
+    const int64_t base = t == 0 ? in.q : t == 1 ? in.k : in.v;
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t s = 0; s < seq; ++s)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t d = 0; d < p.head_dim; ++d)
+            in.data[size_t(base + b * st.batch + s * st.row + h * st.head + d)] = fill(t, b, s, h, d);
+  }
+  return in;
+}
+
+double o_at(const Problem& p, const fs::Reference& r, int64_t b, int64_t s, int64_t h, int64_t d) {
+  return r.o[size_t(((b * p.seqlen_q + s) * p.heads_q + h) * p.head_dim + d)];
+}
+double lse_at(const Problem& p, const fs::Reference& r, int64_t b, int64_t h, int64_t s) {
+  return r.lse[size_t((b * p.heads_q + h) * p.seqlen_q + s)];
+}
+
+}  // namespace
+
+TEST_CASE("reference matches softmax(scale·QKᵀ)·V written out for one row", "[reference]") {
+  // One query, three keys, head_dim 8: compute the formula by hand.
+  Problem p = fs::make_problem(1, 1, 3, 1, 1, 8, fs::DType::fp16, false);
+  p.softmax_scale = 0.5f;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 2.0f);
+  const HostInputs in = make_inputs(p, [&](int, int64_t, int64_t, int64_t, int64_t) { return u(rng); });
+  const fs::Reference r = fs::reference_cpu(p, in);
+
+  double s[3], z = 0;
+  for (int j = 0; j < 3; ++j) {
+    double dot = 0;
+    for (int d = 0; d < 8; ++d) dot += double(in.q_ptr()[d]) * in.k_ptr()[j * 8 + d];
+    s[j] = 0.5 * dot;
+    z += std::exp(s[j]);
+  }
+  for (int d = 0; d < 8; ++d) {
+    double o = 0;
+    for (int j = 0; j < 3; ++j) o += std::exp(s[j]) / z * in.v_ptr()[j * 8 + d];
+    CHECK(std::fabs(o_at(p, r, 0, 0, 0, d) - o) < 1e-12);
+  }
+  CHECK(std::fabs(lse_at(p, r, 0, 0, 0) - std::log(z)) < 1e-12);
+}
+
+TEST_CASE("reference: probabilities sum to 1 (V = 1 gives O = 1)", "[reference]") {
+  for (bool causal : {false, true}) {
+    const Problem p = fs::make_problem(2, 9, 13, 4, 2, 16, fs::DType::bf16, causal);
+    std::mt19937 rng(3);
+    std::normal_distribution<float> n(0.3f, 2.0f);
+    const HostInputs in = make_inputs(p, [&](int t, int64_t, int64_t, int64_t, int64_t) { return t == 2 ? 1.0f : n(rng); });
+    const fs::Reference r = fs::reference_cpu(p, in);
+    for (double o : r.o) CHECK(std::fabs(o - 1.0) < 1e-12);
+  }
+}
+
+TEST_CASE("reference: causal mask is bottom-right aligned", "[reference]") {
+  // Q = 0 makes every allowed score equal, so with V[j] = j the output is the mean of the allowed
+  // key indices: row i sees keys 0 … i + Sk - Sq, so O = (i + Sk - Sq) / 2, and LSE = log(count).
+  struct Case { int64_t sq, sk; };
+  for (const Case c : {Case{4, 10}, Case{10, 4}, Case{7, 7}, Case{1, 5}}) {
+    const Problem p = fs::make_problem(1, c.sq, c.sk, 1, 1, 8, fs::DType::fp16, true);
+    const HostInputs in = make_inputs(p, [](int t, int64_t, int64_t s, int64_t, int64_t) {
+      return t == 0 ? 0.0f : t == 1 ? 1.0f : float(s);
+    });
+    const fs::Reference r = fs::reference_cpu(p, in);
+    for (int64_t i = 0; i < c.sq; ++i) {
+      CAPTURE(c.sq, c.sk, i);
+      const int64_t last = i + c.sk - c.sq;  // the last key row i may attend
+      if (last < 0) {
+        CHECK(o_at(p, r, 0, i, 0, 0) == 0.0);
+        CHECK(lse_at(p, r, 0, 0, i) == -std::numeric_limits<double>::infinity());
+      } else {
+        const int64_t count = std::min(last, c.sk - 1) + 1;
+        CHECK(std::fabs(o_at(p, r, 0, i, 0, 0) - (count - 1) / 2.0) < 1e-12);
+        CHECK(std::fabs(lse_at(p, r, 0, 0, i) - std::log(double(count))) < 1e-12);
+      }
+    }
+  }
+}
+
+TEST_CASE("reference: rows with no key give O = 0 and LSE = -inf, never NaN", "[reference]") {
+  // seqlen_q > seqlen_k with causal: the first seqlen_q - seqlen_k rows see no key.
+  const Problem p = fs::make_problem(1, 6, 2, 2, 1, 8, fs::DType::fp16, true);
+  const HostInputs in = make_inputs(p, [](int, int64_t b, int64_t s, int64_t h, int64_t d) {
+    return 0.1f * float(b + s + h + d) + 0.2f;
+  });
+  const fs::Reference r = fs::reference_cpu(p, in);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 6; ++i) {
+      const bool empty = i < 4;
+      for (int64_t d = 0; d < 8; ++d) {
+        CHECK(std::isfinite(o_at(p, r, 0, i, h, d)));
+        if (empty) CHECK(o_at(p, r, 0, i, h, d) == 0.0);
+      }
+      if (empty) CHECK(lse_at(p, r, 0, h, i) == -std::numeric_limits<double>::infinity());
+      else CHECK(std::isfinite(lse_at(p, r, 0, h, i)));
+    }
+}
+
+TEST_CASE("reference: GQA maps query head h to K/V head h / (heads_q / heads_kv)", "[reference]") {
+  // Each K/V head has a constant V equal to 10 + its index, so O of query head h names its K/V head.
+  for (int64_t heads_kv : {1, 2, 4, 8}) {
+    const Problem p = fs::make_problem(2, 3, 5, 8, heads_kv, 8, fs::DType::fp16, false);
+    const HostInputs in = make_inputs(p, [](int t, int64_t, int64_t s, int64_t h, int64_t d) {
+      return t == 2 ? 10.0f + float(h) : 0.05f * float(s + d + 1);
+    });
+    const fs::Reference r = fs::reference_cpu(p, in);
+    for (int64_t h = 0; h < 8; ++h) {
+      CAPTURE(heads_kv, h);
+      CHECK(std::fabs(o_at(p, r, 1, 2, h, 3) - (10.0 + double(h / (8 / heads_kv)))) < 1e-12);
+    }
+  }
+}
+
+TEST_CASE("reference: strided views read the same values as contiguous tensors", "[reference]") {
+  Problem dense = fs::make_problem(2, 5, 6, 4, 2, 16, fs::DType::fp16, true);
+  Problem padded = dense;
+  padded.q = {5 * 4 * 32, 4 * 32, 32};  // every head padded from 16 to 32 elements
+  padded.k = padded.v = {6 * 2 * 24, 2 * 24, 24};
+  auto value = [](int t, int64_t b, int64_t s, int64_t h, int64_t d) {
+    return std::sin(float(t * 1000 + b * 100 + s * 10 + h) + 0.37f * float(d));
+  };
+  const fs::Reference a = fs::reference_cpu(dense, make_inputs(dense, value));
+  const fs::Reference b = fs::reference_cpu(padded, make_inputs(padded, value));
+  CHECK(a.o == b.o);
+  CHECK(a.lse == b.lse);
+}
