@@ -1,0 +1,49 @@
+// Shared-memory layouts of a tile of 2-byte elements (fp16 / bf16), as functions
+// (row, col) -> element offset. The kernels use these very functions, and the CPU tests (bank-
+// conflict model, bijection checks) call them too, so what is tested is what runs.
+//
+// Shared memory has 32 banks of 4 bytes; a warp's request is served in one wavefront per 128 bytes
+// when no two threads touch different words of the same bank (common/bank_model.h counts them).
+#pragma once
+
+#include "problem.h"  // FS_HD
+
+namespace fs {
+
+// Plain row-major: row r starts at r * COLS. Rows of 64 or 128 elements (128 or 256 bytes) all
+// start in bank 0, which is what makes column-wise access conflict.
+template <int COLS>
+struct RowMajorLayout {
+  static constexpr int kCols = COLS;
+  static constexpr int kRowStride = COLS;  // elements
+  FS_HD static constexpr int offset(int row, int col) { return row * kRowStride + col; }
+  FS_HD static constexpr int size(int rows) { return rows * kRowStride; }
+};
+
+// Row-major with PAD extra elements per row: consecutive rows start PAD*2 bytes further along the
+// banks. Costs PAD elements per row of shared memory.
+template <int COLS, int PAD>
+struct PaddedLayout {
+  static constexpr int kCols = COLS;
+  static constexpr int kRowStride = COLS + PAD;
+  FS_HD static constexpr int offset(int row, int col) { return row * kRowStride + col; }
+  FS_HD static constexpr int size(int rows) { return rows * kRowStride; }
+};
+
+// XOR swizzle on 16-byte chunks (8 elements): within each group of 8 chunks (128 bytes) of a row,
+// chunk c is stored at chunk c ^ (row % 8). Eight consecutive rows then put the same logical chunk
+// in eight different 16-byte bank groups, so an ldmatrix (8 rows × 16 bytes) or a 16-byte store
+// per thread is conflict-free, with no extra memory. Needs COLS to be a multiple of 64.
+template <int COLS>
+struct Swizzled128Layout {
+  static_assert(COLS % 64 == 0, "the 128-byte XOR swizzle needs rows of a multiple of 64 elements");
+  static constexpr int kCols = COLS;
+  static constexpr int kRowStride = COLS;
+  FS_HD static constexpr int offset(int row, int col) {
+    const int chunk = col / 8;
+    return row * COLS + ((chunk ^ (row % 8)) * 8) + col % 8;
+  }
+  FS_HD static constexpr int size(int rows) { return rows * COLS; }
+};
+
+}  // namespace fs
