@@ -48,11 +48,14 @@ typedef enum fs_status {
   FS_ERR_CUDA = 3          /* a CUDA call failed (no device, driver too old, launch failure, ...) */
 } fs_status;
 
-/* Element strides of one (batch, seqlen, heads, head_dim) tensor; head_dim itself has stride 1. */
+/* Element strides of one (batch, seqlen, heads, head_dim) tensor. `dim`, the stride of head_dim,
+ * must be 1 (the last dimension contiguous); it is there so that a caller can pass a framework
+ * tensor's four strides as they are and get a clear refusal when the last one is not 1. */
 typedef struct fs_strides {
   int64_t batch;
   int64_t row;
   int64_t head;
+  int64_t dim;
 } fs_strides;
 
 typedef struct fs_problem {

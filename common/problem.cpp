@@ -15,7 +15,7 @@ const char* dtype_name(int32_t dtype) {
 }
 
 Strides contiguous_strides(int64_t seqlen, int64_t heads, int64_t head_dim) {
-  return Strides{seqlen * heads * head_dim, heads * head_dim, head_dim};
+  return Strides{seqlen * heads * head_dim, heads * head_dim, head_dim, 1};
 }
 
 Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
@@ -41,6 +41,11 @@ namespace {
 
 std::string check_strides(const char* name, const Strides& s, int64_t seqlen, int64_t heads,
                           int64_t head_dim) {
+  if (s.dim != 1) {
+    std::ostringstream m;
+    m << name << "'s head_dim stride is " << s.dim << "; the last dimension must be contiguous (stride 1)";
+    return m.str();
+  }
   const struct { const char* what; int64_t stride; int64_t extent; } dims[] = {
       {"batch", s.batch, 1}, {"row", s.row, seqlen}, {"head", s.head, heads}};
   for (const auto& d : dims) {

@@ -115,12 +115,7 @@ void print_csv(const std::vector<Row>& rows) {
 }
 
 int run(const fs::RunnerOptions& o) {
-  const std::string why = fs::cuda_unavailable_reason();
-  if (!why.empty()) {
-    std::cerr << "flash-steps: " << why << "; the kernels need an NVIDIA GPU (sm_80 or newer). "
-              << "`flash-steps --list` works without one.\n";
-    return 1;
-  }
+  // Bad input is refused (exit 2) before the GPU is looked at.
   const fs::Problem p = fs::problem_from(o);
   const std::string invalid = fs::validate(p);
   if (!invalid.empty()) {
@@ -138,6 +133,12 @@ int run(const fs::RunnerOptions& o) {
   }
   if (o.steps.empty())
     for (const fs::Step& s : fs::steps()) selected.push_back(&s);
+  const std::string why = fs::cuda_unavailable_reason();
+  if (!why.empty()) {
+    std::cerr << "flash-steps: " << why << "; the kernels need an NVIDIA GPU (sm_80 or newer). "
+              << "`flash-steps --list` works without one.\n";
+    return 1;
+  }
 
   const fs::DeviceInfo dev = fs::current_device();
   const std::string date = utc_now();

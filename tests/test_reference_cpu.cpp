@@ -141,8 +141,8 @@ TEST_CASE("reference: GQA maps query head h to K/V head h / (heads_q / heads_kv)
 TEST_CASE("reference: strided views read the same values as contiguous tensors", "[reference]") {
   Problem dense = fs::make_problem(2, 5, 6, 4, 2, 16, fs::DType::fp16, true);
   Problem padded = dense;
-  padded.q = {5 * 4 * 32, 4 * 32, 32};  // every head padded from 16 to 32 elements
-  padded.k = padded.v = {6 * 2 * 24, 2 * 24, 24};
+  padded.q = {5 * 4 * 32, 4 * 32, 32, 1};  // every head padded from 16 to 32 elements
+  padded.k = padded.v = {6 * 2 * 24, 2 * 24, 24, 1};
   auto value = [](int t, int64_t b, int64_t s, int64_t h, int64_t d) {
     return std::sin(float(t * 1000 + b * 100 + s * 10 + h) + 0.37f * float(d));
   };

@@ -60,6 +60,8 @@ TEST_CASE("validate names the value and the limit", "[validation]") {
       {[](fs::Problem& p) { p.v.head = -8; }, "V's head stride is -8; strides must be >= 0"},
       {[](fs::Problem& p) { p.o.row = 32; }, "O's row stride 32 is smaller than head_dim 64; rows would overlap"},
       {[](fs::Problem& p) { p.k.head = 8; }, "K's head stride 8 is smaller than head_dim 64; heads would overlap"},
+      {[](fs::Problem& p) { p.q.dim = 2; }, "Q's head_dim stride is 2; the last dimension must be contiguous (stride 1)"},
+      {[](fs::Problem& p) { p.v.dim = 0; }, "V's head_dim stride is 0; the last dimension must be contiguous (stride 1)"},
   };
   for (const Case& c : cases) {
     const std::string m = message_after(c.edit);
@@ -102,7 +104,7 @@ TEST_CASE("FLOP count and view extents", "[validation]") {
   p.causal = 1;
   CHECK(fs::attention_flops(p) == 2.0 * 2 * 16 * 2048.0 * 2048 * 128);
   CHECK(fs::view_extent(p.q, 2, 2048, 16, 128) == 2 * 2048 * 16 * 128);
-  CHECK(fs::view_extent(fs::Strides{1000, 80, 16}, 2, 3, 4, 8) == 1000 + 2 * 80 + 3 * 16 + 8);
+  CHECK(fs::view_extent(fs::Strides{1000, 80, 16, 1}, 2, 3, 4, 8) == 1000 + 2 * 80 + 3 * 16 + 8);
   CHECK(fs::view_extent(p.q, 2, 0, 16, 128) == 0);
   CHECK(fs::describe(p) == "b2 h16/16 sq2048 sk2048 d128 fp16 causal");
 }

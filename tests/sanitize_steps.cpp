@@ -1,0 +1,48 @@
+// Runs every registered step on small shapes (ragged tails, causal with Sq ≠ Sk, GQA, both dtypes)
+// and checks each against the fp64 CPU reference. Small on purpose: tests/sanitize.sh runs it under
+// compute-sanitizer's four tools. Exit code: 0 all pass, 1 a mismatch or error, 77 no GPU.
+#include <iostream>
+
+#include "common/check.h"
+#include "gpu_test_config.h"
+
+int main() {
+  const std::string why = fs::cuda_unavailable_reason();
+  if (!why.empty()) {
+    std::cout << "SKIPPED: " << why << "\n";
+    return fs::test::kSkipCode;
+  }
+  struct Shape {
+    int64_t b, sq, sk, hq, hkv, d;
+    fs::DType dtype;
+    bool causal;
+  };
+  const Shape shapes[] = {
+      {1, 65, 129, 2, 1, 64, fs::DType::fp16, true},   {1, 129, 65, 2, 2, 128, fs::DType::bf16, true},
+      {2, 7, 7, 1, 1, 40, fs::DType::fp16, false},     {1, 64, 64, 4, 2, 128, fs::DType::fp16, false},
+      {1, 1, 33, 2, 1, 64, fs::DType::bf16, true},     {1, 100, 130, 1, 1, 256, fs::DType::fp16, true},
+  };
+  int failures = 0;
+  try {
+    const fs::DeviceInfo dev = fs::current_device();
+    for (const fs::Step& s : fs::steps())
+      for (const Shape& sh : shapes) {
+        const fs::Problem p = fs::make_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal);
+        const std::string refused = fs::check(s, p, dev);
+        if (!refused.empty()) {
+          std::cout << s.id << " " << fs::describe(p) << ": refused (" << refused << ")\n";
+          continue;
+        }
+        fs::Workload w(p, 11);
+        const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
+        const fs::Comparison c = fs::run_and_compare(s, w, ref, dev);
+        std::cout << s.id << " " << fs::describe(p) << ": " << c.summary() << "\n";
+        failures += c.pass() ? 0 : 1;
+      }
+  } catch (const std::exception& e) {
+    std::cout << "error: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << (failures ? "FAILED" : "all steps passed") << "\n";
+  return failures ? 1 : 0;
+}
