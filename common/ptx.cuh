@@ -1,6 +1,8 @@
-// Thin wrappers over the PTX instructions that steps 05 and 06 teach (cp.async, ldmatrix,
-// mma.sync), for the steps after them. Each says which lane holds what; the same maps are written
-// as constexpr functions in common/fragment_layout.h and tested on the CPU.
+// Thin wrappers over the PTX instructions that steps 05 and 06 teach (cp.async in
+// steps/05_cp_async, ldmatrix and mma.sync in steps/06_ldmatrix_mma, where each is written out and
+// explained), for the steps after them. Each says which lane holds what; the same maps are the
+// constexpr functions of common/fragment_layout.h (named below), tested on the CPU against the PTX
+// ISA's tables by tests/test_fragment_layout.cpp.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,10 +32,15 @@ __device__ inline void cp_async_wait() {
 }
 
 // ---- ldmatrix: 8×8 matrices of 16-bit elements from shared memory into the mma fragment layout --
-// For .x4, lanes 8·m … 8·m+7 give the addresses of the 8 rows (16 bytes each) of matrix m; after
-// the instruction, register r[m] of lane l holds row l/4, elements 2·(l%4) and 2·(l%4)+1 of matrix m.
-// .x2 uses the addresses of lanes 0-15 only. .trans delivers the transpose: r[m] of lane l holds
-// column l/4, rows 2·(l%4) and 2·(l%4)+1 of matrix m (used for V, whose rows are keys).
+// Lane 8·m + r gives the 16-byte-aligned address of row r of matrix m (frag::ldmatrix_address_lane);
+// .x4 reads the addresses of all 32 lanes, .x2 of lanes 0-15, .x1 of lanes 0-7. After the
+// instruction, register r[m] of lane l holds row l/4, elements 2·(l%4) (low half) and 2·(l%4)+1
+// (high half) of matrix m. .trans delivers the transpose: r[m] of lane l holds column l/4, rows
+// 2·(l%4) and 2·(l%4)+1 of the stored matrix m (used for V, whose rows are keys). Both cases are
+// frag::ldmatrix_element(lane, half, trans). The lane addresses that build whole mma operands are
+// frag::ldmatrix_x4_a (A, 16×16), frag::ldmatrix_x2_b (B stored [n][k]) and frag::ldmatrix_x4_trans_b
+// (two B fragments, stored [k][n]). In a tile whose rows are 128 or 256 bytes, the 8 rows of a
+// matrix are one shared-memory phase: use Swizzled128Layout (or padding) to keep it to 1 wavefront.
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -58,9 +65,13 @@ __device__ inline void ldmatrix_x2_trans(uint32_t (&r)[2], const void* smem) {
 // ---- mma.sync.aligned.m16n8k16, fp32 accumulate in place: d += a · b ----------------------------
 // A (16×16, row) in 4 registers of 2 elements: lane l holds rows l/4 and l/4+8, columns
 // 2·(l%4)+{0,1} and 2·(l%4)+8+{0,1}: a[0] = (row l/4, cols 0-7 part), a[1] = (row l/4+8, cols 0-7),
-// a[2] = (row l/4, cols 8-15), a[3] = (row l/4+8, cols 8-15).
-// B (16×8, col) in 2 registers: b[0] = rows 2·(l%4)+{0,1} of column l/4, b[1] = the same rows + 8.
-// C/D (16×8) in 4 floats: d[0], d[1] = row l/4, columns 2·(l%4)+{0,1}; d[2], d[3] = row l/4+8.
+// a[2] = (row l/4, cols 8-15), a[3] = (row l/4+8, cols 8-15)            (frag::mma_a(lane, reg, half)).
+// B (16×8, col) in 2 registers: b[0] = rows 2·(l%4)+{0,1} of column l/4, b[1] = the same rows + 8
+//                                                                        (frag::mma_b(lane, reg, half)).
+// C/D (16×8) in 4 floats: d[0], d[1] = row l/4, columns 2·(l%4)+{0,1}; d[2], d[3] = row l/4+8
+//                                                                        (frag::mma_c(lane, i)).
+// The C/D pairs of two neighbouring n8 tiles are exactly the A registers of a 16×16 tile
+// (frag::mma_a_reg_of_c): an S accumulator becomes P's A fragment with pack2, no shuffle.
 template <typename T>
 __device__ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
 

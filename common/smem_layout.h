@@ -46,4 +46,29 @@ struct Swizzled128Layout {
   FS_HD static constexpr int size(int rows) { return rows * COLS; }
 };
 
+// The same XOR idea for rows of an odd multiple of 32 elements (64, 192, ... bytes: head_dim 32 and
+// 96), where chunk ^ (row % 8) would leave the row. Such rows start alternately at bank group 0 and
+// 4 (a row is an odd number of 64-byte halves), so XOR-ing the chunk inside its aligned group of 4
+// chunks (64 bytes) with (row / 2) % 4 is enough: eight consecutive rows, starting at a multiple of
+// 8, then put the same logical chunk in eight different 16-byte bank groups.
+template <int COLS>
+struct Swizzled64Layout {
+  static_assert(COLS % 32 == 0 && (COLS / 32) % 2 == 1,
+                "the 64-byte XOR swizzle is for rows of an odd multiple of 32 elements");
+  static constexpr int kCols = COLS;
+  static constexpr int kRowStride = COLS;
+  FS_HD static constexpr int offset(int row, int col) {
+    const int chunk = col / 8;
+    return row * COLS + ((chunk ^ ((row / 2) % 4)) * 8) + col % 8;
+  }
+  FS_HD static constexpr int size(int rows) { return rows * COLS; }
+};
+
+// Row-major with 8 elements (16 bytes) of padding per row: row r starts 16·r bytes further along
+// the banks, so the same 16-byte chunk of 8 consecutive rows lands in 8 different groups of 4 banks
+// (step 04_pad). One template parameter, like RowMajorLayout and Swizzled128Layout, so that a
+// kernel can take any of the three as `template <int> class TileLayout`.
+template <int COLS>
+using Padded16Layout = PaddedLayout<COLS, 8>;
+
 }  // namespace fs

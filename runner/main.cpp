@@ -1,6 +1,6 @@
 // flash-steps: checks every registered step against the reference on one problem, times it, and
 // prints the ladder. `flash-steps --help` lists the flags.
-#include <chrono>
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <iomanip>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bank_report.h"
 #include "common/check.h"
 #include "common/cli.h"
 #include "common/timing.h"
@@ -48,19 +49,26 @@ std::string fixed(double x, int digits) {
   return m.str();
 }
 
+// Width of the id column: the longest step id plus two spaces.
+int id_width() {
+  size_t w = std::string("cublas").size();
+  for (const fs::Step& s : fs::steps()) w = std::max(w, s.id.size());
+  return int(w) + 2;
+}
+
 int list_steps() {
-  std::cout << std::left << std::setw(14) << "id" << std::setw(8) << "min sm" << "lesson\n";
+  std::cout << std::left << std::setw(id_width()) << "id" << std::setw(8) << "min sm" << "lesson\n";
   for (const fs::Step& s : fs::steps())
-    std::cout << std::setw(14) << s.id << std::setw(8) << s.min_compute_capability << s.lesson << "\n";
+    std::cout << std::setw(id_width()) << s.id << std::setw(8) << s.min_compute_capability << s.lesson << "\n";
   return 0;
 }
 
 void print_table(const std::vector<Row>& rows) {
-  std::cout << std::left << std::setw(12) << "step" << std::setw(10) << "result" << std::right << std::setw(10)
+  std::cout << std::left << std::setw(id_width()) << "step" << std::setw(10) << "result" << std::right << std::setw(10)
             << "ms" << std::setw(10) << "TFLOP/s" << std::setw(10) << "x 01" << std::setw(10) << "x prev"
             << std::setw(11) << "max err" << "  " << std::left << "lesson\n";
   for (const Row& r : rows) {
-    std::cout << std::left << std::setw(12) << r.id << std::setw(10) << r.status << std::right;
+    std::cout << std::left << std::setw(id_width()) << r.id << std::setw(10) << r.status << std::right;
     if (r.timed()) {
       std::cout << std::setw(10) << fixed(r.ms, 3) << std::setw(10) << fixed(r.tflops, 2) << std::setw(10)
                 << (r.x_step01 > 0 ? fixed(r.x_step01, 2) : "-") << std::setw(10)
@@ -71,7 +79,7 @@ void print_table(const std::vector<Row>& rows) {
                 << std::setw(11) << "-";
     }
     std::cout << "  " << r.lesson << "\n";
-    if (!r.reason.empty()) std::cout << "            " << r.reason << "\n";
+    if (!r.reason.empty()) std::cout << std::string(size_t(id_width()), ' ') << r.reason << "\n";
   }
 }
 
@@ -243,6 +251,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (a.options.command == "list") return list_steps();
+    if (a.options.command == "banks") return fs::bank::banks_main();
     return run(a.options);
   } catch (const std::exception& e) {
     std::cerr << "flash-steps: " << e.what() << "\n";

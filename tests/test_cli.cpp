@@ -40,6 +40,7 @@ TEST_CASE("cli: every flag is parsed", "[cli]") {
   CHECK(parse({"--csv"}).options.format == fs::OutputFormat::csv);
   CHECK(parse({"--list"}).options.command == "list");
   CHECK(parse({"list"}).options.command == "list");
+  CHECK(parse({"banks"}).options.command == "banks");
   CHECK(parse({"--help"}).options.command == "help");
   CHECK(parse({"-h"}).options.command == "help");
   // --seqlen-q / --seqlen-k win over --seqlen whatever the order.

@@ -1,0 +1,636 @@
+#!/usr/bin/env python3
+"""Every flash-steps step beside PyTorch's scaled_dot_product_attention, on the same tensors, in one
+process, timed the same way.
+
+    python3 bench/compare_torch.py                     the ANCHORS sweep: seqlen 512 ... 16k, head_dim
+                                                       64 and 128, causal off and on, fp16 and bf16
+    python3 bench/compare_torch.py --quick             a handful of shapes, about a minute
+    python3 bench/compare_torch.py --seqlens 4096 --head-dims 128 --dtypes bf16 --causal on
+
+Shapes follow ../shared/ANCHORS.md: B*N = 16384 tokens, 16 heads at head_dim 128 and 32 at 64, so
+every shape moves the same Q/K/V bytes. Q, K, V are (B, N, H, d) tensors drawn as 0.25 + N(0, 1)
+(never zeros); our steps get their data_ptr() and strides through the C ABI of
+common/flash_steps.h (libflash_steps.so, loaded with ctypes), SDPA gets (B, H, N, d) views of the
+same memory (q.transpose(1, 2)), which is the layout FlashAttention reads natively.
+
+Timing, identical for every implementation: one checked launch, one timed probe launch, then
+warm-up and --iters launches, each bracketed by its own pair of CUDA events, with the L2 flushed
+(a buffer twice the L2's size is written) and a short GPU sleep before each, so that the host-side
+cost of the call (ctypes or PyTorch dispatch) is hidden behind queued work and only GPU time is
+measured. The median is reported, with min and max. A launch that takes, or by FLOP-scaling the
+previous shape would take, more than --max-launch-ms is skipped with that reason; slow launches
+get fewer iterations (at least --min-iters) so that one measurement stays near --budget-ms.
+
+Check: batch 0, the first two heads, against an fp64 reference computed here (O and LSE, with the
+tolerance of common/compare.h: |err| <= 2u*max|V| + 2u*|ref|, u = 2^-11 for fp16 and 2^-8 for
+bf16); no NaN or infinity anywhere in O; and every element of O within twice that tolerance of
+PyTorch's flash output.
+
+FLOPs = 4*B*H*Sq*Sk*d, halved when causal. Results go to bench/results/compare_torch-<UTC date>.json
+and .csv with the GPU, driver, CUDA/PyTorch/cuDNN versions, date and commit; a compact table is
+printed last. bench/plot.py turns them into plots and the README table.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FS_FP16, FS_BF16 = 0, 1
+DTYPE_CODES = {"fp16": FS_FP16, "bf16": FS_BF16}
+UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # as common/workload.h
+TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
+TOKENS = 16384  # B * N of every sweep shape (ANCHORS.md)
+
+
+# ---- the C ABI of common/flash_steps.h ---------------------------------------------------------
+
+class FsStrides(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("row", ctypes.c_int64), ("head", ctypes.c_int64),
+                ("dim", ctypes.c_int64)]
+
+
+class FsProblem(ctypes.Structure):
+    _fields_ = [
+        ("batch", ctypes.c_int64),
+        ("seqlen_q", ctypes.c_int64),
+        ("seqlen_k", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("dtype", ctypes.c_int32),
+        ("causal", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+        ("q", FsStrides),
+        ("k", FsStrides),
+        ("v", FsStrides),
+        ("o", FsStrides),
+    ]
+
+
+class FlashSteps:
+    """libflash_steps.so through ctypes: the registry, fs_check and fs_run."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+        lib = ctypes.CDLL(self.path)
+        lib.fs_problem_init.argtypes = [ctypes.POINTER(FsProblem)] + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 2
+        lib.fs_problem_init.restype = None
+        lib.fs_step_count.argtypes = []
+        lib.fs_step_count.restype = ctypes.c_int
+        for name in ("fs_step_id", "fs_step_name", "fs_step_lesson"):
+            getattr(lib, name).argtypes = [ctypes.c_int]
+            getattr(lib, name).restype = ctypes.c_char_p
+        lib.fs_step_min_compute_capability.argtypes = [ctypes.c_int]
+        lib.fs_step_min_compute_capability.restype = ctypes.c_int
+        lib.fs_check.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsProblem)]
+        lib.fs_check.restype = ctypes.c_int
+        lib.fs_run.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsProblem)] + [ctypes.c_void_p] * 6
+        lib.fs_run.restype = ctypes.c_int
+        lib.fs_last_error.argtypes = []
+        lib.fs_last_error.restype = ctypes.c_char_p
+        self.lib = lib
+
+    def steps(self) -> list[dict]:
+        out = []
+        for i in range(self.lib.fs_step_count()):
+            out.append({
+                "id": self.lib.fs_step_id(i).decode(),
+                "name": self.lib.fs_step_name(i).decode(),
+                "lesson": self.lib.fs_step_lesson(i).decode(),
+                "min_compute_capability": self.lib.fs_step_min_compute_capability(i),
+            })
+        return out
+
+    def problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
+                strides=None) -> FsProblem:
+        """fs_problem_init, then the strides of the actual tensors: {"q": (batch, row, head, dim), ...}."""
+        p = FsProblem()
+        self.lib.fs_problem_init(ctypes.byref(p), batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+                                 DTYPE_CODES[dtype], int(causal))
+        for name, s in (strides or {}).items():
+            setattr(p, name, FsStrides(*s))
+        return p
+
+    def last_error(self) -> str:
+        return self.lib.fs_last_error().decode(errors="replace")
+
+    def check(self, step_id: str, p: FsProblem) -> str:
+        """"" when the step can run p on the current device, else the library's sentence."""
+        rc = self.lib.fs_check(step_id.encode(), ctypes.byref(p))
+        return "" if rc == 0 else self.last_error()
+
+    def runner(self, step_id: str, p: FsProblem, q: int, k: int, v: int, o: int, lse: int, stream: int):
+        """A no-argument callable that enqueues the step (raises on a non-zero status)."""
+        fs_run, sid, pp = self.lib.fs_run, step_id.encode(), ctypes.byref(p)
+        args = (ctypes.c_void_p(q), ctypes.c_void_p(k), ctypes.c_void_p(v), ctypes.c_void_p(o),
+                ctypes.c_void_p(lse), ctypes.c_void_p(stream))
+
+        def run():
+            if fs_run(sid, pp, *args) != 0:
+                raise RuntimeError(f"fs_run({step_id}): {self.last_error()}")
+        return run
+
+
+# ---- shapes ------------------------------------------------------------------------------------
+
+def anchor_shape(seqlen: int, head_dim: int, causal: bool, dtype: str, tokens: int = TOKENS) -> dict:
+    return {"batch": max(1, tokens // seqlen), "seqlen": seqlen, "heads": 16 if head_dim == 128 else 32,
+            "head_dim": head_dim, "causal": causal, "dtype": dtype}
+
+
+def attention_flops(s: dict) -> float:
+    f = 4.0 * s["batch"] * s["heads"] * s["seqlen"] * s["seqlen"] * s["head_dim"]
+    return f / 2 if s["causal"] else f
+
+
+def shape_key(s: dict) -> tuple:
+    return (s["batch"], s["seqlen"], s["heads"], s["head_dim"], s["causal"], s["dtype"])
+
+
+def describe(s: dict) -> str:
+    return (f"b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}"
+            + (" causal" if s["causal"] else ""))
+
+
+def sweep_shapes(seqlens, head_dims, causals, dtypes, tokens=TOKENS) -> list[dict]:
+    """Grouped by (head_dim, causal, dtype), seqlen ascending: each launch is judged from the last."""
+    return [anchor_shape(n, d, c, t, tokens) for d in head_dims for c in causals for t in dtypes
+            for n in sorted(seqlens)]
+
+
+# ---- environment -------------------------------------------------------------------------------
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=REPO,
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def cudnn_version(v) -> str:
+    """cuDNN 9 reports major*10000 + minor*100 + patch (91900 is 9.19.0)."""
+    if not v:
+        return "none"
+    v = int(v)
+    return f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v >= 10000 else str(v)
+
+
+def environment(torch) -> dict:
+    props = torch.cuda.get_device_properties(0)
+    env = {
+        "gpu": torch.cuda.get_device_name(0),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "memory_gib": round(props.total_memory / 2 ** 30, 1),
+        "l2_bytes": int(getattr(props, "L2_cache_size", 0)),
+        "driver": driver_version(),
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "cudnn": cudnn_version(torch.backends.cudnn.version()),
+        "python": platform.python_version(),
+    }
+    try:
+        import triton  # noqa: F401  (only its version is recorded)
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return env
+
+
+# ---- measuring ---------------------------------------------------------------------------------
+
+class Timer:
+    """CUDA events around each launch; the L2 flushed and a short GPU sleep before each."""
+
+    def __init__(self, torch, l2_bytes: int, sleep_us: float):
+        self.torch = torch
+        self.flush = torch.empty(max(2 * l2_bytes, 2 << 20), dtype=torch.uint8, device="cuda")
+        self.sleep_cycles = int(sleep_us * 2000)  # about 2 GHz
+        self.has_sleep = hasattr(torch.cuda, "_sleep")
+
+    def times(self, fn, n: int) -> list[float]:
+        torch = self.torch
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for i, (start, stop) in enumerate(events):
+            self.flush.fill_(i & 0xFF)
+            if self.has_sleep and self.sleep_cycles > 0:
+                torch.cuda._sleep(self.sleep_cycles)
+            start.record()
+            fn()
+            stop.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(stop) for start, stop in events]
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def reference_slice(torch, q, k, v, causal: bool, scale: float, heads: int, chunk: int = 1024):
+    """fp64 O (heads, N, d) and LSE (heads, N) of batch 0, heads [0, heads), bottom-right causal."""
+    qs = q[0, :, :heads].transpose(0, 1).double()
+    ks = k[0, :, :heads].transpose(0, 1).double()
+    vs = v[0, :, :heads].transpose(0, 1).double()
+    sq, sk = qs.shape[1], ks.shape[1]
+    out = torch.empty_like(qs)
+    lse = torch.empty(heads, sq, dtype=torch.float64, device=q.device)
+    for r0 in range(0, sq, chunk):
+        r1 = min(sq, r0 + chunk)
+        s = torch.matmul(qs[:, r0:r1], ks.transpose(1, 2)) * scale
+        if causal:
+            i = torch.arange(r0, r1, device=q.device)[:, None]
+            j = torch.arange(sk, device=q.device)[None, :]
+            s.masked_fill_(j > i + (sk - sq), float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # a row with no key: O = 0, LSE = -inf
+        p = torch.exp(s - m)
+        l = p.sum(dim=-1, keepdim=True)
+        out[:, r0:r1] = torch.where(l > 0, torch.matmul(p, vs) / l.clamp_min(1e-300), torch.zeros_like(out[:, r0:r1]))
+        lse[:, r0:r1] = (m + torch.log(l)).squeeze(-1)
+    return out, lse
+
+
+def compare(torch, o_bnhd, lse_bhn, ref, dtype: str, max_abs_v: float, o_flash_bnhd=None) -> dict:
+    """The check of the module docstring. o_bnhd is (B, N, H, d); lse_bhn (B, H, N) fp32 or None."""
+    ref_o, ref_lse = ref
+    heads = ref_o.shape[0]
+    u = UNIT_ROUNDOFF[dtype]
+    atol, rtol = 2 * u * max_abs_v, 2 * u
+    got = o_bnhd[0, :, :heads].transpose(0, 1).double()
+    finite = torch.isfinite(got)
+    err = (got - ref_o).abs()
+    bad = (~finite) | (err > atol + rtol * ref_o.abs())
+    res = {
+        "max_abs_err": float(torch.where(finite, err, torch.zeros_like(err)).max()),
+        "mismatches": int(bad.sum()),
+        "nonfinite": int((~torch.isfinite(o_bnhd)).sum()),
+    }
+    if lse_bhn is not None:
+        g = lse_bhn[0, :heads].double()
+        want_inf = torch.isinf(ref_lse)
+        lerr = (g - ref_lse).abs()
+        ok = torch.where(want_inf, g == ref_lse, torch.isfinite(g) & (lerr <= 1e-4 * (1 + ref_lse.abs())))
+        res["max_lse_err"] = float(torch.where(want_inf | ~torch.isfinite(g), torch.zeros_like(lerr), lerr).max())
+        res["mismatches"] += int((~ok).sum())
+    if o_flash_bnhd is not None:
+        a = o_bnhd.float()
+        b = o_flash_bnhd.float()
+        diff = (a - b).abs()
+        res["max_abs_diff_flash"] = float(torch.nan_to_num(diff, nan=float("inf")).max())
+        res["mismatches_vs_flash"] = int((~(diff <= 2 * (atol + rtol * b.abs()))).sum())
+    res["pass"] = res["mismatches"] == 0 and res["nonfinite"] == 0 and res.get("mismatches_vs_flash", 0) == 0
+    return res
+
+
+def fmt_err(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return (lines[0] if lines else type(e).__name__)[:300]
+
+
+# ---- the sweep ---------------------------------------------------------------------------------
+
+class Sweep:
+    """Runs every implementation on every shape; keeps, per implementation, its last measured launch
+    so that a launch that would be too slow is skipped before it runs."""
+
+    def __init__(self, torch, lib: FlashSteps, args, steps: list[dict], backends: list[str], env: dict,
+                 ladder: dict):
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        self.torch, self.F, self.sdpa_kernel = torch, F, sdpa_kernel
+        self.sdp = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                    "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+        self.lib, self.args, self.ladder_key = lib, args, shape_key(ladder)
+        # PyTorch first: our steps are then also compared with its flash output.
+        self.impls = [("torch_" + b, "torch", b) for b in backends] + [(s["id"], "step", s["id"]) for s in steps]
+        self.timer = Timer(torch, env["l2_bytes"] or (64 << 20), args.sleep_us)
+        self.stream = torch.cuda.current_stream().cuda_stream
+        self.last: dict[str, dict] = {}  # impl -> {(d, causal, dtype) or "any": (flops, ms)}
+        self.limit_ms = args.max_launch_ms  # per shape: larger at the ladder shape
+
+    def shape(self, si: int, shape: dict) -> list[dict]:
+        torch, args = self.torch, self.args
+        B, N, H, D = shape["batch"], shape["seqlen"], shape["heads"], shape["head_dim"]
+        causal, dtype = shape["causal"], shape["dtype"]
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(args.seed + si)  # a fresh draw for every shape
+
+        def draw():  # (B, N, H, d), offset + sigma * N(0, 1), rounded to the dtype
+            x = torch.randn(B, N, H, D, device="cuda", dtype=torch.float32, generator=gen)
+            return (x * INPUT_SIGMA + INPUT_OFFSET).to(torch.float16 if dtype == "fp16" else torch.bfloat16)
+
+        t = {"q": draw(), "k": draw(), "v": draw()}
+        t["o"] = torch.empty_like(t["q"])
+        t["lse"] = torch.empty(B, H, N, dtype=torch.float32, device="cuda")
+        scale = 1.0 / math.sqrt(D)
+        t["ref"] = reference_slice(torch, t["q"], t["k"], t["v"], causal, scale, min(H, 2))
+        t["max_abs_v"] = float(t["v"].abs().max())
+        t["o_flash"] = None
+        strides = {name: t[name].stride() for name in ("q", "k", "v", "o")}  # all four, as they are
+        prob = self.lib.problem(B, N, N, H, H, D, dtype, causal, strides)
+        # The README's ladder needs every step at the ladder shape, the slow ones included.
+        self.limit_ms = args.ladder_max_launch_ms if shape_key(shape) == self.ladder_key else args.max_launch_ms
+        rows = []
+        for impl, kind, what in self.impls:
+            row = dict(shape, impl=impl, kind=kind, flops=attention_flops(shape), status="", reason="")
+            rows.append(row)
+            try:
+                if kind == "step":
+                    self.step(row, what, prob, t)
+                else:
+                    self.backend(row, what, t, causal, scale)
+            except Exception as e:  # one implementation's failure must not end the sweep
+                msg = fmt_err(e)
+                unsupported = kind == "torch" and ("No available kernel" in msg or "not supported" in msg.lower())
+                row.update(status="unsupported" if unsupported else "error", reason=msg)
+        add_ratios(rows)
+        return rows
+
+    def step(self, row: dict, step_id: str, prob: FsProblem, t: dict) -> None:
+        why = self.lib.check(step_id, prob)
+        if why:
+            row.update(status="refused", reason=why)
+            return
+        fn = self.lib.runner(step_id, prob, t["q"].data_ptr(), t["k"].data_ptr(), t["v"].data_ptr(),
+                             t["o"].data_ptr(), t["lse"].data_ptr(), self.stream)
+
+        def checked():
+            t["o"].fill_(float("nan"))  # poisoned: an element the step does not write fails the check
+            t["lse"].fill_(float("nan"))
+            fn()
+            self.torch.cuda.synchronize()
+            return compare(self.torch, t["o"], t["lse"], t["ref"], row["dtype"], t["max_abs_v"], t["o_flash"])
+        self.measure(row, fn, checked)
+
+    def backend(self, row: dict, backend: str, t: dict, causal: bool, scale: float) -> None:
+        torch, args = self.torch, self.args
+        if backend == "math":
+            need = 3 * row["batch"] * row["heads"] * row["seqlen"] ** 2 * 4  # scores, probabilities, a copy
+            cap = min(args.math_max_gib * 2 ** 30, 0.5 * torch.cuda.mem_get_info()[0])
+            if need > cap:
+                row.update(status="skipped", reason=f"the math backend needs about {need / 2 ** 30:.0f} GiB for the "
+                           f"B*H*N*N scores, over the {cap / 2 ** 30:.0f} GiB allowed (--math-max-gib)")
+                return
+        qt, kt, vt = (t[n].transpose(1, 2) for n in ("q", "k", "v"))  # (B, H, N, d) views of the same memory
+        sdpa = self.F.scaled_dot_product_attention
+        out = {}
+
+        def fn():
+            out["o"] = sdpa(qt, kt, vt, is_causal=causal, scale=scale)
+
+        def checked():
+            fn()
+            torch.cuda.synchronize()
+            o = out.pop("o").transpose(1, 2)  # back to (B, N, H, d)
+            if backend == "flash":
+                t["o_flash"] = o
+            return compare(torch, o, None, t["ref"], row["dtype"], t["max_abs_v"])
+        with self.sdpa_kernel([self.sdp[backend]]):
+            self.measure(row, fn, checked)
+
+    def measure(self, row: dict, fn, checked) -> None:
+        """Skip if too slow; one checked launch; one timed probe; warm-up; the timed launches."""
+        args = self.args
+        flops, group, limit = row["flops"], (row["head_dim"], row["causal"], row["dtype"]), self.limit_ms
+        prev = self.last.setdefault(row["impl"], {})
+        base = prev.get(group) or prev.get("any")
+        if base and base[1] * flops / base[0] > limit:
+            row.update(status="skipped", reason=f"a launch would take about {base[1] * flops / base[0]:.0f} ms "
+                       f"(scaled by FLOPs from the last shape measured), over the limit of {limit:g} ms "
+                       "(--max-launch-ms)")
+            return
+        chk = checked()
+        row.update(chk)
+        probe = self.timer.times(fn, 1)[0]
+        prev[group] = prev["any"] = (flops, probe)
+        if probe > limit:
+            row.update(status="skipped", probe_ms=probe,
+                       reason=f"one launch took {probe:.0f} ms, over the limit of {limit:g} ms (--max-launch-ms)")
+            return
+        n = max(args.min_iters, min(args.iters, int(args.budget_ms / max(probe, 1e-3))))
+        warmup = min(args.warmup, int(args.budget_ms / max(probe, 1e-3)))  # slow launches: checked + probe suffice
+        if warmup:
+            self.timer.times(fn, warmup)
+        ts = self.timer.times(fn, n)
+        ms = median(ts)
+        prev[group] = prev["any"] = (flops, ms)
+        row.update(status="ok" if chk["pass"] else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=n,
+                   tflops=flops / (ms * 1e-3) / 1e12)
+        if not chk["pass"]:
+            row["reason"] = (f"check failed: {chk['mismatches']} elements outside tolerance of the fp64 reference, "
+                             f"{chk['nonfinite']} non-finite, {chk.get('mismatches_vs_flash', 0)} outside twice the "
+                             f"tolerance of PyTorch flash")
+
+
+def run(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("compare_torch: PyTorch sees no CUDA device", file=sys.stderr)
+        return 1
+    lib = FlashSteps(args.lib)
+    steps = lib.steps()
+    if args.steps:
+        wanted = [s.strip() for s in args.steps.split(",") if s.strip()]
+        steps = [s for s in steps if any(s["id"].startswith(w) for w in wanted)]
+    backends = [b for b in args.backends.split(",") if b]
+    unknown = [b for b in backends if b not in TORCH_BACKENDS]
+    if unknown:
+        print(f"compare_torch: --backends: unknown {', '.join(unknown)} (known: {', '.join(TORCH_BACKENDS)})",
+              file=sys.stderr)
+        return 2
+    causals = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
+    shapes = sweep_shapes(args.seqlens, args.head_dims, causals, args.dtypes, args.tokens)
+    ladder = anchor_shape(args.ladder_seqlen, args.ladder_head_dim, args.ladder_causal, args.ladder_dtype,
+                          args.tokens)
+    if shape_key(ladder) not in {shape_key(s) for s in shapes}:
+        shapes.insert(0, ladder)
+
+    env = environment(torch)
+    sweep = Sweep(torch, lib, args, steps, backends, env, ladder)
+    date = datetime.datetime.now(datetime.timezone.utc)
+    commit = args.commit or git_commit()
+    result = {
+        "tool": "compare_torch",
+        "schema": 1,
+        "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit,
+        "environment": env,
+        "library": os.path.abspath(args.lib),
+        "timing": {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
+                   "budget_ms": args.budget_ms, "max_launch_ms": args.max_launch_ms,
+                   "ladder_max_launch_ms": args.ladder_max_launch_ms, "l2_flush": True,
+                   "sleep_us": args.sleep_us, "events": "one pair per launch"},
+        "flops": "4*B*H*Sq*Sk*d, halved when causal",
+        "ladder": ladder,
+        "steps": steps,
+        "backends": backends,
+        "complete": False,
+        "rows": [],
+    }
+    print(f"compare_torch {commit} on {env['gpu']} (driver {env['driver']}, CUDA {env['cuda']}, torch "
+          f"{env['torch']}, cuDNN {env['cudnn']}): {len(shapes)} shapes x {len(sweep.impls)} implementations",
+          file=sys.stderr, flush=True)
+    out_base = Path(args.out_dir) / f"compare_torch-{date.strftime('%Y%m%d-%H%M%S')}"
+    t0 = time.time()
+    try:
+        for si, shape in enumerate(shapes):
+            print(f"[{si + 1}/{len(shapes)}] {describe(shape)}  ({attention_flops(shape) / 1e9:.0f} GFLOP, "
+                  f"{time.time() - t0:.0f} s so far)", file=sys.stderr, flush=True)
+            rows = sweep.shape(si, shape)
+            result["rows"] += rows
+            print("    " + "  ".join(f"{label(r['impl'])} {r['tflops']:.1f}" + ("!" if r["status"] == "fail" else "")
+                                     if r.get("tflops") else f"{label(r['impl'])} {r['status']}" for r in rows),
+                  file=sys.stderr, flush=True)
+        result["complete"] = True
+    finally:  # what was measured is written even when the sweep is interrupted
+        result["wall_s"] = round(time.time() - t0, 1)
+        write_results(result, out_base)
+    print_table(result)
+    return 1 if any(r["status"] in ("fail", "error") for r in result["rows"]) else 0
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """x_flash, x_cudnn = PyTorch's time / this implementation's time, within one shape's rows."""
+    base = {r["impl"]: r["ms"] for r in rows if r["kind"] == "torch" and r.get("ms")}
+    for r in rows:
+        if r.get("ms"):
+            for key, impl in (("x_flash", "torch_flash"), ("x_cudnn", "torch_cudnn")):
+                if base.get(impl):
+                    r[key] = base[impl] / r["ms"]
+
+
+CSV_FIELDS = ["date", "commit", "gpu", "impl", "kind", "batch", "seqlen", "heads", "head_dim", "causal", "dtype", "flops", "status",
+              "ms", "min_ms", "max_ms", "iters", "tflops", "x_flash", "x_cudnn", "max_abs_err", "max_lse_err",
+              "max_abs_diff_flash", "mismatches", "nonfinite", "pass", "reason"]
+
+
+def write_results(result: dict, out_base: Path) -> None:
+    out_base.parent.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = out_base.with_suffix(".json"), out_base.with_suffix(".csv")
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    common = {"date": result["date"], "commit": result["commit"], "gpu": result["environment"].get("gpu", "")}
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in result["rows"]:
+            w.writerow({**common, **r})
+    print(f"compare_torch: wrote {json_path} and {csv_path}", file=sys.stderr, flush=True)
+
+
+def label(impl: str) -> str:
+    """A column heading: the step id, or pt:<backend> for PyTorch."""
+    return impl.replace("torch_", "pt:")[:10]
+
+
+def print_table(result: dict) -> None:
+    """TFLOP/s, one line per shape, one column per step and for PyTorch flash and cuDNN (the files have
+    every backend); '-' not timed (refused, skipped, unsupported), '!' check failed."""
+    rows = result["rows"]
+    impls = []
+    for r in rows:
+        if r["impl"] not in impls and r["impl"] not in ("torch_efficient", "torch_math"):
+            impls.append(r["impl"])
+    shapes = []
+    for r in rows:
+        if shape_key(r) not in [shape_key(s) for s in shapes]:
+            shapes.append(r)
+    print(f"\nTFLOP/s (median), {result['environment'].get('gpu', '')}, commit {result['commit']}, {result['date']}"
+          "   - = not run (refused/skipped),  ! = check failed")
+    head = f"{'shape':34}" + "".join(f"{label(i):>11}" for i in impls)
+    print(head)
+    by = {(shape_key(r), r["impl"]): r for r in rows}
+    for s in shapes:
+        line = f"{describe(s):34}"
+        for i in impls:
+            r = by.get((shape_key(s), i))
+            if r and r.get("tflops"):
+                cell = f"{r['tflops']:.1f}" + ("!" if r["status"] == "fail" else "")
+            else:
+                cell = "-"
+            line += f"{cell:>11}"
+        print(line)
+    problems = [r for r in rows if r["status"] in ("fail", "error")]
+    for r in problems[:20]:
+        print(f"  {r['impl']} {describe(r)}: {r['status']}: {r['reason']}")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--lib", default=str(REPO / "build" / "libflash_steps.so"), help="path of libflash_steps.so")
+    ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"), help="where the JSON and CSV go")
+    ap.add_argument("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
+    ap.add_argument("--quick", action="store_true", help="seqlen 1k, 2k, 4k; d 128; fp16; fewer launches")
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
+    ap.add_argument("--dtypes", nargs="+", choices=["fp16", "bf16"], default=["fp16", "bf16"])
+    ap.add_argument("--causal", choices=["off", "on", "both"], default="both")
+    ap.add_argument("--tokens", type=int, default=TOKENS, help="B*N of every shape (default 16384)")
+    ap.add_argument("--steps", default="", help="only the steps whose id starts with one of these (comma-separated)")
+    ap.add_argument("--backends", default=",".join(TORCH_BACKENDS), help="PyTorch SDPA backends to time")
+    ap.add_argument("--iters", type=int, default=20, help="timed launches per measurement (at most)")
+    ap.add_argument("--min-iters", type=int, default=5, help="timed launches per measurement (at least)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed launches before the timed ones")
+    ap.add_argument("--budget-ms", type=float, default=500, help="aim for this much GPU time per measurement")
+    ap.add_argument("--max-launch-ms", type=float, default=100,
+                    help="skip a launch that takes (or would take) longer than this, e.g. the naive steps at long N")
+    ap.add_argument("--ladder-max-launch-ms", type=float, default=5000,
+                    help="the same limit at the ladder shape, where every step should be timed")
+    ap.add_argument("--math-max-gib", type=float, default=16, help="memory the math backend may use")
+    ap.add_argument("--sleep-us", type=float, default=50, help="GPU sleep before each timed launch (0: none)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--ladder-seqlen", type=int, default=2048, help="the README ladder's shape (B = tokens / N)")
+    ap.add_argument("--ladder-head-dim", type=int, default=128)
+    ap.add_argument("--ladder-dtype", choices=["fp16", "bf16"], default="fp16")
+    ap.add_argument("--ladder-causal", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        defaults = ap.parse_args([])
+        if args.seqlens == defaults.seqlens:
+            args.seqlens = [1024, 2048, 4096]
+        if args.head_dims == defaults.head_dims:
+            args.head_dims = [128]
+        if args.dtypes == defaults.dtypes:
+            args.dtypes = ["fp16"]
+        args.iters = min(args.iters, 10)
+        args.warmup = min(args.warmup, 1)
+        args.budget_ms = min(args.budget_ms, 200)
+        args.max_launch_ms = min(args.max_launch_ms, 50)
+    for n in args.seqlens:
+        if n <= 0 or args.tokens % n:
+            ap.error(f"--seqlens: {n} does not divide --tokens {args.tokens}")
+    return args
+
+
+def main(argv=None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

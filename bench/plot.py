@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""Plots and the README results table, generated from the files in bench/results/.
+
+    python3 bench/plot.py                      the newest compare_torch-*.json and runner-*.json there:
+                                               bench/results/sweep.png, bench/results/ladder.png, and
+                                               README.md rewritten between its results markers
+    python3 bench/plot.py --compare FILE [--runner FILE] [--readme README.md] [--out-dir DIR]
+    python3 bench/plot.py --table-only         print the table (no matplotlib needed)
+
+Inputs: the JSON of bench/compare_torch.py (every step and PyTorch SDPA over the shape sweep) and,
+optionally, the JSON of `flash-steps --json` (the runner's checked ladder). The ladder table is
+taken at the compare file's ladder shape (B*N = 16384, seqlen 2048, head_dim 128, fp16, not causal
+unless compare_torch.py was told otherwise), where PyTorch ran in the same process on the same
+tensors; without a compare file it falls back to the runner's file and leaves the PyTorch columns
+empty.
+
+The table is text between the markers below in README.md; everything else in README.md is left as
+it is. The output depends only on the input files, so running this twice gives the same bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BEGIN = "<!-- results:begin -->"
+END = "<!-- results:end -->"
+MMA_SYNC_CEILING_TFLOPS = 645  # mma.sync.m16n8k16 from registers, measured on the H200 (ANCHORS.md)
+BACKEND_LABELS = {"torch_flash": "PyTorch SDPA flash", "torch_cudnn": "PyTorch SDPA cuDNN",
+                  "torch_efficient": "PyTorch SDPA memory-efficient", "torch_math": "PyTorch SDPA math"}
+
+
+class MarkerError(Exception):
+    pass
+
+
+# ---- reading -----------------------------------------------------------------------------------
+
+def load(path: str | os.PathLike) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def newest(directory: Path, pattern: str) -> Path | None:
+    """The newest file by name: the names carry a UTC date-time, so the name order is the time order."""
+    files = sorted(directory.glob(pattern))
+    return files[-1] if files else None
+
+
+def shape_of(row: dict) -> tuple:
+    return (row["batch"], row["seqlen"], row["heads"], row["head_dim"], bool(row["causal"]), row["dtype"])
+
+
+def describe_shape(s: dict) -> str:
+    return (f"batch {s['batch']} × {s['heads']} heads × seqlen {s['seqlen']} × head_dim {s['head_dim']}, "
+            f"{s['dtype']}, {'causal' if s['causal'] else 'not causal'}")
+
+
+def flops_of(s: dict) -> float:
+    f = 4.0 * s["batch"] * s["heads"] * s["seqlen"] * s["seqlen"] * s["head_dim"]
+    return f / 2 if s["causal"] else f
+
+
+# ---- the ladder --------------------------------------------------------------------------------
+
+def ladder_from_compare(compare: dict) -> dict:
+    """{"shape", "steps": [row...] in registry order, "torch": {impl: row}} at the ladder shape."""
+    shape = compare["ladder"]
+    key = shape_of(shape)
+    rows = [r for r in compare["rows"] if shape_of(r) == key]
+    by_impl = {r["impl"]: r for r in rows}
+    step_ids = [s["id"] for s in compare.get("steps", [])] or [r["impl"] for r in rows if r["kind"] == "step"]
+    steps = [dict(by_impl[i], id=i) for i in step_ids if i in by_impl]
+    torch = {r["impl"]: r for r in rows if r["kind"] == "torch"}
+    return {"shape": shape, "steps": steps, "torch": torch}
+
+
+def ladder_from_runner(runner: dict) -> dict:
+    """The same from `flash-steps --json` (no PyTorch rows; the cuBLAS baseline is left out)."""
+    p = runner["problem"]
+    shape = {"batch": p["batch"], "seqlen": p["seqlen_q"], "heads": p["heads_q"], "head_dim": p["head_dim"],
+             "causal": bool(p["causal"]), "dtype": p["dtype"]}
+    steps = []
+    for r in runner["rows"]:
+        if r["id"] == "cublas":
+            continue
+        ok = r["status"] in ("PASS", "FAIL")
+        steps.append({"id": r["id"], "impl": r["id"], "status": {"PASS": "ok", "FAIL": "fail"}.get(r["status"], "refused"),
+                      "reason": r.get("reason", ""), "ms": r.get("ms") if ok else None,
+                      "tflops": r.get("tflops") if ok else None})
+    return {"shape": shape, "steps": steps, "torch": {}}
+
+
+def _timed(row: dict | None) -> bool:
+    return bool(row) and row.get("status") in ("ok", "fail") and bool(row.get("ms"))
+
+
+def ladder_columns(ladder: dict) -> list[dict]:
+    """Per step: ms, TFLOP/s, × previous timed step, × step 01, % of PyTorch flash, % of cuDNN."""
+    flash = ladder["torch"].get("torch_flash")
+    cudnn = ladder["torch"].get("torch_cudnn")
+    first = next((s for s in ladder["steps"] if s["id"].startswith("01")), None)
+    out, prev = [], None
+    for s in ladder["steps"]:
+        c = {"id": s["id"], "status": s.get("status", ""), "reason": s.get("reason", "")}
+        if _timed(s):
+            ms = s["ms"]
+            c.update(ms=ms, tflops=s.get("tflops") or flops_of(ladder["shape"]) / (ms * 1e-3) / 1e12)
+            c["x_prev"] = prev["ms"] / ms if prev else None
+            c["x_01"] = first["ms"] / ms if _timed(first) else None
+            c["pct_flash"] = 100 * flash["ms"] / ms if _timed(flash) else None
+            c["pct_cudnn"] = 100 * cudnn["ms"] / ms if _timed(cudnn) else None
+            prev = s
+        out.append(c)
+    return out
+
+
+def _f(x, fmt: str, unit: str = "") -> str:
+    return "–" if x is None else format(x, fmt) + unit
+
+
+def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = None,
+                 images: tuple[str, ...] = ()) -> str:
+    """The markdown between the README markers (without the markers themselves)."""
+    env = meta.get("environment", {})
+    shape = ladder["shape"]
+    lines = [f"<!-- generated by bench/plot.py from {source}; do not edit by hand -->", ""]
+    versions = ", ".join(x for x in (
+        f"driver {env['driver']}" if env.get("driver") else "",
+        f"CUDA {env['cuda']}" if env.get("cuda") else "",
+        f"PyTorch {env['torch']}" if env.get("torch") else "",
+        f"cuDNN {env['cudnn']}" if env.get("cudnn") else "") if x)
+    gpu = env.get("gpu") or meta.get("device", "unknown GPU")
+    date = meta.get("date", "")
+    when = f"{date[:10]} {date[11:16]} UTC" if len(date) >= 16 else (date or "unknown date")
+    lines.append(f"**{gpu}**" + (f" ({versions})" if versions else "") +
+                 f", {when}, commit `{meta.get('commit', 'unknown')}`.")
+    timing = meta.get("timing", {})
+    lines.append(f"Shape: {describe_shape(shape)}; {flops_of(shape) / 1e9:.0f} GFLOP (4·B·H·N²·d"
+                 + (", halved for causal" if shape["causal"] else "") + "). "
+                 f"Median of up to {timing.get('iters', '?')} launches, CUDA events, L2 flushed before each"
+                 + ("; PyTorch SDPA timed in the same process on the same tensors." if ladder["torch"] else "."))
+    lines += ["", "| step | ms | TFLOP/s | × previous | × step 01 | % of PyTorch flash | % of cuDNN |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    cols = ladder_columns(ladder)
+    for c in cols:
+        if "ms" not in c:
+            continue
+        mark = " ✗" if c["status"] == "fail" else ""
+        lines.append(f"| `{c['id']}`{mark} | {c['ms']:.3f} | {c['tflops']:.1f} | {_f(c['x_prev'], '.2f', '×')} | "
+                     f"{_f(c['x_01'], '.1f', '×')} | {_f(c['pct_flash'], '.0f', ' %')} | "
+                     f"{_f(c['pct_cudnn'], '.0f', ' %')} |")
+    flash, cudnn = ladder["torch"].get("torch_flash"), ladder["torch"].get("torch_cudnn")
+    for impl in BACKEND_LABELS:
+        r = ladder["torch"].get(impl)
+        if _timed(r):
+            lines.append(f"| {BACKEND_LABELS[impl]} | {r['ms']:.3f} | {r['tflops']:.1f} | | | "
+                         f"{_f(100 * flash['ms'] / r['ms'] if _timed(flash) else None, '.0f', ' %')} | "
+                         f"{_f(100 * cudnn['ms'] / r['ms'] if _timed(cudnn) else None, '.0f', ' %')} |")
+    lines.append("")
+    untimed = [c for c in cols if "ms" not in c]
+    if untimed:
+        lines.append("Not timed at this shape: " + "; ".join(
+            f"`{c['id']}` ({c['status'] or 'not run'}: {c['reason'].rstrip('.')})" for c in untimed) + ".")
+    failed = [c["id"] for c in cols if c["status"] == "fail"]
+    lines.append("Check (fp64 reference, and PyTorch flash where it ran): " +
+                 ("**failed** for " + ", ".join(f"`{i}`" for i in failed) if failed else
+                  "every timed step passed") + ".")
+    if runner is not None:
+        r_rows = [r for r in runner.get("rows", []) if r.get("id") != "cublas"]
+        r_fail = [r["id"] for r in r_rows if r.get("status") in ("FAIL", "ERROR")]
+        r_shape = ladder_from_runner(runner)["shape"]
+        lines.append(f"`flash-steps --json` ({describe_shape(r_shape)}, commit `{runner.get('commit', '?')}`): " +
+                     ("**failed** for " + ", ".join(f"`{i}`" for i in r_fail) if r_fail else
+                      "every step that ran passed its check against the reference") + ".")
+    alt = {"ladder": "TFLOP/s of every step at this shape", "sweep": "TFLOP/s against seqlen, every step and backend"}
+    for img in images:
+        lines += ["", f"![{alt.get(Path(img).stem, Path(img).stem)}]({img})"]
+    return "\n".join(lines) + "\n"
+
+
+def replace_between_markers(text: str, content: str, begin: str = BEGIN, end: str = END) -> str:
+    """text with everything between the two marker lines replaced by content."""
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < 0 or j < i:
+        raise MarkerError(f"the markers '{begin}' and '{end}' (in that order) were not found")
+    return text[: i + len(begin)] + "\n" + content + text[j:]
+
+
+def update_file(path: Path, content: str, begin: str = BEGIN, end: str = END) -> bool:
+    """Rewrites path between the markers; True when the file changed."""
+    old = path.read_text()
+    new = replace_between_markers(old, content, begin, end)
+    if new != old:
+        path.write_text(new)
+    return new != old
+
+
+# ---- plots (matplotlib is imported only here) ---------------------------------------------------
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _label(impl: str) -> str:
+    return BACKEND_LABELS.get(impl, impl)
+
+
+def plot_sweep(compare: dict, path: Path) -> None:
+    """TFLOP/s against seqlen: one panel per (dtype, head_dim, causal), one line per step and backend."""
+    plt = _pyplot()
+    rows = [r for r in compare["rows"] if _timed(r)]
+    panels = sorted({(r["dtype"], -r["head_dim"], bool(r["causal"])) for r in rows})
+    if not panels:
+        raise ValueError("no timed rows to plot")
+    dtypes = sorted({p[0] for p in panels}, key=lambda t: (t != "fp16", t))  # fp16 on top
+    combos = sorted({(p[1], p[2]) for p in panels})
+    fig, axes = plt.subplots(len(dtypes), len(combos), figsize=(4.2 * len(combos), 3.6 * len(dtypes)),
+                             squeeze=False, sharey=True)
+    impls = [s["id"] for s in compare.get("steps", [])] + list(BACKEND_LABELS)
+    cmap = plt.get_cmap("viridis")
+    step_ids = [i for i in impls if not i.startswith("torch_")]
+    styles = {i: {"color": cmap(k / max(1, len(step_ids) - 1)), "marker": "o", "linestyle": "-"}
+              for k, i in enumerate(step_ids)}
+    styles.update({"torch_flash": {"color": "black", "marker": "s", "linestyle": "--"},
+                   "torch_cudnn": {"color": "tab:red", "marker": "^", "linestyle": "--"},
+                   "torch_efficient": {"color": "gray", "marker": "v", "linestyle": ":"},
+                   "torch_math": {"color": "silver", "marker": "x", "linestyle": ":"}})
+    handles = {}
+    for a, dtype in enumerate(dtypes):
+        for b, (neg_d, causal) in enumerate(combos):
+            ax = axes[a][b]
+            sel = [r for r in rows if r["dtype"] == dtype and r["head_dim"] == -neg_d and bool(r["causal"]) == causal]
+            for impl in impls:
+                pts = sorted((r["seqlen"], r["tflops"]) for r in sel if r["impl"] == impl)
+                if pts:
+                    (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], markersize=4, label=_label(impl),
+                                      **styles.get(impl, {}))
+                    handles.setdefault(impl, line)
+            ax.axhline(MMA_SYNC_CEILING_TFLOPS, color="tab:orange", linestyle="-.", linewidth=0.8)
+            ax.set_xscale("log", base=2)
+            ticks = sorted({r["seqlen"] for r in rows})
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks], fontsize=8)
+            ax.minorticks_off()
+            ax.set_title(f"{dtype}, d = {-neg_d}, {'causal' if causal else 'not causal'}", fontsize=10)
+            ax.set_xlabel("seqlen (B·N = 16384)")
+            if b == 0:
+                ax.set_ylabel("TFLOP/s")
+            ax.grid(True, which="both", alpha=0.3)
+    order = [i for i in impls if i in handles]
+    fig.legend([handles[i] for i in order], [_label(i) for i in order], loc="lower center",
+               ncol=min(6, len(order)), fontsize=8, frameon=False)
+    env = compare.get("environment", {})
+    fig.suptitle(f"Forward attention, TFLOP/s — {env.get('gpu', '')}, {compare.get('date', '')[:10]}, "
+                 f"commit {compare.get('commit', '')} (dash-dot: mma.sync ceiling {MMA_SYNC_CEILING_TFLOPS})",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.06 + 0.02 * ((len(order) - 1) // 6), 1, 0.95))
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_ladder(ladder: dict, meta: dict, path: Path) -> None:
+    """A bar per step (TFLOP/s, log scale) at the ladder shape, PyTorch flash and cuDNN as lines."""
+    plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter
+    cols = [c for c in ladder_columns(ladder) if "ms" in c]
+    if not cols:
+        raise ValueError("no timed step at the ladder shape")
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.9 * len(cols) + 2), 4.5))
+    xs = range(len(cols))
+    bars = ax.bar(xs, [c["tflops"] for c in cols], color="tab:blue")
+    for bar, c in zip(bars, cols):
+        ax.annotate(f"{c['tflops']:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    for impl, color in (("torch_flash", "black"), ("torch_cudnn", "tab:red")):
+        r = ladder["torch"].get(impl)
+        if _timed(r):
+            ax.axhline(r["tflops"], color=color, linestyle="--", linewidth=1,
+                       label=f"{BACKEND_LABELS[impl]}: {r['tflops']:.0f}")
+    ax.axhline(MMA_SYNC_CEILING_TFLOPS, color="tab:orange", linestyle="-.", linewidth=0.8,
+               label=f"mma.sync ceiling: {MMA_SYNC_CEILING_TFLOPS}")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    lowest = min(c["tflops"] for c in cols)
+    ax.set_ylim(lowest / 2, MMA_SYNC_CEILING_TFLOPS * 8)  # room for the legend above the ceiling
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([c["id"] for c in cols], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("TFLOP/s (log scale)")
+    env = meta.get("environment", {})
+    s = ladder["shape"]
+    ax.set_title(f"b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}"
+                 f"{' causal' if s['causal'] else ''} — {env.get('gpu', meta.get('device', ''))}, "
+                 f"{meta.get('date', '')[:10]}, {meta.get('commit', '')}", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", frameon=False)
+    ax.grid(True, axis="y", which="major", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--results", default=str(REPO / "bench" / "results"), help="where the input files are")
+    ap.add_argument("--compare", help="compare_torch JSON (default: the newest compare_torch-*.json)")
+    ap.add_argument("--runner", help="flash-steps --json output (default: the newest runner-*.json)")
+    ap.add_argument("--out-dir", help="where the PNGs go (default: --results)")
+    ap.add_argument("--readme", default=str(REPO / "README.md"), help="the file whose results markers are rewritten")
+    ap.add_argument("--no-readme", action="store_true", help="leave the README alone")
+    ap.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib needed)")
+    ap.add_argument("--table-only", action="store_true", help="print the table and change nothing")
+    args = ap.parse_args(argv)
+
+    results = Path(args.results)
+    compare_path = Path(args.compare) if args.compare else newest(results, "compare_torch-*.json")
+    runner_path = Path(args.runner) if args.runner else newest(results, "runner-*.json")
+    if compare_path is None and runner_path is None:
+        print(f"plot.py: no compare_torch-*.json or runner-*.json in {results} (run bench/run_all.sh)",
+              file=sys.stderr)
+        return 1
+    compare = load(compare_path) if compare_path else None
+    runner = None
+    if runner_path:
+        try:
+            runner = load(runner_path)
+        except (OSError, ValueError) as e:
+            if compare is None:
+                raise
+            print(f"plot.py: {runner_path} left out: {e}", file=sys.stderr)
+    if compare is not None:
+        ladder, meta, source = ladder_from_compare(compare), compare, compare_path
+    else:
+        ladder, meta, source = ladder_from_runner(runner), runner, runner_path
+    out_dir = Path(args.out_dir) if args.out_dir else results
+    readme = Path(args.readme)
+
+    def rel(p: Path) -> str:  # as the README links it
+        try:
+            return os.path.relpath(p.resolve(), readme.resolve().parent).replace(os.sep, "/")
+        except ValueError:
+            return str(p)
+
+    images = []
+    if not args.no_plots and not args.table_only:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        jobs = [(plot_ladder, (ladder, meta), out_dir / "ladder.png")]
+        if compare is not None:
+            jobs.insert(0, (plot_sweep, (compare,), out_dir / "sweep.png"))
+        for fn, fn_args, path in jobs:
+            try:
+                fn(*fn_args, path)
+            except ValueError as e:  # nothing timed to draw: the table still says why
+                print(f"plot.py: no {path.name}: {e}", file=sys.stderr)
+                continue
+            images.append(path)
+            print(f"plot.py: wrote {path}", file=sys.stderr)
+    try:
+        src = os.path.relpath(Path(source).resolve(), REPO).replace(os.sep, "/")
+    except ValueError:
+        src = str(source)
+    table = ladder_table(ladder, meta, src, runner if compare is not None else None,
+                         tuple(rel(p) for p in reversed(images)))
+    print(table, end="")
+    if args.table_only or args.no_readme:
+        return 0
+    try:
+        changed = update_file(readme, table)
+    except MarkerError as e:
+        print(f"plot.py: {readme}: {e}; add the two lines {BEGIN} and {END} where the results belong",
+              file=sys.stderr)
+        return 1
+    print(f"plot.py: {readme} {'rewritten between the results markers' if changed else 'already up to date'}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

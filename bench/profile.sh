@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Nsight Compute on one step: the metrics the notes cite (bench/ncu_table.py lists them), for that
+# step's kernels only, printed as a table (one row per metric, one column per kernel).
+#
+#   bench/profile.sh STEP [runner flags...]
+#   bench/profile.sh 06_ldmatrix_mma --seqlen 4096 --causal --dtype bf16
+#   cmake -DFLASH_STEPS_PROFILE_STEP=06_ldmatrix_mma -DFLASH_STEPS_PROFILE_ARGS="--seqlen 4096" build
+#   cmake --build build --target profile                                  (the same, through CMake)
+#
+# It runs `flash-steps --step STEP --iters 1 --warmup 0 --no-baseline [flags]` under
+#   ncu --clock-control none --kernel-name-base mangled --kernel-name regex:^(<the step's kernels>)$
+# The step's kernels are read from its object files with cuobjdump, so the reference, the input
+# generator and cuBLAS are never profiled. The runner launches the step twice (check, then timing);
+# the table shows the last launch of each kernel. The GPU's clocks are left as they are.
+#
+# Environment:
+#   FLASH_STEPS_BUILD     the build directory (default: build)
+#   NCU                   the ncu to use (default: ncu on PATH)
+#   FLASH_STEPS_METRICS   a comma-separated metric list instead of bench/ncu_table.py's
+#   FLASH_STEPS_PROFILE_OUT  a directory to keep the .ncu-rep report and a CSV of the table in
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+if [[ $# -lt 1 || "$1" == -* ]]; then
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+step="$1"
+shift
+build="${FLASH_STEPS_BUILD:-$root/build}"
+ncu="${NCU:-ncu}"
+runner="$build/flash-steps"
+[[ -x "$runner" ]] || { echo "profile.sh: $runner not found (cmake --build $build --target flash-steps)" >&2; exit 1; }
+command -v "$ncu" >/dev/null || { echo "profile.sh: ncu not found (Nsight Compute; set NCU=/path/to/ncu)" >&2; exit 1; }
+
+# The step's kernels: every function in the object files of its directory (steps/NN_*).
+prefix="${step%%_*}"
+mapfile -t objects < <(find "$build/steps/" -path "*step_${prefix}_*" -name '*.o' 2>/dev/null | sort)
+kernels=""
+if ((${#objects[@]})); then
+  cuobjdump="$(command -v cuobjdump || true)"
+  [[ -n "$cuobjdump" ]] || cuobjdump="$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/cuobjdump"
+  kernels="$("$cuobjdump" --dump-resource-usage "${objects[@]}" 2>/dev/null |
+             sed -n 's/^ *Function \([A-Za-z0-9_]*\):$/\1/p' | sort -u | paste -sd '|' -)"
+fi
+filter=()
+if [[ -n "$kernels" ]]; then
+  filter=(--kernel-name-base mangled --kernel-name "regex:^(${kernels})\$")
+else
+  echo "profile.sh: no object files of step ${prefix} under $build/steps; profiling every kernel" >&2
+fi
+
+metrics="${FLASH_STEPS_METRICS:-$(python3 "$here/ncu_table.py" --list-metrics)}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+report="$work/profile"
+for _ in 1 2 3; do
+  set +e
+  "$ncu" --clock-control none "${filter[@]}" --metrics "$metrics" --export "$report" --force-overwrite \
+    "$runner" --step "$step" --iters 1 --warmup 0 --no-baseline "$@" 2>&1 | tee "$work/log"
+  set -e
+  [[ -f "$report.ncu-rep" ]] && break
+  fewer="$(python3 "$here/ncu_table.py" --metrics "$metrics" --drop-unknown "$work/log")"
+  [[ "$fewer" != "$metrics" && -n "$fewer" ]] || { echo "profile.sh: ncu wrote no report (see above)" >&2; exit 1; }
+  echo "profile.sh: retrying without the metrics ncu rejected" >&2
+  metrics="$fewer"
+done
+[[ -f "$report.ncu-rep" ]] || { echo "profile.sh: ncu wrote no report (see above)" >&2; exit 1; }
+
+"$ncu" --import "$report.ncu-rep" --csv --page raw > "$work/raw.csv"
+echo
+echo "ncu, step $step, flash-steps $* (clocks as found; last launch of each kernel)"
+csv_args=()
+if [[ -n "${FLASH_STEPS_PROFILE_OUT:-}" ]]; then
+  mkdir -p "$FLASH_STEPS_PROFILE_OUT"
+  stamp="$(date -u +%Y%m%d-%H%M%S)"
+  cp "$report.ncu-rep" "$FLASH_STEPS_PROFILE_OUT/profile-$step-$stamp.ncu-rep"
+  csv_args=(--csv-out "$FLASH_STEPS_PROFILE_OUT/profile-$step-$stamp.csv")
+fi
+python3 "$here/ncu_table.py" "$work/raw.csv" --metrics "$metrics" "${csv_args[@]}"

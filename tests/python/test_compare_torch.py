@@ -1,0 +1,120 @@
+"""bench/compare_torch.py without PyTorch or a GPU: its ctypes mirror of common/flash_steps.h (layout
+checked against a C compiler, and against the built library when there is one), the shapes and the
+ratios."""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import compare_torch as ct  # noqa: E402
+
+
+def find_library():
+    """$FLASH_STEPS_LIB, else build/libflash_steps.so (the README's build directory)."""
+    return Path(os.environ.get("FLASH_STEPS_LIB") or REPO / "build" / "libflash_steps.so")
+
+
+class Layout(unittest.TestCase):
+    @unittest.skipUnless(shutil.which("cc"), "no C compiler")
+    def test_struct_matches_the_header(self):
+        src = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include "flash_steps.h"
+int main(void) {
+  printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(fs_problem), sizeof(fs_strides),
+         offsetof(fs_problem, dtype), offsetof(fs_problem, causal), offsetof(fs_problem, softmax_scale),
+         offsetof(fs_problem, q), offsetof(fs_problem, k), offsetof(fs_problem, o));
+  return 0;
+}
+"""
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "layout.c").write_text(src)
+            exe = Path(d) / "layout"
+            subprocess.run(["cc", "-I", str(REPO / "common"), str(Path(d) / "layout.c"), "-o", str(exe)], check=True)
+            want = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+        P = ct.FsProblem
+        got = [ctypes.sizeof(P), ctypes.sizeof(ct.FsStrides), P.dtype.offset, P.causal.offset,
+               P.softmax_scale.offset, P.q.offset, P.k.offset, P.o.offset]
+        self.assertEqual(got, want)
+
+
+@unittest.skipUnless(find_library().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
+class Library(unittest.TestCase):
+    def setUp(self):
+        self.lib = ct.FlashSteps(find_library())
+
+    def test_registry(self):
+        steps = self.lib.steps()
+        self.assertGreaterEqual(len(steps), 1)
+        self.assertEqual(steps[0]["id"], "01_naive")
+        self.assertTrue(all(s["lesson"] for s in steps))
+
+    def test_problem_init_and_strides(self):
+        p = self.lib.problem(2, 512, 512, 16, 16, 128, "bf16", True)
+        self.assertEqual((p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.dtype, p.causal), (2, 512, 16, 128, 1, 1))
+        self.assertAlmostEqual(p.softmax_scale, 128 ** -0.5, places=6)
+        self.assertEqual((p.q.batch, p.q.row, p.q.head, p.q.dim), (512 * 16 * 128, 16 * 128, 128, 1))
+        p = self.lib.problem(2, 512, 512, 16, 16, 128, "fp16", False, {"o": (1, 2, 3, 1)})
+        self.assertEqual((p.o.batch, p.o.row, p.o.head, p.o.dim), (1, 2, 3, 1))
+        self.assertIn("multiple of 8", self.lib.check("01_naive", p))  # the library read our struct
+
+    def test_refusals_are_sentences(self):
+        p = self.lib.problem(2, 512, 512, 16, 16, 128, "fp16", False)
+        self.assertIn("no step has id", self.lib.check("99_nothing", p))
+        run = self.lib.runner("01_naive", p, 0, 0, 0, 0, 0, 0)
+        with self.assertRaises(RuntimeError) as e:
+            run()
+        self.assertIn("null", str(e.exception))
+
+
+class Shapes(unittest.TestCase):
+    def test_anchor_shapes(self):
+        s = ct.anchor_shape(2048, 128, False, "fp16")
+        self.assertEqual((s["batch"], s["heads"]), (8, 16))
+        self.assertEqual(ct.anchor_shape(512, 64, True, "bf16")["heads"], 32)
+        self.assertEqual(ct.attention_flops(s), 4.0 * 8 * 16 * 2048 * 2048 * 128)
+        self.assertEqual(ct.attention_flops(dict(s, causal=True)), 2.0 * 8 * 16 * 2048 * 2048 * 128)
+
+    def test_sweep_order_groups_then_seqlen_ascending(self):
+        shapes = ct.sweep_shapes([4096, 512], [128, 64], [False, True], ["fp16"])
+        self.assertEqual(len(shapes), 8)
+        self.assertEqual([s["seqlen"] for s in shapes[:2]], [512, 4096])
+        self.assertEqual(len({ct.shape_key(s) for s in shapes}), 8)
+
+    def test_quick_and_default_args(self):
+        a = ct.parse_args(["--quick"])
+        self.assertEqual((a.seqlens, a.head_dims, a.dtypes), ([1024, 2048, 4096], [128], ["fp16"]))
+        self.assertLessEqual(a.max_launch_ms, 50)
+        a = ct.parse_args([])
+        self.assertEqual(a.seqlens, [512, 1024, 2048, 4096, 8192, 16384])
+        self.assertEqual(a.ladder_seqlen, 2048)
+        with self.assertRaises(SystemExit), open(os.devnull, "w") as null:
+            stderr, sys.stderr = sys.stderr, null
+            try:
+                ct.parse_args(["--seqlens", "3000"])
+            finally:
+                sys.stderr = stderr
+
+    def test_ratios(self):
+        rows = [{"impl": "torch_flash", "kind": "torch", "ms": 1.0}, {"impl": "torch_cudnn", "kind": "torch", "ms": 0.5},
+                {"impl": "07", "kind": "step", "ms": 0.8}, {"impl": "01", "kind": "step", "status": "skipped"}]
+        ct.add_ratios(rows)
+        self.assertAlmostEqual(rows[2]["x_flash"], 1.25)
+        self.assertAlmostEqual(rows[2]["x_cudnn"], 0.625)
+        self.assertNotIn("x_flash", rows[3])
+
+    def test_cudnn_version(self):
+        self.assertEqual(ct.cudnn_version(91900), "9.19.0")
+        self.assertEqual(ct.cudnn_version(None), "none")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,187 @@
+"""bench/plot.py on synthetic result files: the ladder table's arithmetic, the markers, determinism.
+Needs only python3; the plotting test is skipped where matplotlib is missing."""
+import contextlib
+import importlib
+import io
+import json
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent / "bench"))
+sys.path.insert(0, str(HERE))
+
+import plot  # noqa: E402
+import synthetic  # noqa: E402
+
+README = """# project
+
+## Results
+
+<!-- results:begin -->
+old table
+<!-- results:end -->
+
+## After
+kept as it is
+"""
+
+
+def has_matplotlib():
+    try:
+        importlib.import_module("matplotlib")
+        return True
+    except ImportError:
+        return False
+
+
+def run_main(args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = plot.main(args)
+    return rc, out.getvalue(), err.getvalue()
+
+
+class LadderColumns(unittest.TestCase):
+    def setUp(self):
+        compare = synthetic.compare_result()
+        # step 01 timed at the ladder shape too, so that "x step 01" has a value
+        for r in compare["rows"]:
+            if r["impl"] == "01_naive" and plot.shape_of(r) == plot.shape_of(compare["ladder"]):
+                ms = r["flops"] / 2e12 * 1e3
+                r.update(status="ok", reason="", ms=ms, tflops=2.0)
+        self.compare = compare
+        self.ladder = plot.ladder_from_compare(compare)
+
+    def test_rows_follow_the_registry_and_keep_untimed_steps(self):
+        self.assertEqual([s["id"] for s in self.ladder["steps"]], ["01_naive", "02_tiled", "03_online", "04_refuser"])
+        self.assertEqual(sorted(self.ladder["torch"]), ["torch_cudnn", "torch_efficient", "torch_flash", "torch_math"])
+
+    def test_ratios(self):
+        cols = {c["id"]: c for c in plot.ladder_columns(self.ladder)}
+        # speeds 2, 20, 100 TFLOP/s; flash 300, cuDNN 500: ratios of times are ratios of speeds
+        self.assertIsNone(cols["01_naive"]["x_prev"])
+        self.assertAlmostEqual(cols["01_naive"]["x_01"], 1.0)
+        self.assertAlmostEqual(cols["02_tiled"]["x_prev"], 10.0)
+        self.assertAlmostEqual(cols["03_online"]["x_prev"], 5.0)
+        self.assertAlmostEqual(cols["03_online"]["x_01"], 50.0)
+        self.assertAlmostEqual(cols["03_online"]["pct_flash"], 100 * 100 / 300)
+        self.assertAlmostEqual(cols["03_online"]["pct_cudnn"], 20.0)
+        self.assertNotIn("ms", cols["04_refuser"])
+        self.assertEqual(cols["04_refuser"]["status"], "refused")
+
+    def test_table_lines(self):
+        text = plot.ladder_table(self.ladder, self.compare, "bench/results/x.json")
+        self.assertIn("| step | ms | TFLOP/s | × previous | × step 01 | % of PyTorch flash | % of cuDNN |", text)
+        self.assertIn("| `02_tiled` | 13.744 | 20.0 | 10.00× | 10.0× | 7 % | 4 % |", text)
+        self.assertIn("| `03_online` | 2.749 | 100.0 | 5.00× | 50.0× | 33 % | 20 % |", text)
+        self.assertIn("| PyTorch SDPA flash | 0.916 | 300.0 | | | 100 % | 60 % |", text)
+        self.assertIn("`04_refuser` (refused: head_dim is 128; this step needs 64)", text)
+        self.assertIn("NVIDIA H200", text)
+        self.assertIn("2026-11-30 12:00 UTC, commit `abc123def456`", text)
+        self.assertIn("every timed step passed", text)
+        self.assertNotIn("results:begin", text)  # the markers stay in the README, not in the content
+
+    def test_failed_check_is_marked(self):
+        for s in self.ladder["steps"]:
+            if s["id"] == "02_tiled":
+                s["status"] = "fail"
+        text = plot.ladder_table(self.ladder, self.compare, "x.json")
+        self.assertIn("| `02_tiled` ✗ |", text)
+        self.assertIn("**failed** for `02_tiled`", text)
+
+    def test_deterministic(self):
+        a = plot.ladder_table(self.ladder, self.compare, "x.json", images=("a.png",))
+        b = plot.ladder_table(plot.ladder_from_compare(json.loads(json.dumps(self.compare))), self.compare, "x.json",
+                              images=("a.png",))
+        self.assertEqual(a, b)
+
+
+class RunnerFallback(unittest.TestCase):
+    def test_runner_only(self):
+        ladder = plot.ladder_from_runner(synthetic.runner_result())
+        self.assertEqual([s["id"] for s in ladder["steps"]], ["01_naive", "02_tiled", "03_online", "04_refuser"])
+        text = plot.ladder_table(ladder, synthetic.runner_result(), "runner.json")
+        self.assertIn("| `02_tiled` | 13.744 | 20.0 | 10.00× | 10.0× | – | – |", text)
+        self.assertNotIn("cublas", text)
+
+
+class Markers(unittest.TestCase):
+    def test_replace_keeps_the_rest(self):
+        new = plot.replace_between_markers(README, "NEW\n")
+        self.assertIn("<!-- results:begin -->\nNEW\n<!-- results:end -->", new)
+        self.assertTrue(new.startswith("# project\n"))
+        self.assertTrue(new.endswith("kept as it is\n"))
+        self.assertEqual(plot.replace_between_markers(new, "NEW\n"), new)
+
+    def test_missing_markers(self):
+        with self.assertRaises(plot.MarkerError) as e:
+            plot.replace_between_markers("# no markers\n", "x")
+        self.assertIn("<!-- results:begin -->", str(e.exception))
+        self.assertIn("<!-- results:end -->", str(e.exception))
+
+
+class CommandLine(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        d = Path(self.tmp.name)
+        self.results = d / "results"
+        self.results.mkdir()
+        (self.results / "compare_torch-20261130-120000.json").write_text(json.dumps(synthetic.compare_result()))
+        (self.results / "runner-20261130-115900.json").write_text(json.dumps(synthetic.runner_result()))
+        self.readme = d / "README.md"
+        self.readme.write_text(README)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_readme_rewritten_twice_the_same(self):
+        args = ["--results", str(self.results), "--readme", str(self.readme), "--no-plots"]
+        rc, out, _ = run_main(args)
+        self.assertEqual(rc, 0)
+        first = self.readme.read_text()
+        self.assertIn("| `03_online` | 2.749 | 100.0 |", first)
+        self.assertNotIn("old table", first)
+        self.assertTrue(first.endswith("kept as it is\n"))
+        self.assertIn("compare_torch-20261130-120000.json", first)
+        rc, _, err = run_main(args)
+        self.assertEqual(rc, 0)
+        self.assertEqual(self.readme.read_text(), first)
+        self.assertIn("already up to date", err)
+
+    def test_table_only_changes_nothing(self):
+        rc, out, _ = run_main(["--results", str(self.results), "--readme", str(self.readme), "--table-only"])
+        self.assertEqual(rc, 0)
+        self.assertIn("| step | ms |", out)
+        self.assertEqual(self.readme.read_text(), README)
+
+    def test_readme_without_markers_is_an_error_naming_them(self):
+        self.readme.write_text("# nothing here\n")
+        rc, _, err = run_main(["--results", str(self.results), "--readme", str(self.readme), "--no-plots"])
+        self.assertEqual(rc, 1)
+        self.assertIn("<!-- results:begin -->", err)
+        self.assertIn("<!-- results:end -->", err)
+        self.assertEqual(self.readme.read_text(), "# nothing here\n")
+
+    def test_no_results(self):
+        empty = Path(self.tmp.name) / "empty"
+        empty.mkdir()
+        rc, _, err = run_main(["--results", str(empty), "--readme", str(self.readme)])
+        self.assertEqual(rc, 1)
+        self.assertIn("no compare_torch", err)
+
+    @unittest.skipUnless(has_matplotlib(), "matplotlib is not installed")
+    def test_plots(self):
+        out_dir = Path(self.tmp.name) / "png"
+        rc, out, _ = run_main(["--results", str(self.results), "--readme", str(self.readme), "--out-dir", str(out_dir)])
+        self.assertEqual(rc, 0)
+        for name in ("sweep.png", "ladder.png"):
+            data = (out_dir / name).read_bytes()
+            self.assertTrue(data.startswith(b"\x89PNG"), name)
+        self.assertIn("](png/ladder.png)", self.readme.read_text())
+
+
+if __name__ == "__main__":
+    unittest.main()

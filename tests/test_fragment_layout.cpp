@@ -1,0 +1,331 @@
+// The fragment-layout model (common/fragment_layout.h) against the PTX ISA, and step 06's ldmatrix
+// addresses simulated on the CPU over swizzled shared-memory tiles.
+//
+// The PTX ISA's tables are written out again here, in the ISA's own terms (element index a_i / b_i
+// / c_i, groupID, threadID_in_group; for ldmatrix, which lane receives each element of the stored
+// matrix), independently of the header's (lane, register, half) functions.
+#include <algorithm>
+#include <array>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "catch.h"
+#include "common/bank_model.h"
+#include "common/fragment_layout.h"
+#include "common/smem_layout.h"
+
+namespace {
+
+using fs::frag::Coord;
+constexpr int kLanes = 32;
+
+// ---- the PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" -----------------
+// groupID = laneid >> 2, threadID_in_group = laneid % 4.
+// A (.f16/.bf16, 16×16): elements a0..a7, two per .f16x2 register.
+Coord isa_a(int lane, int i) {
+  const int group = lane >> 2, tig = lane % 4;
+  const int row = (i < 2 || (i >= 4 && i < 6)) ? group : group + 8;
+  const int col = i < 4 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8;
+  return {row, col};
+}
+// B (16×8): elements b0..b3.
+Coord isa_b(int lane, int i) {
+  const int group = lane >> 2, tig = lane % 4;
+  const int row = i < 2 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8;
+  return {row, group};
+}
+// C/D (.f32, 16×8): elements c0..c3.
+Coord isa_c(int lane, int i) {
+  const int group = lane >> 2, tig = lane % 4;
+  return {i < 2 ? group : group + 8, tig * 2 + (i & 1)};
+}
+
+// ---- the PTX ISA, ldmatrix: who receives element (row, col) of a stored 8×8 matrix --------------
+// Without .trans, the four lanes 4·row … 4·row+3 share row `row`, two consecutive elements each;
+// with .trans the matrix is transposed first, so the same holds with row and col exchanged.
+struct LaneHalf {
+  int lane, half;
+};
+LaneHalf isa_ldmatrix_receiver(int row, int col, bool trans) {
+  if (trans) std::swap(row, col);
+  return {4 * row + col / 2, col % 2};
+}
+
+// ---- a CPU ldmatrix ----------------------------------------------------------------------------
+// `smem` holds 16-bit elements (here: codes), `address[l]` is the element offset of the 16-byte row
+// that lane l supplies. Returns value[lane][matrix][half].
+using Regs = std::array<std::array<std::array<int, 2>, 4>, kLanes>;
+Regs ldmatrix_cpu(const std::vector<int>& smem, const std::array<int, kLanes>& address, int num_matrices, bool trans) {
+  Regs out{};
+  for (int m = 0; m < num_matrices; ++m)
+    for (int row = 0; row < 8; ++row) {
+      const int a = address[size_t(8 * m + row)];  // lane 8m + row gives row `row` of matrix m
+      REQUIRE(a % 8 == 0);                         // 16-byte aligned
+      REQUIRE(a + 8 <= int(smem.size()));
+      for (int col = 0; col < 8; ++col) {
+        const LaneHalf to = isa_ldmatrix_receiver(row, col, trans);
+        out[size_t(to.lane)][size_t(m)][size_t(to.half)] = smem[size_t(a + col)];
+      }
+    }
+  return out;
+}
+
+// A [rows, cols] tile stored with `Layout`; the element at logical (r, c) holds code(r, c).
+int code(int r, int c) { return r * 1000 + c; }
+template <class Layout>
+std::vector<int> make_tile(int rows) {
+  std::vector<int> smem(size_t(Layout::size(rows)), -1);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < Layout::kCols; ++c) smem[size_t(Layout::offset(r, c))] = code(r, c);
+  return smem;
+}
+
+// An ldmatrix as the bank model (common/bank_model.h) sees it: each address lane reads one 16-byte
+// row, and the 8 rows of one 8×8 matrix (lanes 8m … 8m+7) are served together, like the 8 lanes of
+// a phase of any 16-byte access. So ldmatrix.xN is a 16-byte access by lanes 0 … 8N-1, one phase
+// per matrix; `address` holds element offsets of 2-byte elements in a tile at shared byte 0.
+fs::bank::WarpAccess ldmatrix_access(const std::array<int, kLanes>& address, int num_matrices) {
+  fs::bank::WarpAccess a{};
+  a.width = 16;
+  a.active = num_matrices == 4 ? 0xffffffffu : (1u << fs::frag::ldmatrix_address_lanes(num_matrices)) - 1u;
+  for (int l = 0; l < kLanes; ++l) a.addr[l] = uint32_t(address[size_t(l)] * 2);
+  return a;
+}
+
+// Worst ratio, over the phases of one ldmatrix, of wavefronts to the conflict-free one per phase.
+int ldmatrix_wavefronts(const std::array<int, kLanes>& address, int num_matrices) {
+  const fs::bank::WarpAccess a = ldmatrix_access(address, num_matrices);
+  int worst = 0;
+  for (int m = 0; m < num_matrices; ++m) worst = std::max(worst, fs::bank::phase_wavefronts(a, m));
+  REQUIRE(fs::bank::wavefronts(a) >= fs::bank::ideal_wavefronts(a));
+  return worst;
+}
+
+// Step 06's lane addresses, written exactly as the kernel writes them
+// (steps/06_ldmatrix_mma/ldmatrix_mma.cu): Layout::offset(tile origin + the frag:: map of the lane).
+template <class Layout>
+std::array<int, kLanes> q_addresses(int warp_row0, int ks) {
+  std::array<int, kLanes> a{};
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const Coord c = fs::frag::ldmatrix_x4_a(lane);
+    a[size_t(lane)] = Layout::offset(warp_row0 + c.row, ks * 16 + c.col);
+  }
+  return a;
+}
+template <class Layout>
+std::array<int, kLanes> k_addresses(int nt, int ks) {
+  std::array<int, kLanes> a{};
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const Coord c = fs::frag::ldmatrix_x2_b(lane);
+    a[size_t(lane)] = Layout::offset(nt * 8 + c.row, ks * 16 + c.col);
+  }
+  return a;
+}
+template <class Layout>
+std::array<int, kLanes> v_addresses(int kk, int np) {
+  std::array<int, kLanes> a{};
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const Coord c = fs::frag::ldmatrix_x4_trans_b(lane);
+    a[size_t(lane)] = Layout::offset(kk * 16 + c.row, np * 16 + c.col);
+  }
+  return a;
+}
+
+// Step 06's tiles: 4 warps × 16 query rows, 64 keys per K/V tile.
+constexpr int kBlockQ = 64, kBlockKV = 64;
+
+template <int HEAD_DIM>
+void check_step06_loads() {
+  using Layout = fs::Swizzled128Layout<HEAD_DIM>;
+  CAPTURE(HEAD_DIM);
+
+  // Q: ldmatrix.x4 per (warp, k16 step) must give the A fragment of rows 16w…16w+15, dims 16ks….
+  const std::vector<int> q_smem = make_tile<Layout>(kBlockQ);
+  for (int w = 0; w < kBlockQ / 16; ++w)
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+      const Regs r = ldmatrix_cpu(q_smem, q_addresses<Layout>(16 * w, ks), 4, false);
+      for (int lane = 0; lane < kLanes; ++lane)
+        for (int i = 0; i < 8; ++i) {
+          const Coord e = isa_a(lane, i);
+          INFO("Q warp " << w << " ks " << ks << " lane " << lane << " a" << i);
+          CHECK(r[size_t(lane)][size_t(i / 2)][size_t(i % 2)] == code(16 * w + e.row, 16 * ks + e.col));
+        }
+    }
+
+  // K: ldmatrix.x2 per (n8 tile of keys, k16 step) must give B = Kᵀ: B(k, n) = K[8nt + n][16ks + k].
+  const std::vector<int> k_smem = make_tile<Layout>(kBlockKV);
+  for (int nt = 0; nt < kBlockKV / 8; ++nt)
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+      const Regs r = ldmatrix_cpu(k_smem, k_addresses<Layout>(nt, ks), 2, false);
+      for (int lane = 0; lane < kLanes; ++lane)
+        for (int i = 0; i < 4; ++i) {
+          const Coord e = isa_b(lane, i);  // (k, n)
+          INFO("K nt " << nt << " ks " << ks << " lane " << lane << " b" << i);
+          CHECK(r[size_t(lane)][size_t(i / 2)][size_t(i % 2)] == code(8 * nt + e.col, 16 * ks + e.row));
+        }
+    }
+
+  // V: ldmatrix.x4.trans per (k16 step of keys, pair of n8 tiles of dims) must give B = V for the
+  // n8 tiles 2np (registers 0, 1) and 2np+1 (registers 2, 3): B(k, n) = V[16kk + k][8·tile + n].
+  const std::vector<int> v_smem = make_tile<Layout>(kBlockKV);
+  for (int kk = 0; kk < kBlockKV / 16; ++kk)
+    for (int np = 0; np < HEAD_DIM / 16; ++np) {
+      const Regs r = ldmatrix_cpu(v_smem, v_addresses<Layout>(kk, np), 4, true);
+      for (int lane = 0; lane < kLanes; ++lane)
+        for (int tile = 0; tile < 2; ++tile)
+          for (int i = 0; i < 4; ++i) {
+            const Coord e = isa_b(lane, i);
+            INFO("V kk " << kk << " np " << np << " lane " << lane << " tile " << tile << " b" << i);
+            CHECK(r[size_t(lane)][size_t(2 * tile + i / 2)][size_t(i % 2)] ==
+                  code(16 * kk + e.row, 8 * (2 * np + tile) + e.col));
+          }
+    }
+}
+
+template <class Layout, int HEAD_DIM>
+int worst_step06_wavefronts() {
+  int worst = 0;
+  for (int w = 0; w < kBlockQ / 16; ++w)
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) worst = std::max(worst, ldmatrix_wavefronts(q_addresses<Layout>(16 * w, ks), 4));
+  for (int nt = 0; nt < kBlockKV / 8; ++nt)
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) worst = std::max(worst, ldmatrix_wavefronts(k_addresses<Layout>(nt, ks), 2));
+  for (int kk = 0; kk < kBlockKV / 16; ++kk)
+    for (int np = 0; np < HEAD_DIM / 16; ++np) worst = std::max(worst, ldmatrix_wavefronts(v_addresses<Layout>(kk, np), 4));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("fragment layout: mma.m16n8k16 A, B and C/D match the PTX ISA", "[fragment]") {
+  for (int lane = 0; lane < kLanes; ++lane) {
+    CAPTURE(lane);
+    for (int i = 0; i < 8; ++i) CHECK(fs::frag::mma_a(lane, i / 2, i % 2) == isa_a(lane, i));
+    for (int i = 0; i < 4; ++i) CHECK(fs::frag::mma_b(lane, i / 2, i % 2) == isa_b(lane, i));
+    for (int i = 0; i < 4; ++i) CHECK(fs::frag::mma_c(lane, i) == isa_c(lane, i));
+  }
+  // A few cells read off the ISA's figures by hand.
+  CHECK(fs::frag::mma_a(0, 0, 0) == Coord{0, 0});
+  CHECK(fs::frag::mma_a(5, 3, 0) == Coord{9, 10});   // T5: a6 is row 9, column 10
+  CHECK(fs::frag::mma_a(31, 3, 1) == Coord{15, 15});
+  CHECK(fs::frag::mma_b(6, 1, 1) == Coord{13, 1});   // T6: b3 is row 13, column 1
+  CHECK(fs::frag::mma_c(30, 3) == Coord{15, 5});     // T30: c3 is row 15, column 5
+}
+
+TEST_CASE("fragment layout: every element is held exactly once", "[fragment]") {
+  std::set<std::pair<int, int>> a, b, c;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    for (int reg = 0; reg < 4; ++reg)
+      for (int half = 0; half < 2; ++half) {
+        const Coord e = fs::frag::mma_a(lane, reg, half);
+        CHECK((e.row >= 0 && e.row < 16 && e.col >= 0 && e.col < 16));
+        a.insert({e.row, e.col});
+      }
+    for (int reg = 0; reg < 2; ++reg)
+      for (int half = 0; half < 2; ++half) {
+        const Coord e = fs::frag::mma_b(lane, reg, half);
+        CHECK((e.row >= 0 && e.row < 16 && e.col >= 0 && e.col < 8));
+        b.insert({e.row, e.col});
+      }
+    for (int i = 0; i < 4; ++i) {
+      const Coord e = fs::frag::mma_c(lane, i);
+      CHECK((e.row >= 0 && e.row < 16 && e.col >= 0 && e.col < 8));
+      c.insert({e.row, e.col});
+    }
+  }
+  // 256 = 32 lanes × 8 elements over 16×16, 128 = 32 × 4 over 16×8: a full cover without repeats.
+  CHECK(a.size() == 256);
+  CHECK(b.size() == 128);
+  CHECK(c.size() == 128);
+
+  for (bool trans : {false, true}) {
+    CAPTURE(trans);
+    std::set<std::pair<int, int>> m;
+    for (int lane = 0; lane < kLanes; ++lane)
+      for (int half = 0; half < 2; ++half) {
+        const Coord e = fs::frag::ldmatrix_element(lane, half, trans);
+        CHECK((e.row >= 0 && e.row < 8 && e.col >= 0 && e.col < 8));
+        m.insert({e.row, e.col});
+      }
+    CHECK(m.size() == 64);
+  }
+}
+
+TEST_CASE("fragment layout: ldmatrix x1/x2/x4 with and without .trans match the PTX ISA", "[fragment]") {
+  for (bool trans : {false, true})
+    for (int row = 0; row < 8; ++row)
+      for (int col = 0; col < 8; ++col) {
+        const LaneHalf to = isa_ldmatrix_receiver(row, col, trans);
+        CAPTURE(trans, row, col);
+        CHECK(fs::frag::ldmatrix_element(to.lane, to.half, trans) == Coord{row, col});
+      }
+  // Address lanes: .x1 uses lanes 0-7, .x2 0-15, .x4 all 32; lane 8m + r is row r of matrix m.
+  CHECK(fs::frag::ldmatrix_address_lanes(1) == 8);
+  CHECK(fs::frag::ldmatrix_address_lanes(2) == 16);
+  CHECK(fs::frag::ldmatrix_address_lanes(4) == 32);
+  for (int lane = 0; lane < kLanes; ++lane) {
+    CHECK(fs::frag::ldmatrix_address_lane(fs::frag::ldmatrix_matrix_of(lane), fs::frag::ldmatrix_row_of(lane)) == lane);
+  }
+
+  // Simulated on a plain 8×8 .. 32×8 row-major buffer: x1, x2 and x4, both directions. Matrix m
+  // occupies rows 8m … 8m+7; register m of lane l must hold frag::ldmatrix_element(l, half) of it.
+  using Plain = fs::RowMajorLayout<8>;
+  const std::vector<int> smem = make_tile<Plain>(32);
+  for (int num : {1, 2, 4})
+    for (bool trans : {false, true}) {
+      std::array<int, kLanes> address{};
+      for (int lane = 0; lane < kLanes; ++lane)
+        address[size_t(lane)] = lane < fs::frag::ldmatrix_address_lanes(num) ? Plain::offset(lane, 0) : 0;
+      const Regs r = ldmatrix_cpu(smem, address, num, trans);
+      for (int lane = 0; lane < kLanes; ++lane)
+        for (int m = 0; m < num; ++m)
+          for (int half = 0; half < 2; ++half) {
+            const Coord e = fs::frag::ldmatrix_element(lane, half, trans);
+            CAPTURE(num, trans, lane, m, half);
+            CHECK(r[size_t(lane)][size_t(m)][size_t(half)] == code(8 * m + e.row, e.col));
+          }
+    }
+}
+
+TEST_CASE("fragment layout: S accumulators are P's A fragment, register for register", "[fragment]") {
+  // C elements i, i+1 of n8 tile n_half (columns 8·n_half … of the k16 step) = A register
+  // mma_a_reg_of_c(n_half, i), halves 0 and 1.
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (int n_half = 0; n_half < 2; ++n_half)
+      for (int i = 0; i < 4; i += 2) {
+        CAPTURE(lane, n_half, i);
+        const int reg = fs::frag::mma_a_reg_of_c(n_half, i);
+        for (int half = 0; half < 2; ++half) {
+          const Coord c = isa_c(lane, i + half);
+          CHECK(fs::frag::mma_a(lane, reg, half) == Coord{c.row, c.col + 8 * n_half});
+        }
+      }
+}
+
+TEST_CASE("fragment layout: step 06's operand address maps point at 16-byte rows inside the tile", "[fragment]") {
+  for (int lane = 0; lane < kLanes; ++lane) {
+    CAPTURE(lane);
+    for (Coord c : {fs::frag::ldmatrix_x4_a(lane), fs::frag::ldmatrix_x4_trans_b(lane)}) {
+      CHECK((c.row >= 0 && c.row < 16 && (c.col == 0 || c.col == 8)));
+    }
+    const Coord k = fs::frag::ldmatrix_x2_b(lane);
+    CHECK((k.row >= 0 && k.row < 8 && (k.col == 0 || k.col == 8)));
+  }
+}
+
+TEST_CASE("fragment layout: step 06's ldmatrix addresses load the intended elements from swizzled tiles", "[fragment]") {
+  check_step06_loads<64>();
+  check_step06_loads<128>();
+}
+
+TEST_CASE("bank model: step 06's ldmatrix phases are conflict-free swizzled, 8-way row-major", "[fragment][bank]") {
+  // Worst phase over every ldmatrix step 06 issues: 1 wavefront = no conflict.
+  CHECK(worst_step06_wavefronts<fs::Swizzled128Layout<64>, 64>() == 1);
+  CHECK(worst_step06_wavefronts<fs::Swizzled128Layout<128>, 128>() == 1);
+  // Rows of 128 or 256 bytes all start in bank 0: the 8 rows of a phase hit the same 4 banks.
+  CHECK(worst_step06_wavefronts<fs::RowMajorLayout<64>, 64>() == 8);
+  CHECK(worst_step06_wavefronts<fs::RowMajorLayout<128>, 128>() == 8);
+  // 16 bytes of padding per row also spreads the 8 rows over all 32 banks (at 16 bytes more per row).
+  CHECK(worst_step06_wavefronts<fs::PaddedLayout<64, 8>, 64>() == 1);
+  CHECK(worst_step06_wavefronts<fs::PaddedLayout<128, 8>, 128>() == 1);
+}
