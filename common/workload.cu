@@ -145,7 +145,6 @@ void Workload::poison(cudaStream_t stream) {
   if (lse_.bytes()) CHECK_CUDA(cudaMemsetAsync(lse_.get(), 0xFF, lse_.bytes(), stream));  // NaN in fp32
 }
 
-namespace {
 std::vector<float> download_as_float(const void* src, int64_t n, int32_t dtype) {
   std::vector<float> host(static_cast<size_t>(std::max<int64_t>(n, 0)));
   if (n == 0) return host;
@@ -158,7 +157,6 @@ std::vector<float> download_as_float(const void* src, int64_t n, int32_t dtype) 
   CHECK_CUDA(cudaMemcpy(host.data(), tmp.get(), size_t(n) * sizeof(float), cudaMemcpyDeviceToHost));
   return host;
 }
-}  // namespace
 
 HostInputs Workload::download_inputs() const {
   HostInputs h;

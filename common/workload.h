@@ -58,6 +58,9 @@ class Workload {
   float max_abs_v_ = 0;
 };
 
+// n fp16/bf16 elements from device memory, as floats on the host.
+std::vector<float> download_as_float(const void* src, int64_t n, int32_t dtype);
+
 // Writes O = 0 and LSE = -inf for every query row: the answer when seqlen_k == 0.
 void fill_empty_output(const Problem& p, const Tensors& t, cudaStream_t stream);
 
