@@ -239,6 +239,9 @@ __global__ void __launch_bounds__(Traits<CONFIG>::NUM_THREADS)
 
     // ---- online softmax
     // exp(scale·(s - m)) = exp2(s·scale·log2(e) - m·scale·log2(e)): one FMA and one MUFU ex2 per score.
+    float max_scaled[M_TILES][2];  // the new row max, times scale·log2(e)
+    float correction[M_TILES][2];  // exp2 of (old max - new max)·scale·log2(e): 1 where it did not grow
+    bool max_grew = false;
 #pragma unroll
     for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
@@ -252,25 +255,40 @@ __global__ void __launch_bounds__(Traits<CONFIG>::NUM_THREADS)
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         // A row that has seen no key yet keeps max -inf; subtract 0 then, so -inf - (-inf) never
         // makes a NaN (its p are exp2(-inf) = 0 and its correction 0).
-        const float max_scaled = tile_max == -INFINITY ? 0.0f : tile_max * scale_log2;
-        const float correction = ptx::exp2_approx(row_max[mi][r] * scale_log2 - max_scaled);
+        max_scaled[mi][r] = tile_max == -INFINITY ? 0.0f : tile_max * scale_log2;
+        correction[mi][r] = ptx::exp2_approx(row_max[mi][r] * scale_log2 - max_scaled[mi][r]);
+        max_grew |= tile_max > row_max[mi][r];
         row_max[mi][r] = tile_max;
-        // Each lane keeps the sum of its own columns; the 4 lanes of a row share `correction`, so
-        // their partial sums are added once, in the epilogue.
-        row_sum[mi][r] *= correction;
+      }
+    // Rescaling O costs HEAD_DIM/4 multiplies per row and tile; once the maxima settle (after the
+    // first few tiles) every correction is exactly 1, so a warp whose rows' maxima did not grow skips
+    // it. The vote keeps the branch uniform across the warp.
+    if (__any_sync(0xffffffffu, max_grew)) {
 #pragma unroll
-        for (int nt = 0; nt < Tr::O_N_TILES; ++nt) {
-          o_acc[mi][nt][2 * r] *= correction;
-          o_acc[mi][nt][2 * r + 1] *= correction;
+      for (int mi = 0; mi < M_TILES; ++mi)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          // Each lane keeps the sum of its own columns; the 4 lanes of a row share `correction`, so
+          // their partial sums are added once, in the epilogue.
+          row_sum[mi][r] *= correction[mi][r];
+#pragma unroll
+          for (int nt = 0; nt < Tr::O_N_TILES; ++nt) {
+            o_acc[mi][nt][2 * r] *= correction[mi][r];
+            o_acc[mi][nt][2 * r + 1] *= correction[mi][r];
+          }
         }
+    }
+#pragma unroll
+    for (int mi = 0; mi < M_TILES; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int nt = 0; nt < Tr::S_N_TILES; ++nt)
 #pragma unroll
           for (int i = 2 * r; i < 2 * r + 2; ++i) {
-            s_acc[mi][nt][i] = ptx::exp2_approx(fmaf(s_acc[mi][nt][i], scale_log2, -max_scaled));
+            s_acc[mi][nt][i] = ptx::exp2_approx(fmaf(s_acc[mi][nt][i], scale_log2, -max_scaled[mi][r]));
             row_sum[mi][r] += s_acc[mi][nt][i];
           }
-      }
 
     // ---- O += P·V
     // P for keys 16·kk … 16·kk + 15 = the accumulators of S's n8 tiles 2·kk and 2·kk + 1, rounded to
