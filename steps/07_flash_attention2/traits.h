@@ -40,7 +40,7 @@ FS_HD constexpr int smem_bytes(const Config& c) { return (c.block_q + 2 * c.kv_s
 // (64 + 128); compiled here (CUDA 13, sm_90) both spill 48-128 bytes per thread: ptxas keeps many
 // ldmatrix results in flight across the softmax → P·V boundary and spills the loop's addresses and
 // row sums instead. What compiles without a spill, ptxas -v (fp16 and bf16 alike):
-//   HEAD_DIM 128: 128 × 32 (128 + 32)            HEAD_DIM 64: 128 × 64 (64 + 64)
+//   HEAD_DIM 128: 128 × 48 (128 + 48)            HEAD_DIM 64: 128 × 64 (64 + 64)
 //   HEAD_DIM  96: 128 × 32 (96 + 32)              HEAD_DIM 32: 128 × 64 (32 + 64)
 // At HEAD_DIM 192 and 256 o_acc alone would be 192 or 256 registers with R = 32, so those tiles use
 // R = 16 (8 warps for 128 rows): 96 + 32 and 128 + 32 registers.
@@ -76,7 +76,7 @@ inline constexpr Config kConfigs[kNumConfigs] = {
     {32, 128, 64, 4, 2, 0},            // kD32        24 KiB
     {64, 128, 64, 4, 2, 0},            // kD64        48 KiB
     {96, 128, 32, 4, 2, 0},            // kD96        48 KiB
-    {128, 128, 32, 4, 2, 128 * KiB},   // kD128_S2    64 KiB
+    {128, 128, 48, 4, 2, 128 * KiB},   // kD128_S2    80 KiB
     {128, 128, 32, 4, 1, 0},           // kD128_S1    48 KiB
     {192, 128, 64, 8, 1, 0},           // kD192       96 KiB
     {256, 128, 64, 8, 2, 0},           // kD256_S2   192 KiB
