@@ -41,7 +41,8 @@ kernels=""
 if ((${#objects[@]})); then
   cuobjdump="$(command -v cuobjdump || true)"
   [[ -n "$cuobjdump" ]] || cuobjdump="$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/cuobjdump"
-  kernels="$("$cuobjdump" --dump-resource-usage "${objects[@]}" 2>/dev/null |
+  # One object at a time: cuobjdump stops at the first file without device code (a launcher-only .cu).
+  kernels="$(for o in "${objects[@]}"; do "$cuobjdump" --dump-resource-usage "$o" 2>/dev/null || true; done |
              sed -n 's/^ *Function \([A-Za-z0-9_]*\):$/\1/p' | sort -u | paste -sd '|' -)"
 fi
 filter=()
