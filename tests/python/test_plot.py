@@ -72,6 +72,18 @@ class LadderColumns(unittest.TestCase):
         self.assertNotIn("ms", cols["04_refuser"])
         self.assertEqual(cols["04_refuser"]["status"], "refused")
 
+    def test_variants_of_one_step_are_measured_against_the_step_before(self):
+        ladder = {"shape": self.ladder["shape"], "torch": {}, "steps": [
+            {"id": "03_tiled", "status": "ok", "ms": 3.0, "tflops": 1.0},
+            {"id": "04_pad", "status": "ok", "ms": 2.0, "tflops": 1.0},
+            {"id": "04_swizzle", "status": "ok", "ms": 2.5, "tflops": 1.0},
+            {"id": "05_async", "status": "ok", "ms": 2.2, "tflops": 1.0}]}
+        cols = {c["id"]: c for c in plot.ladder_columns(ladder)}
+        self.assertIsNone(cols["03_tiled"]["x_prev"])
+        self.assertAlmostEqual(cols["04_pad"]["x_prev"], 1.5)
+        self.assertAlmostEqual(cols["04_swizzle"]["x_prev"], 1.2)
+        self.assertAlmostEqual(cols["05_async"]["x_prev"], 2.0 / 2.2)  # against the faster 04
+
     def test_table_lines(self):
         text = plot.ladder_table(self.ladder, self.compare, "bench/results/x.json")
         self.assertIn("| step | ms | TFLOP/s | × previous | × step 01 | % of PyTorch flash | % of cuDNN |", text)
