@@ -123,6 +123,32 @@ class FlashSteps:
             setattr(p, name, FsStrides(*s))
         return p
 
+    def problem_for_tensors(self, q, k, v, o, causal: bool) -> FsProblem:
+        """The fs_problem of four framework tensors laid out (batch, seqlen, heads, head_dim), with their
+        own strides (a non-contiguous head_dim is passed on for the library to refuse). What the C ABI
+        cannot express is refused here with a sentence: mixed dtypes, a dtype other than fp16/bf16,
+        shapes that disagree."""
+        named = (("Q", q), ("K", k), ("V", v), ("O", o))
+        for name, t in named:
+            if len(t.shape) != 4:
+                raise ValueError(f"{name} has {len(t.shape)} dimensions; it must be (batch, seqlen, heads, head_dim)")
+        if len({str(t.dtype) for _, t in named}) > 1:
+            raise ValueError("dtype mismatch: " + ", ".join(f"{n} is {t.dtype}" for n, t in named)
+                             + "; Q, K, V and O must share one dtype")
+        dtype = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(q.dtype))
+        if dtype is None:
+            raise ValueError(f"the dtype is {q.dtype}; it must be torch.float16 or torch.bfloat16")
+        b, sq, hq, d = (int(x) for x in q.shape)
+        sk, hkv = int(k.shape[1]), int(k.shape[2])
+        if tuple(o.shape) != tuple(q.shape):
+            raise ValueError(f"O is {tuple(o.shape)} but Q is {tuple(q.shape)}; they must match")
+        if tuple(v.shape) != tuple(k.shape):
+            raise ValueError(f"V is {tuple(v.shape)} but K is {tuple(k.shape)}; they must match")
+        if int(k.shape[0]) != b or int(k.shape[3]) != d:
+            raise ValueError(f"K is {tuple(k.shape)} but Q is {tuple(q.shape)}; batch and head_dim must match")
+        strides = {n.lower(): tuple(int(x) for x in t.stride()) for n, t in named}
+        return self.problem(b, sq, sk, hq, hkv, d, dtype, causal, strides)
+
     def last_error(self) -> str:
         return self.lib.fs_last_error().decode(errors="replace")
 
@@ -351,8 +377,7 @@ class Sweep:
         t["ref"] = reference_slice(torch, t["q"], t["k"], t["v"], causal, scale, min(H, 2))
         t["max_abs_v"] = float(t["v"].abs().max())
         t["o_flash"] = None
-        strides = {name: t[name].stride() for name in ("q", "k", "v", "o")}  # all four, as they are
-        prob = self.lib.problem(B, N, N, H, H, D, dtype, causal, strides)
+        prob = self.lib.problem_for_tensors(t["q"], t["k"], t["v"], t["o"], causal)
         # The README's ladder needs every step at the ladder shape, the slow ones included.
         self.limit_ms = args.ladder_max_launch_ms if shape_key(shape) == self.ladder_key else args.max_launch_ms
         rows = []

@@ -2,6 +2,7 @@
 checked against a C compiler, and against the built library when there is one), the shapes and the
 ratios."""
 import ctypes
+import math
 import os
 import shutil
 import subprocess
@@ -73,6 +74,54 @@ class Library(unittest.TestCase):
         with self.assertRaises(RuntimeError) as e:
             run()
         self.assertIn("null", str(e.exception))
+
+
+class FakeTensor:
+    """Just what problem_for_tensors reads of a torch tensor: shape, stride() and dtype."""
+
+    def __init__(self, shape, dtype="torch.float16", strides=None):
+        self.shape, self.dtype = tuple(shape), dtype
+        self._strides = strides or tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
+
+    def stride(self):
+        return self._strides
+
+
+@unittest.skipUnless(find_library().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
+class Tensors(unittest.TestCase):
+    def setUp(self):
+        self.lib = ct.FlashSteps(find_library())
+        self.q = FakeTensor((2, 64, 8, 128))
+        self.kv = FakeTensor((2, 96, 2, 128))
+
+    def test_problem_from_tensors(self):
+        p = self.lib.problem_for_tensors(self.q, self.kv, self.kv, self.q, True)
+        self.assertEqual((p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim, p.causal),
+                         (2, 64, 96, 8, 2, 128, 1))
+        self.assertEqual((p.k.batch, p.k.row, p.k.head, p.k.dim), (96 * 2 * 128, 2 * 128, 128, 1))
+
+    def test_dtype_mismatch_is_refused(self):
+        bf = FakeTensor((2, 96, 2, 128), "torch.bfloat16")
+        with self.assertRaises(ValueError) as e:
+            self.lib.problem_for_tensors(self.q, bf, self.kv, self.q, False)
+        self.assertIn("dtype mismatch: Q is torch.float16, K is torch.bfloat16", str(e.exception))
+        f32 = FakeTensor((2, 64, 8, 128), "torch.float32")
+        with self.assertRaises(ValueError) as e:
+            self.lib.problem_for_tensors(f32, f32, f32, f32, False)
+        self.assertIn("must be torch.float16 or torch.bfloat16", str(e.exception))
+
+    def test_shapes_that_disagree_are_refused(self):
+        with self.assertRaises(ValueError) as e:
+            self.lib.problem_for_tensors(self.q, self.kv, FakeTensor((2, 95, 2, 128)), self.q, False)
+        self.assertIn("V is (2, 95, 2, 128) but K is (2, 96, 2, 128)", str(e.exception))
+        with self.assertRaises(ValueError) as e:
+            self.lib.problem_for_tensors(FakeTensor((64, 8, 128)), self.kv, self.kv, self.q, False)
+        self.assertIn("Q has 3 dimensions", str(e.exception))
+
+    def test_non_contiguous_head_dim_is_refused_by_the_library(self):
+        q = FakeTensor((2, 64, 8, 128), strides=(64 * 8 * 256, 8 * 256, 256, 2))
+        p = self.lib.problem_for_tensors(q, self.kv, self.kv, self.q, False)
+        self.assertIn("Q's head_dim stride is 2; the last dimension must be contiguous", self.lib.check("01_naive", p))
 
 
 class Shapes(unittest.TestCase):
