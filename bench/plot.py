@@ -323,7 +323,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", help="where the PNGs go (default: --results)")
     ap.add_argument("--readme", default=str(REPO / "README.md"), help="the file whose results markers are rewritten")
     ap.add_argument("--no-readme", action="store_true", help="leave the README alone")
-    ap.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib needed)")
+    ap.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib needed); links the PNGs already in --out-dir")
     ap.add_argument("--table-only", action="store_true", help="print the table and change nothing")
     args = ap.parse_args(argv)
 
@@ -357,7 +357,9 @@ def main(argv=None) -> int:
             return str(p)
 
     images = []
-    if not args.no_plots and not args.table_only:
+    if args.no_plots:  # link the plots already drawn from these files, where they are
+        images = [p for p in (out_dir / "sweep.png", out_dir / "ladder.png") if p.exists()]
+    elif not args.table_only:
         out_dir.mkdir(parents=True, exist_ok=True)
         jobs = [(plot_ladder, (ladder, meta), out_dir / "ladder.png")]
         if compare is not None:
