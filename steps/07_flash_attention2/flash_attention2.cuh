@@ -26,10 +26,9 @@
 //     longest (causal) tiles first.
 //
 // Expected speed: FlashAttention-2's work split and pipeline, so about PyTorch's flash backend
-// (FlashAttention-2) on the H200: 320-345 TFLOP/s at head_dim 128 without masking, if the narrower
-// 32-key tiles that keep head_dim 128 free of register spills cost no more than the second K/V
-// buffer and the earlier-ending causal grids save. notes/07_flash_attention2.md walks through the
-// kernel and has the measurements.
+// (FlashAttention-2) on the H200, 320-345 TFLOP/s at head_dim 128 without masking; the 48-key tiles
+// that keep head_dim 128 free of register spills and the skipped O rescales took it past that
+// (notes/07_flash_attention2.md walks through the kernel and has the measurements).
 #pragma once
 
 #include <cuda_runtime.h>

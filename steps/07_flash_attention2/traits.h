@@ -37,7 +37,8 @@ FS_HD constexpr int smem_bytes(const Config& c) { return (c.block_q + 2 * c.kv_s
 // plus the ldmatrix fragments in flight, the softmax state and addresses, within the 255 registers
 // a thread may have. R = 32 (two m16 tiles per warp) is what the tensor cores need (ANCHORS.md).
 // FlashAttention-2 uses 128 × 64 tiles at HEAD_DIM 128 (o_acc 128 + s_acc 64) and 128 × 128 at 64
-// (64 + 128); compiled here (CUDA 13, sm_90) both spill 48-128 bytes per thread: ptxas keeps many
+// (64 + 128); compiled here (CUDA 13, sm_90) both spill (128 × 64 at HEAD_DIM 128: 60 bytes of
+// stores per thread in the current kernel): ptxas keeps many
 // ldmatrix results in flight across the softmax → P·V boundary and spills the loop's addresses and
 // row sums instead. What compiles without a spill, ptxas -v (fp16 and bf16 alike):
 //   HEAD_DIM 128: 128 × 48 (128 + 48)            HEAD_DIM 64: 128 × 64 (64 + 64)
