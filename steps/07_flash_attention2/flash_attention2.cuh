@@ -173,16 +173,6 @@ __global__ void __launch_bounds__(Traits<CONFIG>::NUM_THREADS)
     // ldmatrix is double-buffered: the next x4 (and at the end of a step the next step's Q) is
     // requested before the mma instructions of the current one are issued.
     float s_acc[M_TILES][Tr::S_N_TILES][4] = {};  // [ROWS_PER_WARP, BLOCK_KV] fp32, C layout
-    // In a masked tile, the keys after the last one this warp's last row may see (the seqlen_k tail,
-    // the causal diagonal) are -inf for every row of the warp: their 16-key pairs need neither the
-    // Q·Kᵀ mma (the mask overwrites the scores) nor the P·V mma (P = 0 there). The loads stay, so the
-    // double-buffered ldmatrix sequence is the same in every tile.
-    int live_pairs = Tr::S_N_TILES / 2;
-    if constexpr (MASKED) {
-      const int64_t warp_last_row = int64_t(q0) + warp_row0 + Tr::ROWS_PER_WARP - 1;
-      live_pairs = (last_visible_key(warp_last_row, int64_t(j) * BLOCK_KV, BLOCK_KV, seqlen_q, seqlen_k,
-                                     p.causal != 0) + 16) / 16;
-    }
     {
       constexpr int K_PAIRS = Tr::S_N_TILES / 2;
       uint32_t q_frag[2][M_TILES][4];  // [2 steps][m16 tile]: Q [16 rows, 16 dims] as A (quadrants = a[0..3])
@@ -209,7 +199,6 @@ __global__ void __launch_bounds__(Traits<CONFIG>::NUM_THREADS)
             load_q(ks + 1);
             load_k(ks + 1, 0);
           }
-          if (MASKED && np >= live_pairs) continue;
           const uint32_t* kf = k_frag[(ks * K_PAIRS + np) % 2];
           const uint32_t b_lo[2] = {kf[0], kf[1]}, b_hi[2] = {kf[2], kf[3]};
 #pragma unroll
@@ -334,7 +323,6 @@ __global__ void __launch_bounds__(Traits<CONFIG>::NUM_THREADS)
             load_v(kk + 1, 0);
           // Quadrants of V [key, dim] through .trans: 0 = keys 0-7 × dims 0-7 (b[0] of n8 tile 2·np),
           // 1 = keys 8-15 × dims 0-7 (its b[1]), 2 and 3 = the same keys × dims 8-15 (tile 2·np + 1).
-          if (MASKED && kk >= live_pairs) continue;
           const uint32_t* vf = v_frag[(kk * V_PAIRS + np) % 2];
           const uint32_t b_lo[2] = {vf[0], vf[1]}, b_hi[2] = {vf[2], vf[3]};
 #pragma unroll
