@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -50,6 +51,13 @@ std::string cuda_unavailable_reason();
 
 // The current device. Throws fs::Error with cuda_unavailable_reason() if there is none.
 DeviceInfo current_device();
+
+// Blocks for a grid-stride loop over n items, `threads` per block; at most 65535, the loop covers
+// the rest. Used by the harness's own small kernels (inputs, reference, empty output).
+inline int grid_stride_blocks(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return int(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
+}
 
 // A description of a device for logs and results files.
 std::string describe(const DeviceInfo& d);

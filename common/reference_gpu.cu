@@ -75,7 +75,7 @@ __global__ void o_from_float_kernel(const float* o32, T* o, Strides st, int64_t 
   }
 }
 
-int grid_for(int64_t n) { return int(std::min<int64_t>((n + 255) / 256, 65535)); }
+int grid_for(int64_t n) { return grid_stride_blocks(n, 256); }
 
 cudaDataType_t cuda_type(int32_t dtype) { return dtype == FS_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
 

@@ -70,7 +70,7 @@ __global__ void fill_empty_kernel(T* o, Strides os, float* lse, int64_t batch, i
 }
 
 constexpr int kThreads = 256;
-int grid_for(int64_t n) { return int(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535)); }
+int grid_for(int64_t n) { return grid_stride_blocks(n, kThreads); }
 
 int64_t align16(int64_t elems) { return (elems + 7) / 8 * 8; }  // 8 fp16/bf16 = 16 bytes
 
