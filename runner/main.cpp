@@ -1,8 +1,10 @@
 // flash-steps: checks every registered step against the reference on one problem, times it, and
 // prints the ladder. `flash-steps --help` lists the flags.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -122,16 +124,23 @@ void print_csv(const std::vector<Row>& rows) {
   }
 }
 
-// "x prev": the speed-up over the fastest variant of the previous step number, so that 04_pad and
-// 04_swizzle are both measured against 03, and 05 against the faster 04.
-void set_x_prev(std::vector<Row>& rows) {
+// "x 01": the speed-up over step 01. "x prev" (steps only): over the fastest variant of the
+// previous step number, so that 04_pad and 04_swizzle are both measured against 03, and 05 against
+// the faster 04.
+void set_speedups(std::vector<Row>& rows) {
   auto number = [](const Row& r) { return r.id.substr(0, 2); };
+  auto is_step = [](const Row& r) { return std::isdigit(static_cast<unsigned char>(r.id[0])) != 0; };
+  double t01 = 0;
+  for (const Row& r : rows)
+    if (r.timed() && r.id == "01_naive") t01 = r.ms;
   for (Row& r : rows) {
     if (!r.timed()) continue;
+    r.x_step01 = t01 > 0 ? t01 / r.ms : 0;
+    if (!is_step(r)) continue;
     std::string prev_number;
     double prev_ms = 0;
     for (const Row& q : rows) {
-      if (!q.timed() || number(q) >= number(r)) continue;
+      if (!q.timed() || !is_step(q) || number(q) >= number(r)) continue;
       if (number(q) > prev_number) {
         prev_number = number(q);
         prev_ms = q.ms;
@@ -188,7 +197,23 @@ int run(const fs::RunnerOptions& o) {
   auto progress = [&](size_t k, const std::string& id, const char* what) {
     std::cerr << "[" << k << "/" << total << "] " << id << ": " << what << "\n";
   };
-  double t01 = 0;
+  // Checks one implementation against the reference (outputs poisoned first), then times it.
+  auto check_and_time = [&](Row& r, const std::function<void(cudaStream_t)>& launch) {
+    try {
+      w.poison();
+      launch(nullptr);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      r.cmp = fs::compare(p, w.download_o(), w.download_lse(), ref, w.max_abs_v());
+      r.status = r.cmp.pass() ? "PASS" : "FAIL";
+      if (!r.cmp.pass()) r.reason = r.cmp.summary();
+      r.ms = fs::time_launches(launch, topt).median_ms;
+      r.tflops = fs::tflops(flops, r.ms);
+    } catch (const fs::Error& e) {
+      r.status = "ERROR";
+      r.reason = e.what();
+    }
+  };
+  const fs::Tensors t = w.tensors();
   for (size_t k = 0; k < selected.size(); ++k) {
     const fs::Step& s = *selected[k];
     Row r;
@@ -198,49 +223,21 @@ int run(const fs::RunnerOptions& o) {
     if (!r.reason.empty()) {
       r.status = "REFUSED";
       progress(k + 1, s.id, "refused");
-      rows.push_back(r);
-      continue;
-    }
-    try {
-      progress(k + 1, s.id, "checking against the reference");
-      r.cmp = fs::run_and_compare(s, w, ref, dev);
-      r.status = r.cmp.pass() ? "PASS" : "FAIL";
-      if (!r.cmp.pass()) r.reason = r.cmp.summary();
-      progress(k + 1, s.id, "timing");
-      const fs::Tensors t = w.tensors();
-      r.ms = fs::time_launches([&](cudaStream_t st) { fs::run(s, p, t, st, dev); }, topt).median_ms;
-      r.tflops = fs::tflops(flops, r.ms);
-      if (s.id == "01_naive") t01 = r.ms;
-      r.x_step01 = t01 > 0 ? t01 / r.ms : 0;
-    } catch (const fs::Error& e) {
-      r.status = "ERROR";
-      r.reason = e.what();
+    } else {
+      progress(k + 1, s.id, "checking against the reference, then timing");
+      check_and_time(r, [&](cudaStream_t st) { fs::run(s, p, t, st, dev); });
     }
     rows.push_back(r);
   }
-  set_x_prev(rows);
   if (o.baseline) {
     Row r;
     r.id = "cublas";
     r.lesson = "unfused baseline: cuBLAS S = QKᵀ (fp32 out), softmax kernel, fp32 P·V; the GPU reference";
-    try {
-      progress(total, r.id, "checking and timing");
-      w.poison();
-      fs::Tensors t = w.tensors();
-      gpu.run(p, t, nullptr, nullptr);
-      CHECK_CUDA(cudaDeviceSynchronize());
-      r.cmp = fs::compare(p, w.download_o(), w.download_lse(), ref, w.max_abs_v());
-      r.status = r.cmp.pass() ? "PASS" : "FAIL";
-      if (!r.cmp.pass()) r.reason = r.cmp.summary();
-      r.ms = fs::time_launches([&](cudaStream_t st) { gpu.run(p, t, nullptr, st); }, topt).median_ms;
-      r.tflops = fs::tflops(flops, r.ms);
-      r.x_step01 = t01 > 0 ? t01 / r.ms : 0;
-    } catch (const fs::Error& e) {
-      r.status = "ERROR";
-      r.reason = e.what();
-    }
+    progress(total, r.id, "checking against the reference, then timing");
+    check_and_time(r, [&](cudaStream_t st) { gpu.run(p, t, nullptr, st); });
     rows.push_back(r);
   }
+  set_speedups(rows);
 
   switch (o.format) {
     case fs::OutputFormat::json: print_json(rows, p, dev, date, o); break;
