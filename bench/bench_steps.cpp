@@ -116,8 +116,8 @@ void bench_step(benchmark::State& state, const fs::Step* step, fs::Problem p) {
   }
   try {
     const fs::DeviceInfo dev = fs::current_device();
-    const std::string refused = fs::check(*step, p, dev);
-    if (!refused.empty()) throw fs::Error("refused: " + refused);
+    const fs::Plan plan = fs::plan_for(*step, p, dev);
+    if (!plan.accepted()) throw fs::Error("refused: " + plan.refusal);
     const double flops = fs::attention_flops(p);
     LastLaunch& last = last_launches()[step->id];
     // Launch time scales with the FLOPs for every step, so a shape whose launch would be too slow is
@@ -128,7 +128,8 @@ void bench_step(benchmark::State& state, const fs::Step* step, fs::Problem p) {
                       fixed1(g_max_launch_ms));
     fs::Workload w(p, 1);
     const fs::Tensors t = w.tensors();
-    const auto launch = [&](cudaStream_t s) { fs::run(*step, p, t, s, dev); };
+    const fs::PreparedStep prepared(*step, p, plan);
+    const auto launch = [&](cudaStream_t s) { prepared.launch(t, s); };
     launch(nullptr);  // warm-up: module load, first-touch of the buffers
     CHECK_CUDA(cudaDeviceSynchronize());
     const double probe_ms = fs::time_launches(launch, fs::TimingOptions{0, 1, true}).median_ms;

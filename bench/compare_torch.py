@@ -96,7 +96,10 @@ class FlashSteps:
         lib.fs_step_min_compute_capability.restype = ctypes.c_int
         lib.fs_check.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsProblem)]
         lib.fs_check.restype = ctypes.c_int
-        lib.fs_run.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsProblem)] + [ctypes.c_void_p] * 6
+        lib.fs_workspace_size.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsProblem), ctypes.POINTER(ctypes.c_uint64)]
+        lib.fs_workspace_size.restype = ctypes.c_int
+        lib.fs_run.argtypes = ([ctypes.c_char_p, ctypes.POINTER(FsProblem)] + [ctypes.c_void_p] * 6
+                               + [ctypes.c_uint64, ctypes.c_void_p])
         lib.fs_run.restype = ctypes.c_int
         lib.fs_last_error.argtypes = []
         lib.fs_last_error.restype = ctypes.c_char_p
@@ -157,11 +160,20 @@ class FlashSteps:
         rc = self.lib.fs_check(step_id.encode(), ctypes.byref(p))
         return "" if rc == 0 else self.last_error()
 
-    def runner(self, step_id: str, p: FsProblem, q: int, k: int, v: int, o: int, lse: int, stream: int):
+    def workspace_size(self, step_id: str, p: FsProblem) -> int:
+        """Bytes of device workspace the step needs for p (fs_workspace_size); raises if it refuses."""
+        n = ctypes.c_uint64(0)
+        if self.lib.fs_workspace_size(step_id.encode(), ctypes.byref(p), ctypes.byref(n)) != 0:
+            raise RuntimeError(f"fs_workspace_size({step_id}): {self.last_error()}")
+        return n.value
+
+    def runner(self, step_id: str, p: FsProblem, q: int, k: int, v: int, o: int, lse: int, stream: int,
+               workspace: int = 0, workspace_bytes: int = 0):
         """A no-argument callable that enqueues the step (raises on a non-zero status)."""
         fs_run, sid, pp = self.lib.fs_run, step_id.encode(), ctypes.byref(p)
         args = (ctypes.c_void_p(q), ctypes.c_void_p(k), ctypes.c_void_p(v), ctypes.c_void_p(o),
-                ctypes.c_void_p(lse), ctypes.c_void_p(stream))
+                ctypes.c_void_p(lse), ctypes.c_void_p(workspace or None), ctypes.c_uint64(workspace_bytes),
+                ctypes.c_void_p(stream))
 
         def run():
             if fs_run(sid, pp, *args) != 0:
@@ -401,8 +413,11 @@ class Sweep:
         if why:
             row.update(status="refused", reason=why)
             return
+        ws_bytes = self.lib.workspace_size(step_id, prob)
+        ws = self.torch.empty(ws_bytes, dtype=self.torch.uint8, device=t["o"].device) if ws_bytes else None
         fn = self.lib.runner(step_id, prob, t["q"].data_ptr(), t["k"].data_ptr(), t["v"].data_ptr(),
-                             t["o"].data_ptr(), t["lse"].data_ptr(), self.stream)
+                             t["o"].data_ptr(), t["lse"].data_ptr(), self.stream,
+                             ws.data_ptr() if ws is not None else 0, ws_bytes)
 
         def checked():
             t["o"].fill_(float("nan"))  # poisoned: an element the step does not write fails the check

@@ -10,9 +10,25 @@ function(flash_steps_target_options target)
                                -Xptxas=--warn-on-spills>)
 endfunction()
 
-# flash_steps_add_step(<dir>): compiles steps/<dir>/*.cu and registers the step. The directory
-# defines `void register_step_<dir>(fs::Registry&)`; this call is the step's one registration line.
+# flash_steps_cuda_arch(<target> ARCH <arch>): builds the target's CUDA code for one
+# architecture-specific target only, whatever CMAKE_CUDA_ARCHITECTURES says: ARCH 90a gives
+# -gencode=arch=compute_90a,code=[compute_90a,sm_90a], which wgmma and setmaxnreg need (plain sm_90
+# rejects them). Such code runs on a GPU of exactly that compute capability (9.0) and no other; it
+# compiles on any machine, so CI builds it without a GPU.
+function(flash_steps_cuda_arch target)
+  cmake_parse_arguments(ARG "" "ARCH" "" ${ARGN})
+  if(NOT ARG_ARCH MATCHES "^[0-9]+a$")
+    message(FATAL_ERROR "flash_steps_cuda_arch(${target}): ARCH must be an architecture-specific target such as 90a, got '${ARG_ARCH}'")
+  endif()
+  set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES ${ARG_ARCH})
+endfunction()
+
+# flash_steps_add_step(<dir> [ARCH <arch>]): compiles steps/<dir>/*.cu and registers the step. The
+# directory defines `void register_step_<dir>(fs::Registry&)`; this call is the step's one
+# registration line. ARCH 90a builds the step for sm_90a only (flash_steps_cuda_arch); its Step must
+# then say arch_specific = 90, so that other GPUs refuse it with a sentence.
 function(flash_steps_add_step dir)
+  cmake_parse_arguments(ARG "" "ARCH" "" ${ARGN})
   file(GLOB _sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${dir}/*.cu
                                        ${CMAKE_CURRENT_SOURCE_DIR}/${dir}/*.cpp)
   if(NOT _sources)
@@ -22,6 +38,9 @@ function(flash_steps_add_step dir)
   add_library(${_target} OBJECT ${_sources})
   flash_steps_target_options(${_target})
   target_link_libraries(${_target} PUBLIC CUDA::cudart)
+  if(ARG_ARCH)
+    flash_steps_cuda_arch(${_target} ARCH ${ARG_ARCH})
+  endif()
   set_property(GLOBAL APPEND PROPERTY FLASH_STEPS_STEP_DIRS ${dir})
   set_property(GLOBAL APPEND PROPERTY FLASH_STEPS_STEP_OBJECTS $<TARGET_OBJECTS:${_target}>)
 endfunction()

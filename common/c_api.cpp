@@ -59,30 +59,44 @@ FS_API int fs_step_count(void) {
 FS_API const char* fs_step_id(int index) { return step_at(index) ? step_at(index)->id.c_str() : nullptr; }
 FS_API const char* fs_step_name(int index) { return step_at(index) ? step_at(index)->name.c_str() : nullptr; }
 FS_API const char* fs_step_lesson(int index) { return step_at(index) ? step_at(index)->lesson.c_str() : nullptr; }
+FS_API const char* fs_step_dir(int index) { return step_at(index) ? step_at(index)->dir.c_str() : nullptr; }
 FS_API int fs_step_min_compute_capability(int index) {
   return step_at(index) ? step_at(index)->min_compute_capability : -1;
 }
 
 FS_API fs_status fs_check(const char* step_id, const fs_problem* p) {
   return guarded(step_id, p, [](const fs::Step& step, const fs_problem& prob) {
-    const std::string why = fs::validate(prob);  // before touching the GPU
+    const std::string why = fs::check_static(step, prob);  // before touching the GPU
     if (!why.empty()) return fail(FS_ERR_INVALID, why);
-    const std::string refused = fs::check(step, prob, fs::current_device());
-    return refused.empty() ? FS_OK : fail(FS_ERR_INVALID, refused);
+    const fs::Plan plan = fs::plan_for(step, prob, fs::current_device());
+    return plan.accepted() ? FS_OK : fail(FS_ERR_INVALID, plan.refusal);
+  });
+}
+
+FS_API fs_status fs_workspace_size(const char* step_id, const fs_problem* p, uint64_t* bytes) {
+  return guarded(step_id, p, [&](const fs::Step& step, const fs_problem& prob) {
+    if (!bytes) return fail(FS_ERR_INVALID, "bytes is a null pointer");
+    const std::string why = fs::check_static(step, prob);  // before touching the GPU
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    const fs::Plan plan = fs::plan_for(step, prob, fs::current_device());
+    if (!plan.accepted()) return fail(FS_ERR_INVALID, plan.refusal);
+    *bytes = plan.workspace_bytes;
+    return FS_OK;
   });
 }
 
 FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q, const void* k, const void* v,
-                        void* o, float* lse, void* stream) {
+                        void* o, float* lse, void* workspace, uint64_t workspace_bytes, void* stream) {
   return guarded(step_id, p, [&](const fs::Step& step, const fs_problem& prob) {
     const fs::Tensors t{q, k, v, o, lse};
-    std::string why = fs::validate(prob);  // before touching the GPU
+    std::string why = fs::check_static(step, prob);  // before touching the GPU
     if (why.empty()) why = fs::validate_tensors(prob, t);
     if (!why.empty()) return fail(FS_ERR_INVALID, why);
-    const fs::DeviceInfo dev = fs::current_device();
-    why = fs::check(step, prob, dev);
+    const fs::Plan plan = fs::plan_for(step, prob, fs::current_device());
+    why = plan.refusal;
+    if (why.empty()) why = fs::check_workspace(plan, workspace, size_t(workspace_bytes));
     if (!why.empty()) return fail(FS_ERR_INVALID, why);
-    fs::run(step, prob, t, static_cast<cudaStream_t>(stream), dev);
+    fs::run(step, prob, plan, t, workspace, size_t(workspace_bytes), static_cast<cudaStream_t>(stream));
     return FS_OK;
   });
 }

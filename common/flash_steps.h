@@ -13,6 +13,11 @@
  * LSE (optional, may be NULL) is fp32, contiguous (batch, heads_q, seqlen_q), natural log:
  *   LSE[b][h][i] = log(sum_j exp(scale * q_i . k_j)) over the keys j that row i may attend.
  *
+ * Workspace: a step may need device scratch memory (partial results, a score matrix). Ask
+ * fs_workspace_size for the bytes, allocate them (16-byte aligned, as cudaMalloc is), and pass them to
+ * fs_run; a NULL or too small workspace is refused with a sentence. The size depends on the problem and
+ * the device; 0 means none (pass NULL). The workspace is only used during the launch, on `stream`.
+ *
  * Semantics:
  *   - softmax_scale multiplies Q.K^T before the softmax; fs_problem_init sets it to 1/sqrt(head_dim).
  *     It must be finite and > 0.
@@ -81,14 +86,20 @@ FS_API int fs_step_count(void);
 FS_API const char* fs_step_id(int index);     /* e.g. "01_naive" */
 FS_API const char* fs_step_name(int index);   /* e.g. "naive" */
 FS_API const char* fs_step_lesson(int index); /* one line */
+FS_API const char* fs_step_dir(int index);    /* e.g. "04_bank_conflicts": its directory under steps/ */
 FS_API int fs_step_min_compute_capability(int index); /* e.g. 80 for sm_80 */
 
 /* FS_OK when `step_id` can run `p` on the current CUDA device. */
 FS_API fs_status fs_check(const char* step_id, const fs_problem* p);
 
-/* Checks, then enqueues the step on `stream`. */
+/* The device workspace `step_id` needs for `p` on the current CUDA device, in *bytes (0: none). */
+FS_API fs_status fs_workspace_size(const char* step_id, const fs_problem* p, uint64_t* bytes);
+
+/* Checks, then enqueues the step on `stream`. `workspace` holds at least fs_workspace_size bytes
+ * (NULL when that is 0). The backward pass will have its own entry point beside this one. */
 FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q, const void* k,
-                        const void* v, void* o, float* lse, void* stream);
+                        const void* v, void* o, float* lse, void* workspace, uint64_t workspace_bytes,
+                        void* stream);
 
 /* The message of the last failed call on this thread ("" if none). */
 FS_API const char* fs_last_error(void);

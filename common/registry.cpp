@@ -1,29 +1,33 @@
 #include "registry.h"
 
 #include <algorithm>
+#include <cctype>
 #include <sstream>
 
 #include "workload.h"
 
 namespace fs {
 
-// One declaration per registered step, generated from steps/CMakeLists.txt.
+// One declaration per registered step directory, generated from steps/CMakeLists.txt.
 #define FS_STEP(dir) void register_step_##dir(Registry& r);
 #include "steps_list.inc"
 #undef FS_STEP
 
 void Registry::add(Step step) {
-  if (step.id.empty() || !step.supports || !step.launch)
-    throw Error("a step must have an id, a supports() and a launch()");
+  if (step.id.empty() || !step.limits || !step.plan || !step.launch || !step.claims)
+    throw Error("a step must have an id, limits(), plan(), launch() and claims()");
   if (std::any_of(steps_.begin(), steps_.end(), [&](const Step& s) { return s.id == step.id; }))
     throw Error("step id '" + step.id + "' is registered twice");
+  step.dir = dir_;
   steps_.push_back(std::move(step));
 }
 
 const std::vector<Step>& steps() {
   static const std::vector<Step> all = [] {
     Registry r;
-#define FS_STEP(dir) register_step_##dir(r);
+#define FS_STEP(dir)  \
+  r.set_dir(#dir);    \
+  register_step_##dir(r);
 #include "steps_list.inc"
 #undef FS_STEP
     std::vector<Step> v = r.steps();
@@ -39,30 +43,112 @@ const Step* find_step(std::string_view id) {
   return nullptr;
 }
 
-std::string check(const Step& step, const Problem& p, const DeviceInfo& dev) {
+std::string check_static(const Step& step, const Problem& p) {
   std::string why = validate(p);
-  if (!why.empty()) return why;
-  if (dev.compute_capability < step.min_compute_capability) {
-    std::ostringstream m;
-    m << "step " << step.id << " needs compute capability " << step.min_compute_capability / 10
-      << "." << step.min_compute_capability % 10 << " or newer; this GPU is "
-      << dev.compute_capability / 10 << "." << dev.compute_capability % 10;
-    return m.str();
-  }
-  return step.supports(p, dev);
+  if (why.empty()) why = step.limits(p);
+  return why;
 }
 
-void run(const Step& step, const Problem& p, const Tensors& t, cudaStream_t stream,
-         const DeviceInfo& dev) {
-  std::string why = check(step, p, dev);
+namespace {
+std::string compute_capability_name(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
+}  // namespace
+
+Plan plan_for(const Step& step, const Problem& p, const DeviceInfo& dev) {
+  Plan refused;
+  refused.refusal = check_static(step, p);
+  if (!refused.accepted()) return refused;
+  if (dev.compute_capability < step.min_compute_capability) {
+    refused.refusal = "step " + step.id + " needs compute capability " +
+                      compute_capability_name(step.min_compute_capability) + " or newer; this GPU is " +
+                      compute_capability_name(dev.compute_capability);
+    return refused;
+  }
+  if (step.arch_specific != 0 && dev.compute_capability != step.arch_specific) {
+    refused.refusal = "step " + step.id + " is built for sm_" + std::to_string(step.arch_specific) +
+                      "a only (architecture-specific instructions), which runs on compute capability " +
+                      compute_capability_name(step.arch_specific) + " alone; this GPU is " +
+                      compute_capability_name(dev.compute_capability);
+    return refused;
+  }
+  return step.plan(p, dev);
+}
+
+std::string check_workspace(const Plan& plan, const void* workspace, size_t workspace_bytes) {
+  std::ostringstream m;
+  if (plan.workspace_bytes == 0) return "";
+  if (workspace == nullptr) {
+    m << "the workspace is a null pointer; this problem needs " << plan.workspace_bytes
+      << " bytes of workspace (see fs_workspace_size)";
+    return m.str();
+  }
+  if (workspace_bytes < plan.workspace_bytes) {
+    m << "the workspace is " << workspace_bytes << " bytes; this problem needs " << plan.workspace_bytes
+      << " (see fs_workspace_size)";
+    return m.str();
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    m << "the workspace pointer " << workspace << " is not 16-byte aligned";
+    return m.str();
+  }
+  return "";
+}
+
+void run(const Step& step, const Problem& p, const Plan& plan, const Tensors& t, void* workspace,
+         size_t workspace_bytes, cudaStream_t stream) {
+  std::string why = plan.refusal;
   if (why.empty()) why = validate_tensors(p, t);
+  if (why.empty()) why = check_workspace(plan, workspace, workspace_bytes);
   if (!why.empty()) throw Error("step " + step.id + " refused " + describe(p) + ": " + why);
   if (p.seqlen_q == 0) return;
   if (p.seqlen_k == 0) {
     fill_empty_output(p, t, stream);
     return;
   }
-  step.launch(p, t, stream);
+  step.launch(p, t, plan, plan.workspace_bytes ? workspace : nullptr, stream);
+}
+
+std::string step_key(std::string_view id) { return std::string(id.substr(0, id.find('_'))); }
+
+std::vector<Speedup> speedups(const std::vector<std::string>& ids, const std::vector<double>& ms) {
+  auto is_step = [&](size_t i) { return !ids[i].empty() && std::isdigit(static_cast<unsigned char>(ids[i][0])); };
+  std::vector<Speedup> out(ids.size());
+  double t01 = 0;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ms[i] > 0 && ids[i] == "01_naive") t01 = ms[i];
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!(ms[i] > 0)) continue;
+    out[i].x_step01 = t01 > 0 ? t01 / ms[i] : 0;
+    if (!is_step(i)) continue;
+    const std::string key = step_key(ids[i]);
+    std::string prev_key;
+    double prev_ms = 0;
+    for (size_t j = 0; j < ids.size(); ++j) {
+      if (!(ms[j] > 0) || !is_step(j)) continue;
+      const std::string k = step_key(ids[j]);
+      if (k >= key) continue;
+      if (k > prev_key) {
+        prev_key = k;
+        prev_ms = ms[j];
+      } else if (k == prev_key) {
+        prev_ms = std::min(prev_ms, ms[j]);
+      }
+    }
+    out[i].x_prev = prev_ms > 0 ? prev_ms / ms[i] : 0;
+  }
+  return out;
+}
+
+PreparedStep::PreparedStep(const Step& step, const Problem& p, const DeviceInfo& dev)
+    : PreparedStep(step, p, fs::plan_for(step, p, dev)) {}
+
+PreparedStep::PreparedStep(const Step& step, const Problem& p, Plan plan)
+    : step_(&step), problem_(p), plan_(std::move(plan)) {
+  if (!plan_.accepted()) throw Error("step " + step.id + " refused " + describe(p) + ": " + plan_.refusal);
+  workspace_ = DeviceBuffer(plan_.workspace_bytes);
+}
+
+void PreparedStep::launch(const Tensors& t, cudaStream_t stream) const {
+  run(*step_, problem_, plan_, t, workspace_.get(), workspace_.bytes(), stream);
 }
 
 }  // namespace fs

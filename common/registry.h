@@ -1,43 +1,86 @@
 // The step registry: every step registers itself once; the runner, the tests, the benchmarks and the
 // C ABI iterate over it, so no list of steps is written twice.
 //
-// A step directory steps/NN_name/ defines
-//     void register_step_NN_name(fs::Registry& r) { r.add({...}); }
-// and steps/CMakeLists.txt names it once with flash_steps_add_step(NN_name).
+// A step directory steps/NN_name/ holds the same three files as every other step:
+//     traits.h   compile-time choices and index math (constexpr, included by the CPU tests)
+//     kernel.cuh the kernel, read top to bottom
+//     step.cu    limits(), plan(), launch() and  void register_step_NN_name(fs::Registry& r)
+// and steps/CMakeLists.txt names it once with flash_steps_add_step(NN_name [ARCH 90a]).
+//
+// How a problem reaches a kernel:
+//     validate(p)                the harness's rules (problem.h), no device
+//     step.limits(p)             the step's own static limits (head_dim, ...), no device
+//     compute capability         min_compute_capability and arch_specific, against the device
+//     step.plan(p, dev)          what this device allows (shared memory, grid): the Plan, or a refusal
+//     step.launch(p, t, plan, workspace, stream)   runs exactly what the plan chose
+// Each refusal is one sentence that names the value and the limit it breaks.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "buffer.h"
 #include "device.h"
 #include "problem.h"
 
 namespace fs {
 
+// One kernel a plan will launch, for reports: occupancy (cudaOccupancyMaxActiveBlocksPerMultiprocessor),
+// registers and name (cudaFuncGetAttributes, cudaFuncGetName).
+struct KernelLaunch {
+  const void* function = nullptr;  // the __global__ function
+  int threads = 0;                 // per block
+  size_t smem_bytes = 0;           // dynamic shared memory per block
+  int64_t blocks = 0;              // in the grid
+};
+
+// What a step chose for one problem on one device. launch() receives it and re-picks nothing.
+struct Plan {
+  std::string refusal;            // "" when the step runs the problem on this device, else why not
+  int config = 0;                 // step-private: which instantiation or tile configuration to launch
+  size_t workspace_bytes = 0;     // device scratch the launch needs, provided by the caller
+  std::vector<KernelLaunch> kernels;
+  bool accepted() const { return refusal.empty(); }
+};
+
 struct Step {
-  std::string id;      // "01_naive", "04_pad": sorts in teaching order
+  std::string id;      // "01_naive", "04_pad", "07a_rows32": sorts in teaching order
   std::string name;    // "naive attention"
   std::string lesson;  // one line: the idea this step adds
+  std::string dir;     // "01_naive": the directory under steps/ (set by the registry)
   int min_compute_capability = 80;
-  // "" if this step can run `p` on `dev`, else a sentence naming the value and the limit. Only
-  // called on problems that already pass fs::validate().
-  std::function<std::string(const Problem& p, const DeviceInfo& dev)> supports;
-  // Enqueues the computation on `stream`. Only called on checked problems and pointers, with
-  // seqlen_q > 0 and seqlen_k > 0 (the harness handles empty work itself).
-  std::function<void(const Problem& p, const Tensors& t, cudaStream_t stream)> launch;
+  // Nonzero for a step built for one architecture only (flash_steps_add_step(... ARCH 90a): 90): its
+  // code runs on a GPU of exactly this compute capability and no other.
+  int arch_specific = 0;
+  // The step's limits that need no device (head_dim, ...): "" or a sentence. Only called on problems
+  // that pass fs::validate().
+  std::function<std::string(const Problem& p)> limits;
+  // What this device allows. Only called on problems that pass validate() and limits().
+  std::function<Plan(const Problem& p, const DeviceInfo& dev)> plan;
+  // Enqueues the computation on `stream`, as `plan` says. Only called on checked problems and pointers,
+  // with seqlen_q > 0 and seqlen_k > 0 (the harness handles empty work), and with a workspace of at least
+  // plan.workspace_bytes (nullptr when that is 0).
+  std::function<void(const Problem& p, const Tensors& t, const Plan& plan, void* workspace, cudaStream_t stream)>
+      launch;
+  // The step's documented support: problems it promises to run on every GPU it supports (no refusal).
+  // The GPU tests fail when the step refuses one of them, so a step cannot pass its tests by refusing.
+  std::function<bool(const Problem& p, const DeviceInfo& dev)> claims;
 };
 
 class Registry {
  public:
   void add(Step step);
   const std::vector<Step>& steps() const { return steps_; }
+  void set_dir(std::string dir) { dir_ = std::move(dir); }  // the directory whose steps are added next
 
  private:
   std::vector<Step> steps_;
+  std::string dir_;
 };
 
 // All registered steps, sorted by id.
@@ -46,13 +89,50 @@ const std::vector<Step>& steps();
 // The step with this id, or nullptr.
 const Step* find_step(std::string_view id);
 
-// "" when `step` can run `p` on `dev`: the harness's rules, the compute capability, then the step's
-// own supports().
-std::string check(const Step& step, const Problem& p, const DeviceInfo& dev);
+// "" when the problem passes the harness's rules and the step's limits: what can be said without a device.
+std::string check_static(const Step& step, const Problem& p);
 
-// Checks the problem and the pointers, then enqueues the step. Empty work is handled here: with
-// seqlen_q == 0 nothing happens; with seqlen_k == 0, O = 0 and LSE = -inf. Throws fs::Error.
-void run(const Step& step, const Problem& p, const Tensors& t, cudaStream_t stream,
-         const DeviceInfo& dev);
+// The plan of `step` for `p` on `dev`: the static checks, the compute capability, then the step's plan().
+// A refusal at any stage is in plan.refusal.
+Plan plan_for(const Step& step, const Problem& p, const DeviceInfo& dev);
+
+// "" when the workspace can serve `plan`: null only when none is needed, at least plan.workspace_bytes.
+std::string check_workspace(const Plan& plan, const void* workspace, size_t workspace_bytes);
+
+// Checks the pointers and the workspace, then enqueues the step as `plan` says. Empty work is handled
+// here: with seqlen_q == 0 nothing happens; with seqlen_k == 0, O = 0 and LSE = -inf. Throws fs::Error
+// when the plan is a refusal or a pointer breaks a rule.
+void run(const Step& step, const Problem& p, const Plan& plan, const Tensors& t, void* workspace,
+         size_t workspace_bytes, cudaStream_t stream);
+
+// The ladder's speed-up rule, written once (the runner, and through the C ABI the Python tools, use it).
+// A step's key is its id up to the first '_': "04" for both 04_pad and 04_swizzle (alternatives),
+// "07b" for 07b_work_order (a lettered sub-step). For each timed row, given its time in ms (<= 0: not timed):
+//   x_step01 = time of 01_naive / its time
+//   x_prev   = time of the fastest row whose key is the greatest step key below its own / its time
+//              (04_pad and 04_swizzle both against 03, 05 against the faster 04, 07b against 07a).
+// Rows whose id does not start with a digit (baselines) get x_step01 only. 0 where there is nothing to compare.
+std::string step_key(std::string_view id);
+struct Speedup {
+  double x_step01 = 0, x_prev = 0;
+};
+std::vector<Speedup> speedups(const std::vector<std::string>& ids, const std::vector<double>& ms);
+
+// A step ready to launch on one problem: its plan, and a workspace of the size the plan asks, owned.
+// What the runner, the tests and the benchmarks launch. Throws fs::Error when the step refuses.
+class PreparedStep {
+ public:
+  PreparedStep(const Step& step, const Problem& p, const DeviceInfo& dev);
+  PreparedStep(const Step& step, const Problem& p, Plan plan);  // a plan already made by fs::plan
+  void launch(const Tensors& t, cudaStream_t stream) const;
+  const Step& step() const { return *step_; }
+  const Plan& plan() const { return plan_; }
+
+ private:
+  const Step* step_;
+  Problem problem_;
+  Plan plan_;
+  DeviceBuffer workspace_;
+};
 
 }  // namespace fs

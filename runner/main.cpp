@@ -1,7 +1,6 @@
 // flash-steps: checks every registered step against the reference on one problem, times it, and
 // prints the ladder. `flash-steps --help` lists the flags.
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <functional>
@@ -124,31 +123,18 @@ void print_csv(const std::vector<Row>& rows) {
   }
 }
 
-// "x 01": the speed-up over step 01. "x prev" (steps only): over the fastest variant of the
-// previous step number, so that 04_pad and 04_swizzle are both measured against 03, and 05 against
-// the faster 04.
+// "x 01" and "x prev" by the ladder's one rule (fs::speedups, common/registry.h).
 void set_speedups(std::vector<Row>& rows) {
-  auto number = [](const Row& r) { return r.id.substr(0, 2); };
-  auto is_step = [](const Row& r) { return std::isdigit(static_cast<unsigned char>(r.id[0])) != 0; };
-  double t01 = 0;
-  for (const Row& r : rows)
-    if (r.timed() && r.id == "01_naive") t01 = r.ms;
-  for (Row& r : rows) {
-    if (!r.timed()) continue;
-    r.x_step01 = t01 > 0 ? t01 / r.ms : 0;
-    if (!is_step(r)) continue;
-    std::string prev_number;
-    double prev_ms = 0;
-    for (const Row& q : rows) {
-      if (!q.timed() || !is_step(q) || number(q) >= number(r)) continue;
-      if (number(q) > prev_number) {
-        prev_number = number(q);
-        prev_ms = q.ms;
-      } else if (number(q) == prev_number) {
-        prev_ms = std::min(prev_ms, q.ms);
-      }
-    }
-    r.x_prev = prev_ms > 0 ? prev_ms / r.ms : 0;
+  std::vector<std::string> ids;
+  std::vector<double> ms;
+  for (const Row& r : rows) {
+    ids.push_back(r.id);
+    ms.push_back(r.timed() ? r.ms : 0.0);
+  }
+  const std::vector<fs::Speedup> x = fs::speedups(ids, ms);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i].x_step01 = x[i].x_step01;
+    rows[i].x_prev = x[i].x_prev;
   }
 }
 
@@ -199,19 +185,11 @@ int run(const fs::RunnerOptions& o) {
   };
   // Checks one implementation against the reference (outputs poisoned first), then times it.
   auto check_and_time = [&](Row& r, const std::function<void(cudaStream_t)>& launch) {
-    try {
-      w.poison();
-      launch(nullptr);
-      CHECK_CUDA(cudaDeviceSynchronize());
-      r.cmp = fs::compare(p, w.download_o(), w.download_lse(), ref, w.max_abs_v());
-      r.status = r.cmp.pass() ? "PASS" : "FAIL";
-      if (!r.cmp.pass()) r.reason = r.cmp.summary();
-      r.ms = fs::time_launches(launch, topt).median_ms;
-      r.tflops = fs::tflops(flops, r.ms);
-    } catch (const fs::Error& e) {
-      r.status = "ERROR";
-      r.reason = e.what();
-    }
+    r.cmp = fs::launch_and_compare(launch, w, ref);
+    r.status = r.cmp.pass() ? "PASS" : "FAIL";
+    if (!r.cmp.pass()) r.reason = r.cmp.summary();
+    r.ms = fs::time_launches(launch, topt).median_ms;
+    r.tflops = fs::tflops(flops, r.ms);
   };
   const fs::Tensors t = w.tensors();
   for (size_t k = 0; k < selected.size(); ++k) {
@@ -219,13 +197,20 @@ int run(const fs::RunnerOptions& o) {
     Row r;
     r.id = s.id;
     r.lesson = s.lesson;
-    r.reason = fs::check(s, p, dev);
-    if (!r.reason.empty()) {
+    const fs::Plan plan = fs::plan_for(s, p, dev);
+    if (!plan.accepted()) {
       r.status = "REFUSED";
+      r.reason = plan.refusal;
       progress(k + 1, s.id, "refused");
     } else {
       progress(k + 1, s.id, "checking against the reference, then timing");
-      check_and_time(r, [&](cudaStream_t st) { fs::run(s, p, t, st, dev); });
+      try {
+        const fs::PreparedStep prepared(s, p, plan);
+        check_and_time(r, [&](cudaStream_t st) { prepared.launch(t, st); });
+      } catch (const fs::Error& e) {
+        r.status = "ERROR";
+        r.reason = e.what();
+      }
     }
     rows.push_back(r);
   }
@@ -234,7 +219,12 @@ int run(const fs::RunnerOptions& o) {
     r.id = "cublas";
     r.lesson = "unfused baseline: cuBLAS S = QKᵀ (fp32 out), softmax kernel, fp32 P·V; the GPU reference";
     progress(total, r.id, "checking against the reference, then timing");
-    check_and_time(r, [&](cudaStream_t st) { gpu.run(p, t, nullptr, st); });
+    try {
+      check_and_time(r, [&](cudaStream_t st) { gpu.run(p, t, nullptr, st); });
+    } catch (const fs::Error& e) {
+      r.status = "ERROR";
+      r.reason = e.what();
+    }
     rows.push_back(r);
   }
   set_speedups(rows);

@@ -28,9 +28,9 @@ int main() {
     for (const fs::Step& s : fs::steps())
       for (const Shape& sh : shapes) {
         const fs::Problem p = fs::make_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal);
-        const std::string refused = fs::check(s, p, dev);
-        if (!refused.empty()) {
-          std::cout << s.id << " " << fs::describe(p) << ": refused (" << refused << ")\n";
+        const fs::Plan plan = fs::plan_for(s, p, dev);
+        if (!plan.accepted()) {
+          std::cout << s.id << " " << fs::describe(p) << ": refused (" << plan.refusal << ")\n";
           continue;
         }
         fs::Workload w(p, 11);

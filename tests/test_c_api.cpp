@@ -34,7 +34,7 @@ TEST_CASE("C ABI refuses bad problems before touching the GPU", "[c_api]") {
 
   bad = p;
   bad.softmax_scale = NAN;
-  CHECK(fs_run("01_naive", &bad, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) == FS_ERR_INVALID);
+  CHECK(fs_run("01_naive", &bad, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, nullptr) == FS_ERR_INVALID);
   CHECK(std::string(fs_last_error()).find("softmax_scale is nan") != std::string::npos);
 
   CHECK(fs_check("no_such_step", &p) == FS_ERR_UNKNOWN_STEP);
@@ -44,9 +44,9 @@ TEST_CASE("C ABI refuses bad problems before touching the GPU", "[c_api]") {
   CHECK(std::string(fs_last_error()) == "problem is a null pointer");
 
   // Pointers are checked before the device is looked at.
-  CHECK(fs_run("01_naive", &p, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) == FS_ERR_INVALID);
+  CHECK(fs_run("01_naive", &p, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, nullptr) == FS_ERR_INVALID);
   CHECK(std::string(fs_last_error()) == "Q is a null pointer");
   alignas(16) static char mem[64];
-  CHECK(fs_run("01_naive", &p, mem + 4, mem, mem, mem, nullptr, nullptr) == FS_ERR_INVALID);
+  CHECK(fs_run("01_naive", &p, mem + 4, mem, mem, mem, nullptr, nullptr, 0, nullptr) == FS_ERR_INVALID);
   CHECK(std::string(fs_last_error()).find("Q pointer") != std::string::npos);
 }

@@ -54,9 +54,11 @@ TEST_CASE("GPU reference writes the dtype output in the problem's strides (packe
 }
 
 TEST_CASE("poisoned outputs that a step never writes fail the check", "[harness]") {
-  const fs::Step lazy{"90_lazy", "lazy", "writes nothing", 80,
-                      [](const fs::Problem&, const fs::DeviceInfo&) { return std::string(); },
-                      [](const fs::Problem&, const fs::Tensors&, cudaStream_t) {}};
+  const fs::Step lazy{"90_lazy", "lazy", "writes nothing", "", 80, 0,
+                      [](const fs::Problem&) { return std::string(); },
+                      [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
+                      [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
+                      [](const fs::Problem&, const fs::DeviceInfo&) { return true; }};
   const fs::Problem p = fs::make_problem(1, 16, 16, 1, 1, 64, fs::DType::fp16, false);
   fs::Workload w(p, 3);
   const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
@@ -101,7 +103,10 @@ TEST_CASE("C ABI runs every step on device pointers", "[harness]") {
     }
     w.poison();
     const fs::Tensors t = w.tensors();
-    REQUIRE(fs_run(s.id.c_str(), &p, t.q, t.k, t.v, t.o, t.lse, nullptr) == FS_OK);
+    uint64_t bytes = 0;
+    REQUIRE(fs_workspace_size(s.id.c_str(), &p, &bytes) == FS_OK);
+    const fs::DeviceBuffer workspace{size_t(bytes)};
+    REQUIRE(fs_run(s.id.c_str(), &p, t.q, t.k, t.v, t.o, t.lse, workspace.get(), bytes, nullptr) == FS_OK);
     CHECK_CUDA(cudaDeviceSynchronize());
     const fs::Comparison c = fs::compare(p, w.download_o(), w.download_lse(), ref, w.max_abs_v());
     INFO(c.summary());

@@ -78,12 +78,12 @@ void check_all_steps(const Case& c) {
   for (const fs::Step& s : fs::steps()) {
     if (!fs::test::step_selected(s.id)) continue;
     INFO("step " << s.id << " on " << fs::describe(w.problem()) << (c.layout == fs::Layout::packed_qkv ? " packed QKV" : ""));
-    const std::string refused = fs::check(s, w.problem(), dev);
-    if (!refused.empty()) {
+    const fs::Plan plan = fs::plan_for(s, w.problem(), dev);
+    if (!plan.accepted()) {
       // A refusal is a sentence, and nothing is launched: O keeps its poison.
-      CHECK(refused.size() > 10);
+      CHECK(plan.refusal.size() > 10);
       w.poison();
-      CHECK_THROWS_AS(fs::run(s, w.problem(), w.tensors(), nullptr, dev), fs::Error);
+      CHECK_THROWS_AS(fs::run(s, w.problem(), plan, w.tensors(), nullptr, 0, nullptr), fs::Error);
       CHECK_CUDA(cudaDeviceSynchronize());
       CHECK(all_nan(w.download_o()));
       continue;
@@ -118,13 +118,13 @@ TEST_CASE("every step handles empty work", "[steps]") {
     // seqlen_k == 0: no key for any row, so O = 0 and LSE = -inf.
     fs::Workload w(fs::make_problem(2, 5, 0, 2, 1, 64, fs::DType::fp16, false), 4);
     w.poison();
-    fs::run(s, w.problem(), w.tensors(), nullptr, dev);
+    fs::PreparedStep(s, w.problem(), dev).launch(w.tensors(), nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
     for (float x : w.download_o()) CHECK(x == 0.0f);
     for (float x : w.download_lse()) CHECK(x == -INFINITY);
     // seqlen_q == 0: nothing to do, nothing launched.
     fs::Workload e(fs::make_problem(1, 0, 16, 1, 1, 64, fs::DType::bf16, true), 4);
-    fs::run(s, e.problem(), e.tensors(), nullptr, dev);
+    fs::PreparedStep(s, e.problem(), dev).launch(e.tensors(), nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
   }
 }
@@ -144,7 +144,7 @@ TEST_CASE("numerics: huge and equal scores stay finite, and runs are bitwise ide
       fs::Workload w(p, 77);
       const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
       for (const fs::Step& s : fs::steps()) {
-        if (!fs::test::step_selected(s.id) || !fs::check(s, p, dev).empty()) continue;
+        if (!fs::test::step_selected(s.id) || !fs::plan_for(s, p, dev).accepted()) continue;
         INFO("step " << s.id << ", " << v.what << (causal ? ", causal" : ""));
         const fs::Comparison c = fs::run_and_compare(s, w, ref, dev);
         INFO(c.summary());
@@ -156,12 +156,13 @@ TEST_CASE("numerics: huge and equal scores stay finite, and runs are bitwise ide
   const fs::Problem p = fs::make_problem(2, 300, 301, 4, 2, 128, fs::DType::bf16, true);
   fs::Workload w(p, 78);
   for (const fs::Step& s : fs::steps()) {
-    if (!fs::test::step_selected(s.id) || !fs::check(s, p, dev).empty()) continue;
+    if (!fs::test::step_selected(s.id) || !fs::plan_for(s, p, dev).accepted()) continue;
     CAPTURE(s.id);
     std::vector<float> o[2], lse[2];
+    const fs::PreparedStep prepared(s, p, dev);
     for (int run = 0; run < 2; ++run) {
       w.poison();
-      fs::run(s, p, w.tensors(), nullptr, dev);
+      prepared.launch(w.tensors(), nullptr);
       CHECK_CUDA(cudaDeviceSynchronize());
       o[run] = w.download_o();
       lse[run] = w.download_lse();
@@ -186,14 +187,14 @@ TEST_CASE("tensors of more than 2^31 elements use 64-bit offsets", "[large]") {
   for (const fs::Step& s : fs::steps()) {
     if (!fs::test::step_selected(s.id)) continue;
     INFO("step " << s.id);
-    const std::string refused = fs::check(s, p, dev);
-    if (!refused.empty()) {
-      WARN("step " << s.id << " refuses the large problem: " << refused);
+    const fs::Plan plan = fs::plan_for(s, p, dev);
+    if (!plan.accepted()) {
+      WARN("step " << s.id << " refuses the large problem: " << plan.refusal);
       continue;
     }
     w.poison();
     const fs::Tensors t = w.tensors();
-    fs::run(s, p, t, nullptr, dev);
+    fs::PreparedStep(s, p, plan).launch(t, nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
     for (int64_t b : {int64_t(0), p.batch - 1}) {
       CAPTURE(b);

@@ -40,8 +40,10 @@ TEST_CASE("registry: ids are unique, sorted and described", "[registry]") {
 
 TEST_CASE("registry: adding a broken or duplicate step is refused", "[registry]") {
   fs::Registry r;
-  fs::Step s{"90_test", "test", "a test step", 80, [](const fs::Problem&, const fs::DeviceInfo&) { return std::string(); },
-             [](const fs::Problem&, const fs::Tensors&, cudaStream_t) {}};
+  fs::Step s{"90_test", "test", "a test step", "", 80, 0, [](const fs::Problem&) { return std::string(); },
+             [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
+             [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
+             [](const fs::Problem&, const fs::DeviceInfo&) { return true; }};
   r.add(s);
   CHECK_THROWS_AS(r.add(s), fs::Error);
   fs::Step no_launch = s;
@@ -56,8 +58,8 @@ TEST_CASE("registry: check() applies the harness, the compute capability, then t
     CAPTURE(s.id);
     fs::Problem bad = p;
     bad.batch = 0;
-    CHECK(fs::check(s, bad, fake_device(90, size_t(1) << 34)) == "batch is 0; it must be at least 1");
-    const std::string old_gpu = fs::check(s, p, fake_device(s.min_compute_capability - 10, size_t(1) << 34));
+    CHECK(fs::plan_for(s, bad, fake_device(90, size_t(1) << 34)).refusal == "batch is 0; it must be at least 1");
+    const std::string old_gpu = fs::plan_for(s, p, fake_device(s.min_compute_capability - 10, size_t(1) << 34)).refusal;
     CHECK(old_gpu.find("needs compute capability") != std::string::npos);
   }
 }
@@ -66,8 +68,38 @@ TEST_CASE("step 01 refuses a score matrix larger than free memory", "[registry]"
   const fs::Step* s = fs::find_step("01_naive");
   REQUIRE(s != nullptr);
   const fs::Problem p = fs::make_problem(8, 16384, 16384, 16, 16, 128, fs::DType::fp16, false);  // S = 128 GiB
-  const std::string why = fs::check(*s, p, fake_device(90, size_t(80) << 30));
+  const std::string why = fs::plan_for(*s, p, fake_device(90, size_t(80) << 30)).refusal;
   CHECK(why == "the score matrix S needs 131072 MiB (batch·heads·seqlen_q·seqlen_k·4 bytes) but only 73728 MiB "
                "(90 % of free device memory) is available");
-  CHECK(fs::check(*s, p, fake_device(90, size_t(200) << 30)).empty());
+  const fs::Plan ok = fs::plan_for(*s, p, fake_device(90, size_t(200) << 30));
+  CHECK(ok.accepted());
+  CHECK(ok.workspace_bytes == size_t(1) << 37);  // S is the workspace: 8·16·16384²·4 bytes
+}
+
+TEST_CASE("registry: every step knows its directory", "[registry]") {
+  for (const fs::Step& s : fs::steps()) {
+    CAPTURE(s.id);
+    REQUIRE(s.dir.size() > 3);
+    CHECK(s.dir.substr(0, 2) == s.id.substr(0, 2));  // 04_pad and 04_swizzle live in 04_bank_conflicts
+  }
+}
+
+TEST_CASE("speed-ups: x prev is over the fastest row of the previous step key", "[registry]") {
+  CHECK(fs::step_key("04_pad") == "04");
+  CHECK(fs::step_key("07b_work_order") == "07b");
+  CHECK(fs::step_key("cublas") == "cublas");
+  const std::vector<std::string> ids = {"01_naive", "03_smem", "04_pad", "04_swizzle", "05_cp", "07a_x", "07b_y",
+                                        "cublas", "06_refused"};
+  const std::vector<double> ms = {100, 10, 5, 8, 4, 2, 1, 20, 0};
+  const std::vector<fs::Speedup> x = fs::speedups(ids, ms);
+  CHECK(x[0].x_step01 == 1.0);
+  CHECK(x[0].x_prev == 0.0);                // nothing before 01
+  CHECK(x[2].x_prev == 2.0);                // 04_pad against 03: 10 / 5
+  CHECK(x[3].x_prev == 1.25);               // 04_swizzle against 03 too: 10 / 8
+  CHECK(x[4].x_prev == 1.25);               // 05 against the faster 04: 5 / 4
+  CHECK(x[5].x_prev == 2.0);                // 07a against 05 (06 was not timed): 4 / 2
+  CHECK(x[6].x_prev == 2.0);                // 07b against 07a: 2 / 1
+  CHECK(x[7].x_step01 == 5.0);              // a baseline gets x 01 only
+  CHECK(x[7].x_prev == 0.0);
+  CHECK(x[8].x_step01 == 0.0);              // not timed: nothing
 }

@@ -261,17 +261,17 @@ TEST_CASE("step 07 refuses, in a sentence, what no configuration fits", "[step07
   const fs::Step* s = fs::find_step("07_flash_attention2");
   REQUIRE(s != nullptr);
   const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 256, fs::DType::bf16, true);
-  CHECK(fs::check(*s, p, fake_device(kSm90)).empty());
-  CHECK(fs::check(*s, p, fake_device(kSm86)).empty());
-  CHECK(fs::check(*s, p, fake_device(48 * 1024)) ==
+  CHECK(fs::plan_for(*s, p, fake_device(kSm90)).accepted());
+  CHECK(fs::plan_for(*s, p, fake_device(kSm86)).accepted());
+  CHECK(fs::plan_for(*s, p, fake_device(48 * 1024)).refusal ==
         "head_dim 256 runs on 256-wide tiles, which need at least 65536 bytes of shared memory per block; this "
         "GPU allows 49152");
   // 2^31 query tiles of 128 rows: one 1-D grid cannot hold them.
   fs::Problem big = fs::make_problem(1024, 128 * 1024, 1, 16, 16, 64, fs::DType::fp16, false);
   big.batch = 1024 * 8;  // 8192 · 16 · 1024 = 2^27 blocks: fine
-  CHECK(fs::check(*s, big, fake_device(kSm90)).empty());
+  CHECK(fs::plan_for(*s, big, fake_device(kSm90)).accepted());
   big.batch = 1 << 17;  // 2^31 blocks
-  CHECK(fs::check(*s, big, fake_device(kSm90)) ==
+  CHECK(fs::plan_for(*s, big, fake_device(kSm90)).refusal ==
         "this step launches one block per 128 query rows per batch and head, 2147483648 blocks here, more than "
         "the grid limit of 2147483647");
 }

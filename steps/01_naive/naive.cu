@@ -84,21 +84,28 @@ int64_t score_bytes(const Problem& p) {
   return p.batch * p.heads_q * p.seqlen_q * p.seqlen_k * int64_t(sizeof(float));
 }
 
-std::string supports(const Problem& p, const DeviceInfo& dev) {
-  // S must fit in device memory, with 10 % left for everything else.
+std::string limits(const Problem&) { return ""; }
+
+// S is the launch's workspace: B·H·Sq·Sk fp32, which must fit in device memory with 10 % left.
+Plan plan(const Problem& p, const DeviceInfo& dev) {
+  Plan pl;
   const double free_budget = 0.9 * double(dev.free_bytes);
   if (double(score_bytes(p)) > free_budget) {
     std::ostringstream m;
     m << "the score matrix S needs " << score_bytes(p) / (1 << 20) << " MiB (batch·heads·seqlen_q·seqlen_k·4 bytes)"
       << " but only " << int64_t(free_budget) / (1 << 20) << " MiB (90 % of free device memory) is available";
-    return m.str();
+    pl.refusal = m.str();
+    return pl;
   }
-  return "";
+  pl.workspace_bytes = size_t(score_bytes(p));
+  return pl;
 }
 
-void launch(const Problem& p, const Tensors& t, cudaStream_t stream) {
-  float* s = nullptr;
-  CHECK_CUDA(cudaMallocAsync(&s, size_t(score_bytes(p)), stream));
+// Documented support: every problem whose S takes at most half of the free device memory.
+bool claims(const Problem& p, const DeviceInfo& dev) { return double(score_bytes(p)) <= 0.5 * double(dev.free_bytes); }
+
+void launch(const Problem& p, const Tensors& t, const Plan&, void* workspace, cudaStream_t stream) {
+  float* s = static_cast<float*>(workspace);
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     scores_kernel<T><<<blocks_for(p.batch * p.heads_q * p.seqlen_q * p.seqlen_k), kThreads, 0, stream>>>(
@@ -110,15 +117,14 @@ void launch(const Problem& p, const Tensors& t, cudaStream_t stream) {
         s, static_cast<const T*>(t.v), static_cast<T*>(t.o), p);
     CHECK_LAUNCH();
   });
-  CHECK_CUDA(cudaFreeAsync(s, stream));
 }
 
 }  // namespace
 
 void register_step_01_naive(Registry& r) {
   r.add(Step{"01_naive", "naive attention",
-             "textbook attention: S = QKᵀ, softmax and P·V as three kernels, S in global memory", 80,
-             supports, launch});
+             "textbook attention: S = QKᵀ, softmax and P·V as three kernels, S in global memory", "", 80, 0,
+             limits, plan, launch, claims});
 }
 
 }  // namespace fs

@@ -146,9 +146,11 @@ void launch_for(const Problem& p, const Tensors& t, cudaStream_t stream) {
 }
 
 // Every problem the harness accepts (head_dim 8..256 in steps of 8, GQA, causal, any seqlens).
-std::string supports(const Problem&, const DeviceInfo&) { return ""; }
+std::string limits(const Problem&) { return ""; }
+Plan plan(const Problem&, const DeviceInfo&) { return Plan{}; }
+bool claims(const Problem&, const DeviceInfo&) { return true; }
 
-void launch(const Problem& p, const Tensors& t, cudaStream_t stream) {
+void launch(const Problem& p, const Tensors& t, const Plan&, void*, cudaStream_t stream) {
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.head_dim <= 32 * Traits<1>::CHUNK)
@@ -162,8 +164,8 @@ void launch(const Problem& p, const Tensors& t, cudaStream_t stream) {
 
 void register_step_02_online_softmax(Registry& r) {
   r.add(Step{"02_online_softmax", "online softmax",
-             "one fused kernel: running max and sum over the keys, S never stored (memory O(N·d), not O(N²))", 80,
-             supports, launch});
+             "one fused kernel: running max and sum over the keys, S never stored (memory O(N·d), not O(N²))", "", 80, 0,
+             limits, plan, launch, claims});
 }
 
 }  // namespace fs

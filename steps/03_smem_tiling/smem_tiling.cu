@@ -213,23 +213,30 @@ void launch_for(const Problem& p, const Tensors& t, cudaStream_t stream) {
   CHECK_LAUNCH();
 }
 
-template <template <int> class TileLayout>
-std::string supports(const Problem& p, const DeviceInfo& dev) {
+std::string limits(const Problem& p) {
   if (p.head_dim != 64 && p.head_dim != 128)
     return "head_dim is " + std::to_string(p.head_dim) +
            "; this step handles head_dim 64 and 128 only (each of the 16 threads of a row owns head_dim/16 "
            "columns of O, read as one 8- or 16-byte access)";
+  return "";
+}
+
+bool claims(const Problem& p, const DeviceInfo&) { return p.head_dim == 64 || p.head_dim == 128; }
+
+template <template <int> class TileLayout>
+Plan plan(const Problem& p, const DeviceInfo& dev) {
+  Plan pl;
   constexpr int elem_bytes = 2;  // fp16 and bf16
   const int smem_bytes = p.head_dim == 64 ? tiling::Traits<64>::smem_bytes<TileLayout<64>>(elem_bytes)
                                           : tiling::Traits<128>::smem_bytes<TileLayout<128>>(elem_bytes);
   if (size_t(smem_bytes) > dev.smem_per_block_optin)
-    return "this step needs " + std::to_string(smem_bytes) + " bytes of shared memory per block for head_dim " +
+    pl.refusal = "this step needs " + std::to_string(smem_bytes) + " bytes of shared memory per block for head_dim " +
            std::to_string(p.head_dim) + "; this GPU allows " + std::to_string(dev.smem_per_block_optin);
-  return "";
+  return pl;
 }
 
 template <template <int> class TileLayout>
-void launch(const Problem& p, const Tensors& t, cudaStream_t stream) {
+void launch(const Problem& p, const Tensors& t, const Plan&, void*, cudaStream_t stream) {
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.head_dim == 64)
@@ -245,7 +252,7 @@ void register_step_03_smem_tiling(Registry& r) {
   r.add(Step{"03_smem_tiling", "shared-memory tiling",
              "Q, K, V tiles in shared memory, a 4×4 register tile of S per thread (FlashAttention-2 loop on "
              "CUDA cores); row-major tiles with 8-way bank conflicts",
-             80, supports<RowMajorLayout>, launch<RowMajorLayout>});
+             "", 80, 0, limits, plan<RowMajorLayout>, launch<RowMajorLayout>, claims});
 }
 
 }  // namespace fs

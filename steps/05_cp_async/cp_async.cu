@@ -255,22 +255,29 @@ void launch_for(const Problem& p, const Tensors& t, cudaStream_t stream) {
   CHECK_LAUNCH();
 }
 
-template <template <int> class TileLayout>
-std::string supports(const Problem& p, const DeviceInfo& dev) {
+std::string limits(const Problem& p) {
   if (p.head_dim != 64 && p.head_dim != 128)
     return "head_dim is " + std::to_string(p.head_dim) +
            "; this step handles head_dim 64 and 128 only (each of the 16 threads of a row owns head_dim/16 "
            "columns of O, read as one 8- or 16-byte access)";
-  const int smem_bytes = p.head_dim == 64 ? double_buffered_smem_bytes<tiling::Traits<64>, TileLayout<64>>(2)
-                                          : double_buffered_smem_bytes<tiling::Traits<128>, TileLayout<128>>(2);
-  if (size_t(smem_bytes) > dev.smem_per_block_optin)
-    return "this step needs " + std::to_string(smem_bytes) + " bytes of shared memory per block for head_dim " +
-           std::to_string(p.head_dim) + "; this GPU allows " + std::to_string(dev.smem_per_block_optin);
   return "";
 }
 
+bool claims(const Problem& p, const DeviceInfo&) { return p.head_dim == 64 || p.head_dim == 128; }
+
 template <template <int> class TileLayout>
-void launch(const Problem& p, const Tensors& t, cudaStream_t stream) {
+Plan plan(const Problem& p, const DeviceInfo& dev) {
+  Plan pl;
+  const int smem_bytes = p.head_dim == 64 ? double_buffered_smem_bytes<tiling::Traits<64>, TileLayout<64>>(2)
+                                          : double_buffered_smem_bytes<tiling::Traits<128>, TileLayout<128>>(2);
+  if (size_t(smem_bytes) > dev.smem_per_block_optin)
+    pl.refusal = "this step needs " + std::to_string(smem_bytes) + " bytes of shared memory per block for head_dim " +
+           std::to_string(p.head_dim) + "; this GPU allows " + std::to_string(dev.smem_per_block_optin);
+  return pl;
+}
+
+template <template <int> class TileLayout>
+void launch(const Problem& p, const Tensors& t, const Plan&, void*, cudaStream_t stream) {
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.head_dim == 64)
@@ -286,7 +293,7 @@ void register_step_05_cp_async(Registry& r) {
   r.add(Step{"05_cp_async", "cp.async double buffering",
              "04_swizzle with K/V tiles copied by cp.async into two buffers: tile n+1 streams in while tile n "
              "is computed",
-             80, supports<Swizzled128Layout>, launch<Swizzled128Layout>});
+             "", 80, 0, limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims});
 }
 
 }  // namespace fs

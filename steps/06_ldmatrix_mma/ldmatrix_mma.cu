@@ -329,18 +329,11 @@ static_assert(Traits<128>::BLOCK_Q == kBlockQ, "one grid shape for every head_di
 
 int64_t grid_blocks(const Problem& p) { return (p.seqlen_q + kBlockQ - 1) / kBlockQ * p.batch * p.heads_q; }
 
-std::string supports(const Problem& p, const DeviceInfo& dev) {
+std::string limits(const Problem& p) {
   if (p.head_dim != 64 && p.head_dim != 128) {
     std::ostringstream m;
     m << "head_dim is " << p.head_dim
       << "; this step supports head_dim 64 and 128 only (its tiles and register fragments are sized at compile time)";
-    return m.str();
-  }
-  const size_t smem = p.head_dim == 64 ? Traits<64>::SMEM_BYTES : Traits<128>::SMEM_BYTES;
-  if (smem > dev.smem_per_block_optin) {
-    std::ostringstream m;
-    m << "this step needs " << smem << " bytes of shared memory per block at head_dim " << p.head_dim
-      << " but the device allows " << dev.smem_per_block_optin;
     return m.str();
   }
   if (grid_blocks(p) > INT32_MAX) {
@@ -350,6 +343,20 @@ std::string supports(const Problem& p, const DeviceInfo& dev) {
     return m.str();
   }
   return "";
+}
+
+bool claims(const Problem& p, const DeviceInfo&) { return p.head_dim == 64 || p.head_dim == 128; }
+
+Plan plan(const Problem& p, const DeviceInfo& dev) {
+  Plan pl;
+  const size_t smem = p.head_dim == 64 ? Traits<64>::SMEM_BYTES : Traits<128>::SMEM_BYTES;
+  if (smem > dev.smem_per_block_optin) {
+    std::ostringstream m;
+    m << "this step needs " << smem << " bytes of shared memory per block at head_dim " << p.head_dim
+      << " but the device allows " << dev.smem_per_block_optin;
+    pl.refusal = m.str();
+  }
+  return pl;
 }
 
 template <typename T, int HEAD_DIM>
@@ -364,7 +371,7 @@ void launch_for(const Problem& p, const Tensors& t, cudaStream_t stream) {
   CHECK_LAUNCH();
 }
 
-void launch(const Problem& p, const Tensors& t, cudaStream_t stream) {
+void launch(const Problem& p, const Tensors& t, const Plan&, void*, cudaStream_t stream) {
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.head_dim == 64)
@@ -379,7 +386,7 @@ void launch(const Problem& p, const Tensors& t, cudaStream_t stream) {
 void register_step_06_ldmatrix_mma(Registry& r) {
   r.add(Step{"06_ldmatrix_mma", "tensor cores: ldmatrix + mma.sync",
              "S = Q·Kᵀ and O = P·V on the tensor cores: ldmatrix fragments, mma.sync.m16n8k16, P kept in registers",
-             80, supports, launch});
+             "", 80, 0, limits, plan, launch, claims});
 }
 
 }  // namespace fs
