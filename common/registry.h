@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,6 +71,9 @@ struct Step {
   // The step's documented support: problems it promises to run on every GPU it supports (no refusal).
   // The GPU tests fail when the step refuses one of them, so a step cannot pass its tests by refusing.
   std::function<bool(const Problem& p, const DeviceInfo& dev)> claims;
+  // Optional: prints, without a GPU, what the step's index math predicts (bank maps, fragment maps, ...).
+  // `flash-steps explain [--step ID]` prints it.
+  std::function<void(std::ostream& out)> explain;
 };
 
 class Registry {

@@ -64,6 +64,18 @@ int list_steps() {
   return 0;
 }
 
+// `flash-steps explain`: every selected step's explanation (Step::explain), no GPU needed.
+int explain_steps(const fs::RunnerOptions& o) {
+  for (const fs::Step& s : fs::steps()) {
+    if (!o.steps.empty() && std::find(o.steps.begin(), o.steps.end(), s.id) == o.steps.end()) continue;
+    if (!s.explain) continue;
+    std::cout << "== " << s.id << ": " << s.lesson << "\n\n";
+    s.explain(std::cout);
+    std::cout << "\n";
+  }
+  return 0;
+}
+
 void print_table(const std::vector<Row>& rows) {
   std::cout << std::left << std::setw(id_width()) << "step" << std::setw(10) << "result" << std::right << std::setw(10)
             << "ms" << std::setw(10) << "TFLOP/s" << std::setw(10) << "x 01" << std::setw(10) << "x prev"
@@ -259,6 +271,7 @@ int main(int argc, char** argv) {
     }
     if (a.options.command == "list") return list_steps();
     if (a.options.command == "banks") return fs::bank::banks_main();
+    if (a.options.command == "explain") return explain_steps(a.options);
     return run(a.options);
   } catch (const std::exception& e) {
     std::cerr << "flash-steps: " << e.what() << "\n";
