@@ -12,12 +12,13 @@
 
 #include "catch.h"
 #include "common/bank_model.h"
-#include "common/fragment_layout.h"
+#include "steps/06_ldmatrix_mma/traits.h"
 #include "common/smem_layout.h"
 
 namespace {
 
-using fs::frag::Coord;
+namespace frag = fs::step06::frag;
+using frag::Coord;
 constexpr int kLanes = 32;
 
 // ---- the PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" -----------------
@@ -88,7 +89,7 @@ std::vector<int> make_tile(int rows) {
 fs::bank::WarpAccess ldmatrix_access(const std::array<int, kLanes>& address, int num_matrices) {
   fs::bank::WarpAccess a{};
   a.width = 16;
-  a.active = num_matrices == 4 ? 0xffffffffu : (1u << fs::frag::ldmatrix_address_lanes(num_matrices)) - 1u;
+  a.active = num_matrices == 4 ? 0xffffffffu : (1u << frag::ldmatrix_address_lanes(num_matrices)) - 1u;
   for (int l = 0; l < kLanes; ++l) a.addr[l] = uint32_t(address[size_t(l)] * 2);
   return a;
 }
@@ -103,12 +104,12 @@ int ldmatrix_wavefronts(const std::array<int, kLanes>& address, int num_matrices
 }
 
 // Step 06's lane addresses, written exactly as the kernel writes them
-// (steps/06_ldmatrix_mma/ldmatrix_mma.cu): Layout::offset(tile origin + the frag:: map of the lane).
+// (steps/06_ldmatrix_mma/kernel.cuh): Layout::offset(tile origin + the frag:: map of the lane).
 template <class Layout>
 std::array<int, kLanes> q_addresses(int warp_row0, int ks) {
   std::array<int, kLanes> a{};
   for (int lane = 0; lane < kLanes; ++lane) {
-    const Coord c = fs::frag::ldmatrix_x4_a(lane);
+    const Coord c = frag::ldmatrix_x4_a(lane);
     a[size_t(lane)] = Layout::offset(warp_row0 + c.row, ks * 16 + c.col);
   }
   return a;
@@ -117,7 +118,7 @@ template <class Layout>
 std::array<int, kLanes> k_addresses(int nt, int ks) {
   std::array<int, kLanes> a{};
   for (int lane = 0; lane < kLanes; ++lane) {
-    const Coord c = fs::frag::ldmatrix_x2_b(lane);
+    const Coord c = frag::ldmatrix_x2_b(lane);
     a[size_t(lane)] = Layout::offset(nt * 8 + c.row, ks * 16 + c.col);
   }
   return a;
@@ -126,7 +127,7 @@ template <class Layout>
 std::array<int, kLanes> v_addresses(int kk, int np) {
   std::array<int, kLanes> a{};
   for (int lane = 0; lane < kLanes; ++lane) {
-    const Coord c = fs::frag::ldmatrix_x4_trans_b(lane);
+    const Coord c = frag::ldmatrix_x4_trans_b(lane);
     a[size_t(lane)] = Layout::offset(kk * 16 + c.row, np * 16 + c.col);
   }
   return a;
@@ -137,7 +138,7 @@ constexpr int kBlockQ = 64, kBlockKV = 64;
 
 template <int HEAD_DIM>
 void check_step06_loads() {
-  using Layout = fs::Swizzled128Layout<HEAD_DIM>;
+  using Layout = fs::step06::Swizzled128Layout<HEAD_DIM>;
   CAPTURE(HEAD_DIM);
 
   // Q: ldmatrix.x4 per (warp, k16 step) must give the A fragment of rows 16w…16w+15, dims 16ks….
@@ -200,16 +201,16 @@ int worst_step06_wavefronts() {
 TEST_CASE("fragment layout: mma.m16n8k16 A, B and C/D match the PTX ISA", "[fragment]") {
   for (int lane = 0; lane < kLanes; ++lane) {
     CAPTURE(lane);
-    for (int i = 0; i < 8; ++i) CHECK(fs::frag::mma_a(lane, i / 2, i % 2) == isa_a(lane, i));
-    for (int i = 0; i < 4; ++i) CHECK(fs::frag::mma_b(lane, i / 2, i % 2) == isa_b(lane, i));
-    for (int i = 0; i < 4; ++i) CHECK(fs::frag::mma_c(lane, i) == isa_c(lane, i));
+    for (int i = 0; i < 8; ++i) CHECK(frag::mma_a(lane, i / 2, i % 2) == isa_a(lane, i));
+    for (int i = 0; i < 4; ++i) CHECK(frag::mma_b(lane, i / 2, i % 2) == isa_b(lane, i));
+    for (int i = 0; i < 4; ++i) CHECK(frag::mma_c(lane, i) == isa_c(lane, i));
   }
   // A few cells read off the ISA's figures by hand.
-  CHECK(fs::frag::mma_a(0, 0, 0) == Coord{0, 0});
-  CHECK(fs::frag::mma_a(5, 3, 0) == Coord{9, 10});   // T5: a6 is row 9, column 10
-  CHECK(fs::frag::mma_a(31, 3, 1) == Coord{15, 15});
-  CHECK(fs::frag::mma_b(6, 1, 1) == Coord{13, 1});   // T6: b3 is row 13, column 1
-  CHECK(fs::frag::mma_c(30, 3) == Coord{15, 5});     // T30: c3 is row 15, column 5
+  CHECK(frag::mma_a(0, 0, 0) == Coord{0, 0});
+  CHECK(frag::mma_a(5, 3, 0) == Coord{9, 10});   // T5: a6 is row 9, column 10
+  CHECK(frag::mma_a(31, 3, 1) == Coord{15, 15});
+  CHECK(frag::mma_b(6, 1, 1) == Coord{13, 1});   // T6: b3 is row 13, column 1
+  CHECK(frag::mma_c(30, 3) == Coord{15, 5});     // T30: c3 is row 15, column 5
 }
 
 TEST_CASE("fragment layout: every element is held exactly once", "[fragment]") {
@@ -217,18 +218,18 @@ TEST_CASE("fragment layout: every element is held exactly once", "[fragment]") {
   for (int lane = 0; lane < kLanes; ++lane) {
     for (int reg = 0; reg < 4; ++reg)
       for (int half = 0; half < 2; ++half) {
-        const Coord e = fs::frag::mma_a(lane, reg, half);
+        const Coord e = frag::mma_a(lane, reg, half);
         CHECK((e.row >= 0 && e.row < 16 && e.col >= 0 && e.col < 16));
         a.insert({e.row, e.col});
       }
     for (int reg = 0; reg < 2; ++reg)
       for (int half = 0; half < 2; ++half) {
-        const Coord e = fs::frag::mma_b(lane, reg, half);
+        const Coord e = frag::mma_b(lane, reg, half);
         CHECK((e.row >= 0 && e.row < 16 && e.col >= 0 && e.col < 8));
         b.insert({e.row, e.col});
       }
     for (int i = 0; i < 4; ++i) {
-      const Coord e = fs::frag::mma_c(lane, i);
+      const Coord e = frag::mma_c(lane, i);
       CHECK((e.row >= 0 && e.row < 16 && e.col >= 0 && e.col < 8));
       c.insert({e.row, e.col});
     }
@@ -243,7 +244,7 @@ TEST_CASE("fragment layout: every element is held exactly once", "[fragment]") {
     std::set<std::pair<int, int>> m;
     for (int lane = 0; lane < kLanes; ++lane)
       for (int half = 0; half < 2; ++half) {
-        const Coord e = fs::frag::ldmatrix_element(lane, half, trans);
+        const Coord e = frag::ldmatrix_element(lane, half, trans);
         CHECK((e.row >= 0 && e.row < 8 && e.col >= 0 && e.col < 8));
         m.insert({e.row, e.col});
       }
@@ -257,14 +258,14 @@ TEST_CASE("fragment layout: ldmatrix x1/x2/x4 with and without .trans match the 
       for (int col = 0; col < 8; ++col) {
         const LaneHalf to = isa_ldmatrix_receiver(row, col, trans);
         CAPTURE(trans, row, col);
-        CHECK(fs::frag::ldmatrix_element(to.lane, to.half, trans) == Coord{row, col});
+        CHECK(frag::ldmatrix_element(to.lane, to.half, trans) == Coord{row, col});
       }
   // Address lanes: .x1 uses lanes 0-7, .x2 0-15, .x4 all 32; lane 8m + r is row r of matrix m.
-  CHECK(fs::frag::ldmatrix_address_lanes(1) == 8);
-  CHECK(fs::frag::ldmatrix_address_lanes(2) == 16);
-  CHECK(fs::frag::ldmatrix_address_lanes(4) == 32);
+  CHECK(frag::ldmatrix_address_lanes(1) == 8);
+  CHECK(frag::ldmatrix_address_lanes(2) == 16);
+  CHECK(frag::ldmatrix_address_lanes(4) == 32);
   for (int lane = 0; lane < kLanes; ++lane) {
-    CHECK(fs::frag::ldmatrix_address_lane(fs::frag::ldmatrix_matrix_of(lane), fs::frag::ldmatrix_row_of(lane)) == lane);
+    CHECK(frag::ldmatrix_address_lane(frag::ldmatrix_matrix_of(lane), frag::ldmatrix_row_of(lane)) == lane);
   }
 
   // Simulated on a plain 8×8 .. 32×8 row-major buffer: x1, x2 and x4, both directions. Matrix m
@@ -275,12 +276,12 @@ TEST_CASE("fragment layout: ldmatrix x1/x2/x4 with and without .trans match the 
     for (bool trans : {false, true}) {
       std::array<int, kLanes> address{};
       for (int lane = 0; lane < kLanes; ++lane)
-        address[size_t(lane)] = lane < fs::frag::ldmatrix_address_lanes(num) ? Plain::offset(lane, 0) : 0;
+        address[size_t(lane)] = lane < frag::ldmatrix_address_lanes(num) ? Plain::offset(lane, 0) : 0;
       const Regs r = ldmatrix_cpu(smem, address, num, trans);
       for (int lane = 0; lane < kLanes; ++lane)
         for (int m = 0; m < num; ++m)
           for (int half = 0; half < 2; ++half) {
-            const Coord e = fs::frag::ldmatrix_element(lane, half, trans);
+            const Coord e = frag::ldmatrix_element(lane, half, trans);
             CAPTURE(num, trans, lane, m, half);
             CHECK(r[size_t(lane)][size_t(m)][size_t(half)] == code(8 * m + e.row, e.col));
           }
@@ -294,10 +295,10 @@ TEST_CASE("fragment layout: S accumulators are P's A fragment, register for regi
     for (int n_half = 0; n_half < 2; ++n_half)
       for (int i = 0; i < 4; i += 2) {
         CAPTURE(lane, n_half, i);
-        const int reg = fs::frag::mma_a_reg_of_c(n_half, i);
+        const int reg = frag::mma_a_reg_of_c(n_half, i);
         for (int half = 0; half < 2; ++half) {
           const Coord c = isa_c(lane, i + half);
-          CHECK(fs::frag::mma_a(lane, reg, half) == Coord{c.row, c.col + 8 * n_half});
+          CHECK(frag::mma_a(lane, reg, half) == Coord{c.row, c.col + 8 * n_half});
         }
       }
 }
@@ -305,10 +306,10 @@ TEST_CASE("fragment layout: S accumulators are P's A fragment, register for regi
 TEST_CASE("fragment layout: step 06's operand address maps point at 16-byte rows inside the tile", "[fragment]") {
   for (int lane = 0; lane < kLanes; ++lane) {
     CAPTURE(lane);
-    for (Coord c : {fs::frag::ldmatrix_x4_a(lane), fs::frag::ldmatrix_x4_trans_b(lane)}) {
+    for (Coord c : {frag::ldmatrix_x4_a(lane), frag::ldmatrix_x4_trans_b(lane)}) {
       CHECK((c.row >= 0 && c.row < 16 && (c.col == 0 || c.col == 8)));
     }
-    const Coord k = fs::frag::ldmatrix_x2_b(lane);
+    const Coord k = frag::ldmatrix_x2_b(lane);
     CHECK((k.row >= 0 && k.row < 8 && (k.col == 0 || k.col == 8)));
   }
 }
@@ -320,8 +321,8 @@ TEST_CASE("fragment layout: step 06's ldmatrix addresses load the intended eleme
 
 TEST_CASE("bank model: step 06's ldmatrix phases are conflict-free swizzled, 8-way row-major", "[fragment][bank]") {
   // Worst phase over every ldmatrix step 06 issues: 1 wavefront = no conflict.
-  CHECK(worst_step06_wavefronts<fs::Swizzled128Layout<64>, 64>() == 1);
-  CHECK(worst_step06_wavefronts<fs::Swizzled128Layout<128>, 128>() == 1);
+  CHECK(worst_step06_wavefronts<fs::step06::Swizzled128Layout<64>, 64>() == 1);
+  CHECK(worst_step06_wavefronts<fs::step06::Swizzled128Layout<128>, 128>() == 1);
   // Rows of 128 or 256 bytes all start in bank 0: the 8 rows of a phase hit the same 4 banks.
   CHECK(worst_step06_wavefronts<fs::RowMajorLayout<64>, 64>() == 8);
   CHECK(worst_step06_wavefronts<fs::RowMajorLayout<128>, 128>() == 8);

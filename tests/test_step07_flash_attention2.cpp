@@ -8,16 +8,16 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/fragment_layout.h"
 #include "common/registry.h"
-#include "common/smem_layout.h"
 #include "common/workload.h"
+#include "steps/06_ldmatrix_mma/traits.h"
 #include "steps/07_flash_attention2/traits.h"
 
 namespace {
 
-using fs::frag::Coord;
-namespace fa2 = fs::fa2;
+namespace fa2 = fs::step07;
+namespace frag = fs::step07::frag;
+using frag::Coord;
 
 TEST_CASE("step 07: K/V tile ranges match the causal rule and the end of K", "[step07]") {
   for (bool causal : {false, true})
@@ -88,38 +88,36 @@ constexpr int64_t kSm90 = 227 * 1024, kSm80 = 163 * 1024, kSm86 = 99 * 1024;
 
 TEST_CASE("step 07: the traits table has a configuration for every head_dim on every GPU family", "[step07]") {
   for (int64_t optin : {kSm90, kSm80, kSm86})
-    for (int64_t d = 8; d <= 256; d += 8)
-      for (bool causal : {false, true}) {
-        CAPTURE(optin, d, causal);
-        const int c = fa2::choose_config(d, FS_FP16, causal, optin);
-        REQUIRE(c >= 0);
-        const fa2::Config& cfg = fa2::kConfigs[c];
-        CHECK(cfg.head_dim == fa2::padded_head_dim(d));
-        CHECK(cfg.head_dim >= d);
-        CHECK(cfg.head_dim - d < 64);  // the next tile width, not any wider one
-        CHECK(fa2::smem_bytes(cfg) <= optin);
-        CHECK(fa2::choose_config(d, FS_BF16, causal, optin) == c);
-      }
+    for (int64_t d = 8; d <= 256; d += 8) {
+      CAPTURE(optin, d);
+      const int c = fa2::choose_config(fa2::kHeadDimTable, d, optin);
+      REQUIRE(c >= 0);
+      const fa2::Config& cfg = fa2::kConfigs[c];
+      CHECK(cfg.head_dim == fa2::padded_head_dim(d));
+      CHECK(cfg.head_dim >= d);
+      CHECK(cfg.head_dim - d < 64);  // the next tile width, not any wider one
+      CHECK(fa2::smem_bytes(cfg) <= optin);
+    }
   // The tuned head dims on the H200: two K/V buffers.
-  CHECK(fa2::choose_config(128, FS_FP16, false, kSm90) == fa2::kD128_S2);
-  CHECK(fa2::choose_config(64, FS_BF16, true, kSm90) == fa2::kD64);
+  CHECK(fa2::choose_config(fa2::kHeadDimTable, 128, kSm90) == fa2::kD128_S2);
+  CHECK(fa2::choose_config(fa2::kHeadDimTable, 64, kSm90) == fa2::kD64);
   // Two blocks of 128 threads per SM wherever the tiles of 4-warp configurations are chosen: the
   // SM has the opt-in limit + 1 KiB, and each block reserves 1 KiB more.
   for (int64_t optin : {kSm90, kSm80, kSm86})
     for (int64_t d : {32, 64, 96, 128}) {
-      const fa2::Config& cfg = fa2::kConfigs[fa2::choose_config(d, FS_FP16, false, optin)];
+      const fa2::Config& cfg = fa2::kConfigs[fa2::choose_config(fa2::kHeadDimTable, d, optin)];
       CAPTURE(optin, d);
       CHECK(2 * (fa2::smem_bytes(cfg) + 1024) <= optin + 1024);
     }
-  CHECK(fa2::choose_config(256, FS_FP16, false, 48 * 1024) == -1);
-  CHECK(fa2::min_smem_bytes(256) == 64 * 1024);
+  CHECK(fa2::choose_config(fa2::kHeadDimTable, 256, 48 * 1024) == -1);
+  CHECK(fa2::min_smem_bytes(fa2::kHeadDimTable, 256) == 64 * 1024);
 }
 
 // Layout::offset(row0 + r, col0 + c) == Layout::offset(r, col0 % SWIZZLE_COLS + c) + origin(row0, col0)
 // for every 16×16 operand tile a kernel of this configuration reads.
 template <int CONFIG>
 void check_origin_identity() {
-  using Tr = fa2::Traits<CONFIG>;
+  using Tr = fa2::TraitsOf<CONFIG, fa2::kHeadDimTable>;
   using L = typename Tr::Layout;
   for (int row0 = 0; row0 + 16 <= Tr::BLOCK_Q; row0 += 8)
     for (int col0 = 0; col0 + 16 <= Tr::HEAD_DIM; col0 += 16)
@@ -164,12 +162,12 @@ void check_swizzle(int rows) {
 }
 
 TEST_CASE("step 07: the swizzles of every tile width are bijective and conflict-free", "[step07][bank]") {
-  check_swizzle<fs::Swizzled64Layout<32>>(64);
-  check_swizzle<fs::Swizzled64Layout<96>>(64);
-  check_swizzle<fs::Swizzled128Layout<64>>(64);
-  check_swizzle<fs::Swizzled128Layout<128>>(64);
-  check_swizzle<fs::Swizzled128Layout<192>>(64);
-  check_swizzle<fs::Swizzled128Layout<256>>(64);
+  check_swizzle<fa2::Swizzled64Layout<32>>(64);
+  check_swizzle<fa2::Swizzled64Layout<96>>(64);
+  check_swizzle<fa2::Swizzled128Layout<64>>(64);
+  check_swizzle<fa2::Swizzled128Layout<128>>(64);
+  check_swizzle<fa2::Swizzled128Layout<192>>(64);
+  check_swizzle<fa2::Swizzled128Layout<256>>(64);
 }
 
 // ldmatrix on the CPU over a 16×16 operand tile stored with layout L at (row0, col0): lane l's
@@ -189,12 +187,12 @@ Received ldmatrix_cpu(Coord (*address)(int), int row0, int col0, bool trans) {
   Received out{};
   for (int m = 0; m < 4; ++m)
     for (int row = 0; row < 8; ++row) {
-      const int lane = fs::frag::ldmatrix_address_lane(m, row);
+      const int lane = frag::ldmatrix_address_lane(m, row);
       const Coord a = address(lane);
       const int offset = L::offset(a.row, col0 % Tr::SWIZZLE_COLS + a.col) + Tr::origin(row0, col0);  // the kernel's sum
       for (int lane_to = 0; lane_to < 32; ++lane_to)
         for (int half = 0; half < 2; ++half) {
-          const Coord e = fs::frag::ldmatrix_element(lane_to, half, trans);
+          const Coord e = frag::ldmatrix_element(lane_to, half, trans);
           if (e.row != row) continue;
           out.element[lane_to][m][half] = at[size_t(offset + e.col)];
         }
@@ -204,24 +202,24 @@ Received ldmatrix_cpu(Coord (*address)(int), int row0, int col0, bool trans) {
 
 template <int CONFIG>
 void check_operands() {
-  using Tr = fa2::Traits<CONFIG>;
+  using Tr = fa2::TraitsOf<CONFIG, fa2::kHeadDimTable>;
   for (int row0 : {0, 16, Tr::BLOCK_KV - 16})
     for (int col0 : {0, 16, Tr::HEAD_DIM - 16}) {
       CAPTURE(CONFIG, row0, col0);
       // Q [query row, dim] as A: register m of the x4 is a[m].
-      const Received q = ldmatrix_cpu<Tr>(fs::frag::ldmatrix_x4_quadrants, row0, col0, false);
+      const Received q = ldmatrix_cpu<Tr>(frag::ldmatrix_x4_quadrants, row0, col0, false);
       // K [key, dim] as B = Kᵀ of two n8 tiles: registers 2n, 2n+1 are b[0], b[1] of tile n; B is
       // (k = dim, n = key).
       const Received kk = ldmatrix_cpu<Tr>(fa2::ldmatrix_x4_k_pair, row0, col0, false);
       // V [key, dim] through .trans as B of two n8 tiles: registers 2n, 2n+1 are b[0], b[1] of tile n
       // (dims 8n …); B is (k = key, n = dim).
-      const Received vv = ldmatrix_cpu<Tr>(fs::frag::ldmatrix_x4_quadrants, row0, col0, true);
+      const Received vv = ldmatrix_cpu<Tr>(frag::ldmatrix_x4_quadrants, row0, col0, true);
       for (int lane = 0; lane < 32; ++lane)
         for (int reg = 0; reg < 4; ++reg)
           for (int half = 0; half < 2; ++half) {
-            CHECK(q.element[lane][reg][half] == fs::frag::mma_a(lane, reg, half));
+            CHECK(q.element[lane][reg][half] == frag::mma_a(lane, reg, half));
             const int n_tile = reg / 2;
-            const Coord bk = fs::frag::mma_b(lane, reg % 2, half);
+            const Coord bk = frag::mma_b(lane, reg % 2, half);
             CHECK(kk.element[lane][reg][half] == Coord{8 * n_tile + bk.col, bk.row});
             CHECK(vv.element[lane][reg][half] == Coord{bk.row, 8 * n_tile + bk.col});
           }
@@ -236,14 +234,42 @@ TEST_CASE("step 07: ldmatrix through the kernel's addresses delivers the mma ope
   check_all_operands(std::make_integer_sequence<int, fa2::kNumConfigs>{});
 }
 
+TEST_CASE("step 07: its copies of step 06's fragment maps and swizzle are step 06's", "[step07]") {
+  namespace f6 = fs::step06::frag;
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int reg = 0; reg < 4; ++reg)
+      for (int half = 0; half < 2; ++half) {
+        const f6::Coord a = f6::mma_a(lane, reg, half);
+        CHECK(frag::mma_a(lane, reg, half) == Coord{a.row, a.col});
+        const f6::Coord e = f6::ldmatrix_element(lane, half, reg % 2 == 1);
+        CHECK(frag::ldmatrix_element(lane, half, reg % 2 == 1) == Coord{e.row, e.col});
+      }
+    for (int reg = 0; reg < 2; ++reg)
+      for (int half = 0; half < 2; ++half) {
+        const f6::Coord b = f6::mma_b(lane, reg, half);
+        CHECK(frag::mma_b(lane, reg, half) == Coord{b.row, b.col});
+      }
+    for (int i = 0; i < 4; ++i) {
+      const f6::Coord c = f6::mma_c(lane, i);
+      CHECK(frag::mma_c(lane, i) == Coord{c.row, c.col});
+      CHECK(frag::mma_a_reg_of_c(i / 2, i) == f6::mma_a_reg_of_c(i / 2, i));
+    }
+    const f6::Coord q = f6::ldmatrix_x4_quadrants(lane);
+    CHECK(frag::ldmatrix_x4_quadrants(lane) == Coord{q.row, q.col});
+  }
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < 128; ++c)
+      CHECK(fa2::Swizzled128Layout<128>::offset(r, c) == fs::step06::Swizzled128Layout<128>::offset(r, c));
+}
+
 TEST_CASE("step 07: the accumulators of S are P's A fragment", "[step07]") {
   // p_frag[kk][mma_a_reg_of_c(n_half, i)] packs C elements i, i+1 of S's n8 tile 2·kk + n_half.
   for (int lane = 0; lane < 32; ++lane)
     for (int n_half = 0; n_half < 2; ++n_half)
       for (int i = 0; i < 4; i += 2)
         for (int half = 0; half < 2; ++half) {
-          const Coord c = fs::frag::mma_c(lane, i + half);
-          CHECK(fs::frag::mma_a(lane, fs::frag::mma_a_reg_of_c(n_half, i), half) == Coord{c.row, 8 * n_half + c.col});
+          const Coord c = frag::mma_c(lane, i + half);
+          CHECK(frag::mma_a(lane, frag::mma_a_reg_of_c(n_half, i), half) == Coord{c.row, 8 * n_half + c.col});
         }
 }
 
@@ -257,8 +283,56 @@ fs::DeviceInfo fake_device(size_t smem_optin) {
   return d;
 }
 
+TEST_CASE("step 07: the sub-steps before 07g have their two rows only, 07g every other", "[step07]") {
+  for (int ideas = fa2::kRows32; ideas < fa2::kHeadDimTable; ++ideas) {
+    CAPTURE(ideas);
+    for (int64_t optin : {kSm90, kSm80, kSm86}) {
+      CHECK(fa2::choose_config(ideas, 64, optin) == fa2::kD64);
+      CHECK(fa2::choose_config(ideas, 128, optin) == fa2::kD128_K32);
+    }
+    for (int64_t d : {8, 40, 96, 120, 136, 256}) CHECK(fa2::choose_config(ideas, d, kSm90) == -1);
+    for (int c = 0; c < fa2::kNumConfigs; ++c) CHECK(fa2::has_config(ideas, c) == (c == fa2::kD64 || c == fa2::kD128_K32));
+  }
+  for (int c = 0; c < fa2::kNumConfigs; ++c) CHECK(fa2::has_config(fa2::kHeadDimTable, c) == (c != fa2::kD128_K32));
+  for (int64_t optin : {kSm90, kSm80, kSm86})
+    for (int64_t d = 8; d <= 256; d += 8) CHECK(fa2::choose_config(fa2::kHeadDimTable, d, optin) != fa2::kD128_K32);
+}
+
+TEST_CASE("step 07: every sub-step is registered, in idea order, and refuses what it does not have", "[step07][registry]") {
+  const char* ids[] = {"07a_rows32", "07b_work_order", "07c_ldmatrix_pipeline", "07d_smem_epilogue",
+                       "07e_rescale_skip", "07f_fast_exp2", "07g_flash_attention2"};
+  const fs::Problem d40 = fs::make_problem(1, 100, 100, 2, 2, 40, fs::DType::fp16, false);
+  const fs::Problem d128 = fs::make_problem(1, 100, 100, 2, 2, 128, fs::DType::bf16, true);
+  for (const char* id : ids) {
+    CAPTURE(id);
+    const fs::Step* s = fs::find_step(id);
+    REQUIRE(s != nullptr);
+    CHECK(s->dir == "07_flash_attention2");
+    const fs::Plan plan = fs::plan_for(*s, d128, fake_device(kSm90));
+    REQUIRE(plan.accepted());
+    REQUIRE(plan.kernels.size() == 1);
+    CHECK(plan.kernels[0].threads == 128);
+    const bool table = std::string(id) == "07g_flash_attention2";
+    CHECK(plan.config == (table ? fa2::kD128_S2 : fa2::kD128_K32));
+    CHECK(plan.kernels[0].smem_bytes == size_t(fa2::smem_bytes(fa2::kConfigs[plan.config])));
+    CHECK(s->claims(d128, fake_device(kSm90)));
+    CHECK(fs::plan_for(*s, d40, fake_device(kSm90)).accepted() == table);
+    CHECK(s->claims(d40, fake_device(kSm90)) == table);
+    if (!table)
+      CHECK(fs::plan_for(*s, d40, fake_device(kSm90)).refusal ==
+            "head_dim is 40; this sub-step has tiles for head_dim 64 and 128 only (07g_flash_attention2 adds every "
+            "head_dim)");
+  }
+  // 07a keeps step 06's 2-D grid (x = query tiles, y = batch·heads); 07b and later a 1-D grid.
+  CHECK(fs::plan_for(*fs::find_step("07a_rows32"), d128, fake_device(kSm90)).kernels[0].blocks == 1 * 2);
+  CHECK(fs::plan_for(*fs::find_step("07b_work_order"), d128, fake_device(kSm90)).kernels[0].blocks == 1 * 2);
+  const fs::Problem many = fs::make_problem(1000, 300, 300, 100, 100, 64, fs::DType::fp16, false);
+  CHECK(fs::plan_for(*fs::find_step("07a_rows32"), many, fake_device(kSm90)).kernels[0].blocks == 3 * 65535);
+  CHECK(fs::plan_for(*fs::find_step("07b_work_order"), many, fake_device(kSm90)).kernels[0].blocks == 3 * 100000);
+}
+
 TEST_CASE("step 07 refuses, in a sentence, what no configuration fits", "[step07][registry]") {
-  const fs::Step* s = fs::find_step("07_flash_attention2");
+  const fs::Step* s = fs::find_step("07g_flash_attention2");
   REQUIRE(s != nullptr);
   const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 256, fs::DType::bf16, true);
   CHECK(fs::plan_for(*s, p, fake_device(kSm90)).accepted());
