@@ -3,7 +3,6 @@ checked against a C compiler, and against the built library when there is one), 
 ratios, and the rules it takes from the library (FLOPs, tolerance, speed-ups, the sweep)."""
 import ctypes
 import math
-import os
 import shutil
 import subprocess
 import sys
