@@ -324,7 +324,7 @@ void print_resources_table(const std::vector<StepResources>& all, const fs::Prob
     for (const fs::KernelResources& k : s.kernels)
       std::cout << std::setw(8) << k.registers << std::setw(8) << k.local_bytes << std::setw(12) << k.static_smem
                 << std::setw(12) << k.dynamic_smem << std::setw(9) << k.threads << std::setw(10) << k.blocks
-                << std::setw(11) << k.blocks_per_sm << std::setw(10)
+                << std::setw(11) << k.blocks_per_sm << std::setw(11)
                 << fixed(100 * k.occupancy(), 0) + " %" << "  " << fs::short_kernel_name(k.name) << "\n";
   }
 }
@@ -343,9 +343,9 @@ int resources(const fs::RunnerOptions& o) {
       if (!plan.accepted()) {
         s.status = "refused";
         s.reason = plan.refusal;
+      } else {
+        for (const fs::KernelLaunch& k : plan.kernels) s.kernels.push_back(fs::kernel_resources(k));
       }
-      for (const fs::KernelLaunch& k : plan.accepted() ? plan.kernels : std::vector<fs::KernelLaunch>{})
-        s.kernels.push_back(fs::kernel_resources(k));
     } catch (const fs::Error& e) {
       s.status = "error";
       s.reason = e.what();
