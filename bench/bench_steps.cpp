@@ -1,22 +1,26 @@
-// One benchmark per registered step × shape, timed with CUDA events (manual time), the L2 flushed
-// before every launch, with TFLOP/s and the percentage of the mma.sync ceiling as counters, and
-// repetitions whose spread (stddev, min, max) is reported. Without a GPU every benchmark reports an
-// error.
+// flash_steps_bench: every registered step over the benchmark sweep, as a Google Benchmark program,
+// for a user who has a GPU and a C++ toolchain but not Python or PyTorch. One benchmark per step ×
+// shape, timed with CUDA events (manual time), the L2 flushed before every launch, TFLOP/s as a
+// counter, and repetitions whose spread (stddev, min, max) is reported. The shapes are the sweep of
+// common/sweep.h: batch · seqlen = 16384 tokens and heads · head_dim = 2048 in every shape, so every
+// shape moves the same Q/K/V bytes (16 heads at head_dim 128, 32 at 64).
 //
-//   flash_steps_bench                 a few shapes (B·N = 16384 as in ANCHORS.md), fp16 and bf16
-//   flash_steps_bench --sweep         seqlen 512 … 16k × head_dim 64, 128 × causal off, on × fp16, bf16
-//   flash_steps_bench --quick         a one-minute look: seqlen 1k and 4k, head_dim 128, fp16
+//   flash_steps_bench                 the quick shapes (seqlen 1k, 2k, 4k; head_dim 128; fp16), causal
+//                                     and not, 3 repetitions
+//   flash_steps_bench --quick         the same shapes, one repetition: a one-minute look
+//   flash_steps_bench --sweep         the full sweep: seqlen 512 … 16k × head_dim 128, 64 × causal off,
+//                                     on × fp16, bf16
 //   --max-launch-ms X                 skip a (step, shape) whose one launch takes, or would take, more
 //                                     than X ms (default 100): the slow early steps at long sequences
 //   FLASH_STEPS_BENCH_FILTER=07 ...   only the steps whose id starts with 07
 //
-// The JSON goes to bench/results/bench_steps-<UTC date>.json unless --benchmark_out is given. Every
-// Google Benchmark flag still works (--benchmark_filter, --benchmark_repetitions=1, ...).
+// Nothing is written unless asked: --benchmark_out=FILE --benchmark_out_format=json saves the results.
+// Every Google Benchmark flag works (--benchmark_filter, --benchmark_repetitions=1, ...). Without a
+// usable GPU it says why and exits with status 77 before registering anything.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <ctime>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -24,65 +28,35 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/sweep.h"
 #include "common/timing.h"
 #include "version.h"
 
 namespace {
 
-struct Shape {
-  int64_t batch, seqlen, heads, head_dim;
-  bool causal;
-};
-
-// B·N = 16384 as in ../shared/ANCHORS.md; heads 16 at d = 128 and 32 at d = 64.
-const Shape kShapes[] = {
-    {8, 2048, 16, 128, false}, {8, 2048, 16, 128, true}, {4, 4096, 16, 128, false},
-    {16, 1024, 32, 64, false}, {2, 2048, 16, 128, false},
-};
-
-// The ANCHORS sweep: B·N = 16384 at every seqlen, so each shape moves the same Q/K/V bytes.
-Shape anchor_shape(int64_t seqlen, int64_t head_dim, bool causal) {
-  return Shape{16384 / seqlen, seqlen, head_dim == 128 ? 16 : 32, head_dim, causal};
-}
-
-// mma.sync.m16n8k16 (f16 in, f32 accumulate) from registers only, measured on the H200
-// (ANCHORS.md): the ceiling of every step built on mma.sync.
-constexpr double kMmaSyncCeilingTflops = 645;
+constexpr int kNoGpuExitCode = 77;  // "skipped", as ctest and the GPU tests count it
 
 struct Mode {
-  std::vector<Shape> shapes;
-  std::vector<fs::DType> dtypes;
+  std::vector<fs::Problem> problems;  // cheapest first
   int repetitions;
   double min_time_s;
 };
 
 Mode make_mode(const std::string& name) {
-  Mode m;
-  if (name == "sweep") {
-    for (int64_t d : {64, 128})
-      for (bool causal : {false, true})
-        for (int64_t n : {512, 1024, 2048, 4096, 8192, 16384}) m.shapes.push_back(anchor_shape(n, d, causal));
-    m.dtypes = {fs::DType::fp16, fs::DType::bf16};
-    m.repetitions = 3;
-    m.min_time_s = 0.1;
-  } else if (name == "quick") {
+  const fs::Sweep sweep = fs::sweep(name != "sweep");
+  Mode m{{}, name == "quick" ? 1 : 3, name == "quick" ? 0.05 : name == "sweep" ? 0.1 : 0.2};
+  for (int64_t d : sweep.head_dims)
     for (bool causal : {false, true})
-      for (int64_t n : {1024, 4096}) m.shapes.push_back(anchor_shape(n, 128, causal));
-    m.dtypes = {fs::DType::fp16};
-    m.repetitions = 1;
-    m.min_time_s = 0.05;
-  } else {
-    m.shapes.assign(std::begin(kShapes), std::end(kShapes));
-    m.dtypes = {fs::DType::fp16, fs::DType::bf16};
-    m.repetitions = 3;
-    m.min_time_s = 0.2;
-  }
+      for (fs::DType dt : sweep.dtypes)
+        for (int64_t n : sweep.seqlens) {
+          int64_t batch = 0, heads = 0;
+          const std::string why = fs::sweep_shape(fs::kSweepTokens, n, d, batch, heads);
+          if (!why.empty()) throw fs::Error("the sweep of common/sweep.h: " + why);
+          m.problems.push_back(fs::make_problem(batch, n, n, heads, heads, d, dt, causal));
+        }
   // Cheapest first: a step's later, larger shapes are then judged from its measured speed.
-  std::stable_sort(m.shapes.begin(), m.shapes.end(), [](const Shape& a, const Shape& b) {
-    const auto cost = [](const Shape& s) {
-      return double(s.batch) * s.heads * s.seqlen * s.seqlen * s.head_dim / (s.causal ? 2 : 1);
-    };
-    return cost(a) < cost(b);
+  std::stable_sort(m.problems.begin(), m.problems.end(), [](const fs::Problem& a, const fs::Problem& b) {
+    return fs::attention_flops(a) < fs::attention_flops(b);
   });
   return m;
 }
@@ -107,13 +81,6 @@ std::string fixed1(double x) {
 }
 
 void bench_step(benchmark::State& state, const fs::Step* step, fs::Problem p) {
-  const std::string why = fs::cuda_unavailable_reason();
-  if (!why.empty()) {
-    state.SkipWithError(why.c_str());
-    for (auto _ : state) {
-    }
-    return;
-  }
   try {
     const fs::DeviceInfo dev = fs::current_device();
     const fs::Plan plan = fs::plan_for(*step, p, dev);
@@ -145,7 +112,6 @@ void bench_step(benchmark::State& state, const fs::Step* step, fs::Problem p) {
     }
     const double tflops = fs::tflops(flops, total_ms / double(state.iterations()));
     state.counters["TFLOP/s"] = tflops;
-    state.counters["%mma.sync"] = 100 * tflops / kMmaSyncCeilingTflops;
   } catch (const fs::Error& e) {
     state.SkipWithError(e.what());
     for (auto _ : state) {
@@ -156,20 +122,13 @@ void bench_step(benchmark::State& state, const fs::Step* step, fs::Problem p) {
 double statistic_min(const std::vector<double>& v) { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
 double statistic_max(const std::vector<double>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 
-std::string utc_stamp() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::gmtime(&t));
-  return buf;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   // Our own flags first; the rest goes to Google Benchmark, after the defaults of the mode.
   std::string mode_name = "default";
   std::vector<std::string> ours;  // the Google Benchmark flags we add, kept alive for argv
-  bool out_given = false, reps_given = false, display_given = false;
+  bool reps_given = false, display_given = false, help = false;
   std::vector<char*> args{argv[0]};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -185,37 +144,39 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else {
-      out_given = out_given || a.rfind("--benchmark_out=", 0) == 0;
+      help = help || a == "--help" || a == "-h";
       reps_given = reps_given || a.rfind("--benchmark_repetitions=", 0) == 0;
       display_given = display_given || a.rfind("--benchmark_display_aggregates_only", 0) == 0;
       args.push_back(argv[i]);
     }
   }
+  if (help) {  // Google Benchmark prints its own flags after these
+    std::cout << "flash_steps_bench [--quick | --sweep] [--max-launch-ms X] [Google Benchmark flags]\n"
+                 "  (default) the quick shapes, causal and not, 3 repetitions\n"
+                 "  --quick   the same shapes, one repetition\n"
+                 "  --sweep   seqlen 512 ... 16k x head_dim 128, 64 x causal off, on x fp16, bf16\n"
+                 "  --max-launch-ms X  skip a (step, shape) whose launch takes, or would take, more than X ms\n"
+                 "  FLASH_STEPS_BENCH_FILTER=ID  only the steps whose id starts with ID\n"
+                 "  nothing is written unless --benchmark_out=FILE is given\n\n";
+  } else if (const std::string why = fs::cuda_unavailable_reason(); !why.empty()) {
+    std::cerr << "flash_steps_bench: " << why << "; the benchmarks need an NVIDIA GPU (sm_80 or newer)\n";
+    return kNoGpuExitCode;
+  }
   const Mode mode = make_mode(mode_name);
   if (!reps_given) ours.push_back("--benchmark_repetitions=" + std::to_string(mode.repetitions));
   if (!display_given && mode.repetitions > 1) ours.push_back("--benchmark_display_aggregates_only=true");
-#ifdef FLASH_STEPS_RESULTS_DIR
-  if (!out_given) {
-    ours.push_back(std::string("--benchmark_out=") + FLASH_STEPS_RESULTS_DIR + "/bench_steps-" + utc_stamp() + ".json");
-    ours.push_back("--benchmark_out_format=json");
-    std::cerr << "flash_steps_bench: writing " << ours[ours.size() - 2].substr(16) << "\n";
-  }
-#endif
   for (std::string& f : ours) args.push_back(f.data());
 
   const char* filter = std::getenv("FLASH_STEPS_BENCH_FILTER");
   for (const fs::Step& s : fs::steps()) {
     if (filter && s.id.rfind(filter, 0) != 0) continue;
-    for (const Shape& sh : mode.shapes)
-      for (fs::DType dt : mode.dtypes) {
-        const fs::Problem p = fs::make_problem(sh.batch, sh.seqlen, sh.seqlen, sh.heads, sh.heads, sh.head_dim, dt, sh.causal);
-        benchmark::RegisterBenchmark(("step" + s.id + "/" + fs::describe(p)).c_str(), bench_step, &s, p)
-            ->UseManualTime()
-            ->Unit(benchmark::kMillisecond)
-            ->MinTime(mode.min_time_s)
-            ->ComputeStatistics("min", statistic_min)
-            ->ComputeStatistics("max", statistic_max);
-      }
+    for (const fs::Problem& p : mode.problems)
+      benchmark::RegisterBenchmark(("step" + s.id + "/" + fs::describe(p)).c_str(), bench_step, &s, p)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond)
+          ->MinTime(mode.min_time_s)
+          ->ComputeStatistics("min", statistic_min)
+          ->ComputeStatistics("max", statistic_max);
   }
   benchmark::AddCustomContext("flash_steps_commit", FLASH_STEPS_COMMIT);
   benchmark::AddCustomContext("flash_steps_mode", mode_name);

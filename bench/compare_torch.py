@@ -2,16 +2,17 @@
 """Every flash-steps step beside PyTorch's scaled_dot_product_attention, on the same tensors, in one
 process, timed the same way.
 
-    python3 bench/compare_torch.py                     the ANCHORS sweep: seqlen 512 ... 16k, head_dim
-                                                       64 and 128, causal off and on, fp16 and bf16
+    python3 bench/compare_torch.py                     the sweep: seqlen 512 ... 16k, head_dim 64 and
+                                                       128, causal off and on, fp16 and bf16
     python3 bench/compare_torch.py --quick             a handful of shapes, about a minute
     python3 bench/compare_torch.py --seqlens 4096 --head-dims 128 --dtypes bf16 --causal on
 
-Shapes follow ../shared/ANCHORS.md: B*N = 16384 tokens, 16 heads at head_dim 128 and 32 at 64, so
-every shape moves the same Q/K/V bytes. Q, K, V are (B, N, H, d) tensors drawn as 0.25 + N(0, 1)
-(never zeros); our steps get their data_ptr() and strides through the C ABI of
-common/flash_steps.h (libflash_steps.so, loaded with ctypes), SDPA gets (B, H, N, d) views of the
-same memory (q.transpose(1, 2)), which is the layout FlashAttention reads natively.
+The sweep is the library's (common/sweep.h, through fs_sweep_*): every shape holds B*N = 16384
+tokens and H*d = 2048 channels (16 heads at head_dim 128, 32 at 64), so every shape moves the same
+Q/K/V bytes and only the quadratic cost of attention grows along it. Q, K, V are (B, N, H, d)
+tensors drawn as 0.25 + N(0, 1) (never zeros); our steps get their data_ptr() and strides through
+the C ABI of common/flash_steps.h (libflash_steps.so, loaded with ctypes), SDPA gets (B, H, N, d)
+views of the same memory (q.transpose(1, 2)), which is the layout FlashAttention reads natively.
 
 Timing, identical for every implementation: one checked launch, one timed probe launch, then
 warm-up and --iters launches, each bracketed by its own pair of CUDA events, with the L2 flushed
@@ -22,13 +23,15 @@ previous shape would take, more than --max-launch-ms is skipped with that reason
 get fewer iterations (at least --min-iters) so that one measurement stays near --budget-ms.
 
 Check: batch 0, the first two heads, against an fp64 reference computed here (O and LSE, with the
-tolerance of common/compare.h: |err| <= 2u*max|V| + 2u*|ref|, u = 2^-11 for fp16 and 2^-8 for
-bf16); no NaN or infinity anywhere in O; and every element of O within twice that tolerance of
-PyTorch's flash output.
+tolerance of common/compare.h, asked of the library with fs_tolerance: |err| <= 2u*max|V| + 2u*|ref|,
+u = 2^-11 for fp16 and 2^-8 for bf16); no NaN or infinity anywhere in O; and every element of O
+within twice that tolerance of PyTorch's flash output.
 
-FLOPs = 4*B*H*Sq*Sk*d, halved when causal. Results go to bench/results/compare_torch-<UTC date>.json
-and .csv with the GPU, driver, CUDA/PyTorch/cuDNN versions, date and commit; a compact table is
-printed last. bench/plot.py turns them into plots and the README table.
+FLOPs: fs_problem_flops (4*B*H*Sq*Sk*d, halved when causal). For the steps of each shape, x_step01
+and x_prev (the speed-up over step 01 and over the previous step) come from fs_speedups, the rule
+the runner uses. Results go to bench/results/compare_torch-<UTC date>.json and .csv with the GPU,
+driver, CUDA/PyTorch/cuDNN versions, date and commit; a compact table is printed last.
+bench/plot.py turns them into plots and the README table.
 """
 from __future__ import annotations
 
@@ -45,13 +48,14 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import fs_results
+
+REPO = fs_results.REPO
 FS_FP16, FS_BF16 = 0, 1
 DTYPE_CODES = {"fp16": FS_FP16, "bf16": FS_BF16}
-UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # as common/workload.h
 TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
-TOKENS = 16384  # B * N of every sweep shape (ANCHORS.md)
 
 
 # ---- the C ABI of common/flash_steps.h ---------------------------------------------------------
@@ -80,7 +84,8 @@ class FsProblem(ctypes.Structure):
 
 
 class FlashSteps:
-    """libflash_steps.so through ctypes: the registry, fs_check and fs_run."""
+    """libflash_steps.so through ctypes: the registry, fs_check and fs_run, and the rules the tools
+    share (FLOPs, tolerance, speed-ups, the sweep)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
@@ -89,7 +94,7 @@ class FlashSteps:
         lib.fs_problem_init.restype = None
         lib.fs_step_count.argtypes = []
         lib.fs_step_count.restype = ctypes.c_int
-        for name in ("fs_step_id", "fs_step_name", "fs_step_lesson"):
+        for name in ("fs_step_id", "fs_step_name", "fs_step_lesson", "fs_step_dir"):
             getattr(lib, name).argtypes = [ctypes.c_int]
             getattr(lib, name).restype = ctypes.c_char_p
         lib.fs_step_min_compute_capability.argtypes = [ctypes.c_int]
@@ -103,6 +108,21 @@ class FlashSteps:
         lib.fs_run.restype = ctypes.c_int
         lib.fs_last_error.argtypes = []
         lib.fs_last_error.restype = ctypes.c_char_p
+        lib.fs_problem_flops.argtypes = [ctypes.POINTER(FsProblem)]
+        lib.fs_problem_flops.restype = ctypes.c_double
+        lib.fs_tolerance.argtypes = [ctypes.c_int32, ctypes.c_double] + [ctypes.POINTER(ctypes.c_double)] * 3
+        lib.fs_tolerance.restype = ctypes.c_int
+        lib.fs_speedups.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)] + [ctypes.POINTER(ctypes.c_double)] * 3
+        lib.fs_speedups.restype = ctypes.c_int
+        lib.fs_sweep_tokens.argtypes = []
+        lib.fs_sweep_tokens.restype = ctypes.c_int64
+        for name in ("fs_sweep_seqlens", "fs_sweep_head_dims"):
+            getattr(lib, name).argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
+            getattr(lib, name).restype = ctypes.c_int
+        lib.fs_sweep_dtypes.argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_int]
+        lib.fs_sweep_dtypes.restype = ctypes.c_int
+        lib.fs_sweep_shape.argtypes = [ctypes.c_int64] * 3 + [ctypes.POINTER(ctypes.c_int64)] * 2
+        lib.fs_sweep_shape.restype = ctypes.c_int
         self.lib = lib
 
     def steps(self) -> list[dict]:
@@ -112,6 +132,7 @@ class FlashSteps:
                 "id": self.lib.fs_step_id(i).decode(),
                 "name": self.lib.fs_step_name(i).decode(),
                 "lesson": self.lib.fs_step_lesson(i).decode(),
+                "dir": self.lib.fs_step_dir(i).decode(),
                 "min_compute_capability": self.lib.fs_step_min_compute_capability(i),
             })
         return out
@@ -180,18 +201,59 @@ class FlashSteps:
                 raise RuntimeError(f"fs_run({step_id}): {self.last_error()}")
         return run
 
+    # ---- the rules the tools share ----
+
+    def flops(self, p: FsProblem) -> float:
+        """fs_problem_flops: the FlashAttention convention."""
+        return self.lib.fs_problem_flops(ctypes.byref(p))
+
+    def shape_flops(self, s: dict) -> float:
+        """The FLOPs of a sweep shape {"batch", "seqlen", "heads", "head_dim", "causal", "dtype"}."""
+        return self.flops(self.problem(s["batch"], s["seqlen"], s["seqlen"], s["heads"], s["heads"], s["head_dim"],
+                                       s["dtype"], s["causal"]))
+
+    def tolerance(self, dtype: str, max_abs_v: float) -> tuple[float, float, float]:
+        """fs_tolerance: (atol, rtol, lse_tol) of common/compare.h."""
+        out = [ctypes.c_double() for _ in range(3)]
+        if self.lib.fs_tolerance(DTYPE_CODES[dtype], max_abs_v, *(ctypes.byref(x) for x in out)) != 0:
+            raise ValueError(f"fs_tolerance: {self.last_error()}")
+        return tuple(x.value for x in out)
+
+    def speedups(self, ids: list[str], ms: list[float]) -> list[tuple[float, float]]:
+        """fs_speedups: (x_step01, x_prev) per row; ms <= 0 for a row that was not timed."""
+        n = len(ids)
+        c_ids = (ctypes.c_char_p * n)(*(i.encode() for i in ids))
+        c_ms = (ctypes.c_double * n)(*ms)
+        x01, xprev = (ctypes.c_double * n)(), (ctypes.c_double * n)()
+        if self.lib.fs_speedups(n, c_ids, c_ms, x01, xprev) != 0:
+            raise ValueError(f"fs_speedups: {self.last_error()}")
+        return list(zip(x01, xprev))
+
+    def sweep_tokens(self) -> int:
+        return self.lib.fs_sweep_tokens()
+
+    def sweep(self, quick: bool) -> dict:
+        """{"seqlens", "head_dims", "dtypes"} of the full sweep or the quick one (fs_sweep_*)."""
+        def values(fn, ctype):
+            n = fn(int(quick), None, 0)
+            out = (ctype * n)()
+            fn(int(quick), out, n)
+            return list(out)
+        return {"seqlens": values(self.lib.fs_sweep_seqlens, ctypes.c_int64),
+                "head_dims": values(self.lib.fs_sweep_head_dims, ctypes.c_int64),
+                "dtypes": [DTYPE_NAMES[d] for d in values(self.lib.fs_sweep_dtypes, ctypes.c_int32)]}
+
+    def sweep_shape(self, seqlen: int, head_dim: int, causal: bool, dtype: str, tokens: int) -> dict:
+        """The sweep's shape at (seqlen, head_dim): batch and heads from fs_sweep_shape; raises
+        ValueError with the library's sentence when they do not divide."""
+        batch, heads = ctypes.c_int64(), ctypes.c_int64()
+        if self.lib.fs_sweep_shape(tokens, seqlen, head_dim, ctypes.byref(batch), ctypes.byref(heads)) != 0:
+            raise ValueError(self.last_error())
+        return {"batch": batch.value, "seqlen": seqlen, "heads": heads.value, "head_dim": head_dim,
+                "causal": causal, "dtype": dtype}
+
 
 # ---- shapes ------------------------------------------------------------------------------------
-
-def anchor_shape(seqlen: int, head_dim: int, causal: bool, dtype: str, tokens: int = TOKENS) -> dict:
-    return {"batch": max(1, tokens // seqlen), "seqlen": seqlen, "heads": 16 if head_dim == 128 else 32,
-            "head_dim": head_dim, "causal": causal, "dtype": dtype}
-
-
-def attention_flops(s: dict) -> float:
-    f = 4.0 * s["batch"] * s["heads"] * s["seqlen"] * s["seqlen"] * s["head_dim"]
-    return f / 2 if s["causal"] else f
-
 
 def shape_key(s: dict) -> tuple:
     return (s["batch"], s["seqlen"], s["heads"], s["head_dim"], s["causal"], s["dtype"])
@@ -202,10 +264,21 @@ def describe(s: dict) -> str:
             + (" causal" if s["causal"] else ""))
 
 
-def sweep_shapes(seqlens, head_dims, causals, dtypes, tokens=TOKENS) -> list[dict]:
+def sweep_shapes(lib: FlashSteps, seqlens, head_dims, causals, dtypes, tokens: int) -> list[dict]:
     """Grouped by (head_dim, causal, dtype), seqlen ascending: each launch is judged from the last."""
-    return [anchor_shape(n, d, c, t, tokens) for d in head_dims for c in causals for t in dtypes
+    return [lib.sweep_shape(n, d, c, t, tokens) for d in head_dims for c in causals for t in dtypes
             for n in sorted(seqlens)]
+
+
+def resolve_sweep(args, lib: FlashSteps) -> None:
+    """The sweep's lists and token count where the command line left them out: the library's full
+    sweep, or its quick one with --quick."""
+    sweep = lib.sweep(args.quick)
+    for name in ("seqlens", "head_dims", "dtypes"):
+        if getattr(args, name) is None:
+            setattr(args, name, sweep[name])
+    if args.tokens is None:
+        args.tokens = lib.sweep_tokens()
 
 
 # ---- environment -------------------------------------------------------------------------------
@@ -313,12 +386,12 @@ def reference_slice(torch, q, k, v, causal: bool, scale: float, heads: int, chun
     return out, lse
 
 
-def compare(torch, o_bnhd, lse_bhn, ref, dtype: str, max_abs_v: float, o_flash_bnhd=None) -> dict:
-    """The check of the module docstring. o_bnhd is (B, N, H, d); lse_bhn (B, H, N) fp32 or None."""
+def compare(torch, o_bnhd, lse_bhn, ref, tol: tuple[float, float, float], o_flash_bnhd=None) -> dict:
+    """The check of the module docstring. o_bnhd is (B, N, H, d); lse_bhn (B, H, N) fp32 or None;
+    tol = (atol, rtol, lse_tol) from FlashSteps.tolerance."""
     ref_o, ref_lse = ref
     heads = ref_o.shape[0]
-    u = UNIT_ROUNDOFF[dtype]
-    atol, rtol = 2 * u * max_abs_v, 2 * u
+    atol, rtol, lse_tol = tol
     got = o_bnhd[0, :, :heads].transpose(0, 1).double()
     finite = torch.isfinite(got)
     err = (got - ref_o).abs()
@@ -332,7 +405,7 @@ def compare(torch, o_bnhd, lse_bhn, ref, dtype: str, max_abs_v: float, o_flash_b
         g = lse_bhn[0, :heads].double()
         want_inf = torch.isinf(ref_lse)
         lerr = (g - ref_lse).abs()
-        ok = torch.where(want_inf, g == ref_lse, torch.isfinite(g) & (lerr <= 1e-4 * (1 + ref_lse.abs())))
+        ok = torch.where(want_inf, g == ref_lse, torch.isfinite(g) & (lerr <= lse_tol * (1 + ref_lse.abs())))
         res["max_lse_err"] = float(torch.where(want_inf | ~torch.isfinite(g), torch.zeros_like(lerr), lerr).max())
         res["mismatches"] += int((~ok).sum())
     if o_flash_bnhd is not None:
@@ -387,14 +460,15 @@ class Sweep:
         t["lse"] = torch.empty(B, H, N, dtype=torch.float32, device="cuda")
         scale = 1.0 / math.sqrt(D)
         t["ref"] = reference_slice(torch, t["q"], t["k"], t["v"], causal, scale, min(H, 2))
-        t["max_abs_v"] = float(t["v"].abs().max())
+        t["tol"] = self.lib.tolerance(dtype, float(t["v"].abs().max()))
         t["o_flash"] = None
         prob = self.lib.problem_for_tensors(t["q"], t["k"], t["v"], t["o"], causal)
+        flops = self.lib.flops(prob)
         # The README's ladder needs every step at the ladder shape, the slow ones included.
         self.limit_ms = args.ladder_max_launch_ms if shape_key(shape) == self.ladder_key else args.max_launch_ms
         rows = []
         for impl, kind, what in self.impls:
-            row = dict(shape, impl=impl, kind=kind, flops=attention_flops(shape), status="", reason="")
+            row = dict(shape, impl=impl, kind=kind, flops=flops, status="", reason="")
             rows.append(row)
             try:
                 if kind == "step":
@@ -406,6 +480,7 @@ class Sweep:
                 unsupported = kind == "torch" and ("No available kernel" in msg or "not supported" in msg.lower())
                 row.update(status="unsupported" if unsupported else "error", reason=msg)
         add_ratios(rows)
+        add_speedups(self.lib, rows)
         return rows
 
     def step(self, row: dict, step_id: str, prob: FsProblem, t: dict) -> None:
@@ -424,7 +499,7 @@ class Sweep:
             t["lse"].fill_(float("nan"))
             fn()
             self.torch.cuda.synchronize()
-            return compare(self.torch, t["o"], t["lse"], t["ref"], row["dtype"], t["max_abs_v"], t["o_flash"])
+            return compare(self.torch, t["o"], t["lse"], t["ref"], t["tol"], t["o_flash"])
         self.measure(row, fn, checked)
 
     def backend(self, row: dict, backend: str, t: dict, causal: bool, scale: float) -> None:
@@ -449,7 +524,7 @@ class Sweep:
             o = out.pop("o").transpose(1, 2)  # back to (B, N, H, d)
             if backend == "flash":
                 t["o_flash"] = o
-            return compare(torch, o, None, t["ref"], row["dtype"], t["max_abs_v"])
+            return compare(torch, o, None, t["ref"], t["tol"])
         with self.sdpa_kernel([self.sdp[backend]]):
             self.measure(row, fn, checked)
 
@@ -487,13 +562,26 @@ class Sweep:
                              f"tolerance of PyTorch flash")
 
 
-def run(args) -> int:
-    import torch
+def plan_shapes(args, lib: FlashSteps) -> tuple[list[dict], dict]:
+    """The shapes to measure, ladder shape first when the sweep lacks it, and the ladder shape.
+    Raises ValueError with the library's sentence for a seqlen or head_dim the sweep's rule refuses."""
+    resolve_sweep(args, lib)
+    causals = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
+    shapes = sweep_shapes(lib, args.seqlens, args.head_dims, causals, args.dtypes, args.tokens)
+    ladder = lib.sweep_shape(args.ladder_seqlen, args.ladder_head_dim, args.ladder_causal, args.ladder_dtype,
+                             args.tokens)
+    if shape_key(ladder) not in {shape_key(s) for s in shapes}:
+        shapes.insert(0, ladder)
+    return shapes, ladder
 
-    if not torch.cuda.is_available():
-        print("compare_torch: PyTorch sees no CUDA device", file=sys.stderr)
+
+def run(args) -> int:
+    try:
+        lib = FlashSteps(args.lib)
+    except OSError as e:
+        print(f"compare_torch: cannot load {args.lib} ({e}); build it (cmake --build build) or pass --lib",
+              file=sys.stderr)
         return 1
-    lib = FlashSteps(args.lib)
     steps = lib.steps()
     if args.steps:
         wanted = [s.strip() for s in args.steps.split(",") if s.strip()]
@@ -504,13 +592,17 @@ def run(args) -> int:
         print(f"compare_torch: --backends: unknown {', '.join(unknown)} (known: {', '.join(TORCH_BACKENDS)})",
               file=sys.stderr)
         return 2
-    causals = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
-    shapes = sweep_shapes(args.seqlens, args.head_dims, causals, args.dtypes, args.tokens)
-    ladder = anchor_shape(args.ladder_seqlen, args.ladder_head_dim, args.ladder_causal, args.ladder_dtype,
-                          args.tokens)
-    if shape_key(ladder) not in {shape_key(s) for s in shapes}:
-        shapes.insert(0, ladder)
+    try:
+        shapes, ladder = plan_shapes(args, lib)
+    except ValueError as e:
+        print(f"compare_torch: {e}", file=sys.stderr)
+        return 2
 
+    import torch
+
+    if not torch.cuda.is_available():
+        print("compare_torch: PyTorch sees no CUDA device", file=sys.stderr)
+        return 1
     env = environment(torch)
     sweep = Sweep(torch, lib, args, steps, backends, env, ladder)
     date = datetime.datetime.now(datetime.timezone.utc)
@@ -526,7 +618,8 @@ def run(args) -> int:
                    "budget_ms": args.budget_ms, "max_launch_ms": args.max_launch_ms,
                    "ladder_max_launch_ms": args.ladder_max_launch_ms, "l2_flush": True,
                    "sleep_us": args.sleep_us, "events": "one pair per launch"},
-        "flops": "4*B*H*Sq*Sk*d, halved when causal",
+        "flops": "fs_problem_flops: 4*B*H*Sq*Sk*d, halved when causal",
+        "speedups": "fs_speedups: x_step01 over 01_naive, x_prev over the fastest row of the previous step number",
         "ladder": ladder,
         "steps": steps,
         "backends": backends,
@@ -540,7 +633,7 @@ def run(args) -> int:
     t0 = time.time()
     try:
         for si, shape in enumerate(shapes):
-            print(f"[{si + 1}/{len(shapes)}] {describe(shape)}  ({attention_flops(shape) / 1e9:.0f} GFLOP, "
+            print(f"[{si + 1}/{len(shapes)}] {describe(shape)}  ({lib.shape_flops(shape) / 1e9:.0f} GFLOP, "
                   f"{time.time() - t0:.0f} s so far)", file=sys.stderr, flush=True)
             rows = sweep.shape(si, shape)
             result["rows"] += rows
@@ -565,9 +658,21 @@ def add_ratios(rows: list[dict]) -> None:
                     r[key] = base[impl] / r["ms"]
 
 
+def add_speedups(lib: FlashSteps, rows: list[dict]) -> None:
+    """x_step01 and x_prev of the step rows of one shape, by the library's rule (fs_speedups); set
+    only where there is something to compare."""
+    steps = [r for r in rows if r["kind"] == "step"]
+    timed = [r["ms"] if r.get("status") in ("ok", "fail") and r.get("ms") else 0.0 for r in steps]
+    for r, (x01, xprev) in zip(steps, lib.speedups([r["impl"] for r in steps], timed)):
+        if x01 > 0:
+            r["x_step01"] = x01
+        if xprev > 0:
+            r["x_prev"] = xprev
+
+
 CSV_FIELDS = ["date", "commit", "gpu", "impl", "kind", "batch", "seqlen", "heads", "head_dim", "causal", "dtype", "flops", "status",
-              "ms", "min_ms", "max_ms", "iters", "tflops", "x_flash", "x_cudnn", "max_abs_err", "max_lse_err",
-              "max_abs_diff_flash", "mismatches", "nonfinite", "pass", "reason"]
+              "ms", "min_ms", "max_ms", "iters", "tflops", "x_step01", "x_prev", "x_flash", "x_cudnn", "max_abs_err",
+              "max_lse_err", "max_abs_diff_flash", "mismatches", "nonfinite", "pass", "reason"]
 
 
 def write_results(result: dict, out_base: Path) -> None:
@@ -623,15 +728,17 @@ def print_table(result: dict) -> None:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--lib", default=str(REPO / "build" / "libflash_steps.so"), help="path of libflash_steps.so")
+    ap.add_argument("--lib", default=str(fs_results.library_path()),
+                    help="path of libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so)")
     ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"), help="where the JSON and CSV go")
     ap.add_argument("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
-    ap.add_argument("--quick", action="store_true", help="seqlen 1k, 2k, 4k; d 128; fp16; fewer launches")
-    ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
-    ap.add_argument("--dtypes", nargs="+", choices=["fp16", "bf16"], default=["fp16", "bf16"])
+    ap.add_argument("--quick", action="store_true", help="the library's quick sweep (seqlen 1k, 2k, 4k; d 128; fp16); "
+                    "fewer launches")
+    ap.add_argument("--seqlens", type=int, nargs="+", help="default: the library's sweep, 512 ... 16384")
+    ap.add_argument("--head-dims", type=int, nargs="+", help="default: the library's sweep, 128 and 64")
+    ap.add_argument("--dtypes", nargs="+", choices=["fp16", "bf16"], help="default: the library's sweep, fp16 and bf16")
     ap.add_argument("--causal", choices=["off", "on", "both"], default="both")
-    ap.add_argument("--tokens", type=int, default=TOKENS, help="B*N of every shape (default 16384)")
+    ap.add_argument("--tokens", type=int, help="B*N of every shape (default: the library's, 16384)")
     ap.add_argument("--steps", default="", help="only the steps whose id starts with one of these (comma-separated)")
     ap.add_argument("--backends", default=",".join(TORCH_BACKENDS), help="PyTorch SDPA backends to time")
     ap.add_argument("--iters", type=int, default=20, help="timed launches per measurement (at most)")
@@ -651,20 +758,10 @@ def parse_args(argv=None):
     ap.add_argument("--ladder-causal", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
-        defaults = ap.parse_args([])
-        if args.seqlens == defaults.seqlens:
-            args.seqlens = [1024, 2048, 4096]
-        if args.head_dims == defaults.head_dims:
-            args.head_dims = [128]
-        if args.dtypes == defaults.dtypes:
-            args.dtypes = ["fp16"]
         args.iters = min(args.iters, 10)
         args.warmup = min(args.warmup, 1)
         args.budget_ms = min(args.budget_ms, 200)
         args.max_launch_ms = min(args.max_launch_ms, 50)
-    for n in args.seqlens:
-        if n <= 0 or args.tokens % n:
-            ap.error(f"--seqlens: {n} does not divide --tokens {args.tokens}")
     return args
 
 

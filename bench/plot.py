@@ -4,7 +4,7 @@
     python3 bench/plot.py                      the newest compare_torch-*.json and runner-*.json there:
                                                bench/results/sweep.png, bench/results/ladder.png, and
                                                README.md rewritten between its results markers
-    python3 bench/plot.py --compare FILE [--runner FILE] [--readme README.md] [--out-dir DIR]
+    python3 bench/plot.py --compare FILE [--runner FILE] [--ceilings FILE] [--readme README.md] [--out-dir DIR]
     python3 bench/plot.py --table-only         print the table (no matplotlib needed)
 
 Inputs: the JSON of bench/compare_torch.py (every step and PyTorch SDPA over the shape sweep) and,
@@ -12,7 +12,13 @@ optionally, the JSON of `flash-steps --json` (the runner's checked ladder). The 
 taken at the compare file's ladder shape (B*N = 16384, seqlen 2048, head_dim 128, fp16, not causal
 unless compare_torch.py was told otherwise), where PyTorch ran in the same process on the same
 tensors; without a compare file it falls back to the runner's file and leaves the PyTorch columns
-empty.
+empty. Every number is read from the files: FLOPs, TFLOP/s and the speed-ups "× previous" and
+"× step 01" (x_prev, x_step01, which the tools take from the library's one rule, fs_speedups).
+
+Ceilings (the rates this GPU reaches, measured by flash_steps_ceilings): the newest
+bench/results/ceilings-*.json, or --ceilings FILE. They give the plots their ceiling lines and the
+table its "% of mma.sync" / "% of wgmma" columns; without a ceilings file for the GPU of the
+results, plot.py says so and draws no line and no column.
 
 The table is text between the markers below in README.md; everything else in README.md is left as
 it is. The output depends only on the input files, so running this twice gives the same bytes.
@@ -20,35 +26,21 @@ it is. The output depends only on the input files, so running this twice gives t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
+from fs_results import (CEILING_LABELS, CeilingsError, MarkerError, load_ceilings, load_json, newest, same_gpu,
+                        update_between_markers)
+
 REPO = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
-MMA_SYNC_CEILING_TFLOPS = 645  # mma.sync.m16n8k16 from registers, measured on the H200 (ANCHORS.md)
 BACKEND_LABELS = {"torch_flash": "PyTorch SDPA flash", "torch_cudnn": "PyTorch SDPA cuDNN",
                   "torch_efficient": "PyTorch SDPA memory-efficient", "torch_math": "PyTorch SDPA math"}
 
 
-class MarkerError(Exception):
-    pass
-
-
 # ---- reading -----------------------------------------------------------------------------------
-
-def load(path: str | os.PathLike) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
-def newest(directory: Path, pattern: str) -> Path | None:
-    """The newest file by name: the names carry a UTC date-time, so the name order is the time order."""
-    files = sorted(directory.glob(pattern))
-    return files[-1] if files else None
-
 
 def shape_of(row: dict) -> tuple:
     return (row["batch"], row["seqlen"], row["heads"], row["head_dim"], bool(row["causal"]), row["dtype"])
@@ -59,9 +51,17 @@ def describe_shape(s: dict) -> str:
             f"{s['dtype']}, {'causal' if s['causal'] else 'not causal'}")
 
 
-def flops_of(s: dict) -> float:
-    f = 4.0 * s["batch"] * s["heads"] * s["seqlen"] * s["seqlen"] * s["head_dim"]
-    return f / 2 if s["causal"] else f
+def tensor_ceilings(ceilings: dict | None, dtype: str) -> list[tuple[str, float]]:
+    """(label, TFLOP/s) of the tensor-core ceilings for this dtype in the ceilings file, mma.sync first."""
+    if not ceilings:
+        return []
+    suffix = {"fp16": "f16", "bf16": "bf16"}.get(dtype, dtype)
+    out = []
+    for kind in ("mma_sync", "wgmma"):
+        c = ceilings["values"].get(f"{kind}_{suffix}")
+        if c and c["unit"] == "TFLOP/s":
+            out.append((CEILING_LABELS[f"{kind}_{suffix}"], c["value"]))
+    return out
 
 
 # ---- the ladder --------------------------------------------------------------------------------
@@ -75,7 +75,8 @@ def ladder_from_compare(compare: dict) -> dict:
     step_ids = [s["id"] for s in compare.get("steps", [])] or [r["impl"] for r in rows if r["kind"] == "step"]
     steps = [dict(by_impl[i], id=i) for i in step_ids if i in by_impl]
     torch = {r["impl"]: r for r in rows if r["kind"] == "torch"}
-    return {"shape": shape, "steps": steps, "torch": torch}
+    flops = next((r["flops"] for r in rows if r.get("flops")), None)
+    return {"shape": shape, "flops": flops, "steps": steps, "torch": torch}
 
 
 def ladder_from_runner(runner: dict) -> dict:
@@ -90,37 +91,31 @@ def ladder_from_runner(runner: dict) -> dict:
         ok = r["status"] in ("PASS", "FAIL")
         steps.append({"id": r["id"], "impl": r["id"], "status": {"PASS": "ok", "FAIL": "fail"}.get(r["status"], "refused"),
                       "reason": r.get("reason", ""), "ms": r.get("ms") if ok else None,
-                      "tflops": r.get("tflops") if ok else None})
-    return {"shape": shape, "steps": steps, "torch": {}}
+                      "tflops": r.get("tflops") if ok else None,
+                      "x_prev": r.get("x_prev") if ok else None, "x_step01": r.get("x_step01") if ok else None})
+    return {"shape": shape, "flops": p.get("flops"), "steps": steps, "torch": {}}
 
 
 def _timed(row: dict | None) -> bool:
     return bool(row) and row.get("status") in ("ok", "fail") and bool(row.get("ms"))
 
 
-def ladder_columns(ladder: dict) -> list[dict]:
-    """Per step: ms, TFLOP/s, × previous step, × step 01, % of PyTorch flash, % of cuDNN."""
+def ladder_columns(ladder: dict, ceilings: list[tuple[str, float]] = ()) -> list[dict]:
+    """Per step: ms, TFLOP/s, × previous step, × step 01 (both as the results file has them),
+    % of PyTorch flash, % of cuDNN, and % of each ceiling given as (label, TFLOP/s)."""
     flash = ladder["torch"].get("torch_flash")
     cudnn = ladder["torch"].get("torch_cudnn")
-    first = next((s for s in ladder["steps"] if s["id"].startswith("01")), None)
-    # × previous: over the fastest timed variant of the previous step number, as the runner counts it
-    # (04_pad and 04_swizzle are both measured against 03, and 05 against the faster 04).
-    best: dict[str, float] = {}
-    for s in ladder["steps"]:
-        if _timed(s):
-            n = s["id"][:2]
-            best[n] = min(best.get(n, s["ms"]), s["ms"])
     out = []
     for s in ladder["steps"]:
         c = {"id": s["id"], "status": s.get("status", ""), "reason": s.get("reason", "")}
         if _timed(s):
             ms = s["ms"]
-            earlier = [n for n in best if n < s["id"][:2]]
-            c.update(ms=ms, tflops=s.get("tflops") or flops_of(ladder["shape"]) / (ms * 1e-3) / 1e12)
-            c["x_prev"] = best[max(earlier)] / ms if earlier else None
-            c["x_01"] = first["ms"] / ms if _timed(first) else None
+            c.update(ms=ms, tflops=s["tflops"])
+            c["x_prev"] = s.get("x_prev") or None
+            c["x_01"] = s.get("x_step01") or None
             c["pct_flash"] = 100 * flash["ms"] / ms if _timed(flash) else None
             c["pct_cudnn"] = 100 * cudnn["ms"] / ms if _timed(cudnn) else None
+            c["pct_ceilings"] = [100 * s["tflops"] / value for _, value in ceilings]
         out.append(c)
     return out
 
@@ -130,8 +125,9 @@ def _f(x, fmt: str, unit: str = "") -> str:
 
 
 def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = None,
-                 images: tuple[str, ...] = ()) -> str:
-    """The markdown between the README markers (without the markers themselves)."""
+                 images: tuple[str, ...] = (), ceilings: dict | None = None) -> str:
+    """The markdown between the README markers (without the markers themselves). `ceilings`: a
+    load_ceilings() result measured on this GPU, or None (no ceiling columns)."""
     env = meta.get("environment", {})
     shape = ladder["shape"]
     lines = [f"<!-- generated by bench/plot.py from {source}; do not edit by hand -->", ""]
@@ -146,28 +142,36 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
     lines.append(f"**{gpu}**" + (f" ({versions})" if versions else "") +
                  f", {when}, commit `{meta.get('commit', 'unknown')}`.")
     timing = meta.get("timing", {})
-    lines.append(f"Shape: {describe_shape(shape)}; {flops_of(shape) / 1e9:.0f} GFLOP (4·B·H·N²·d"
+    gflop = f"{ladder['flops'] / 1e9:.0f} GFLOP" if ladder.get("flops") else "FLOPs not in the file"
+    lines.append(f"Shape: {describe_shape(shape)}; {gflop} (4·B·H·N²·d"
                  + (", halved for causal" if shape["causal"] else "") + "). "
                  f"Median of up to {timing.get('iters', '?')} launches, CUDA events, L2 flushed before each"
                  + ("; PyTorch SDPA timed in the same process on the same tensors." if ladder["torch"] else "."))
-    lines += ["", "| step | ms | TFLOP/s | × previous | × step 01 | % of PyTorch flash | % of cuDNN |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    cols = ladder_columns(ladder)
+    peaks = tensor_ceilings(ceilings, shape["dtype"])
+    lines += ["", "| step | ms | TFLOP/s | × previous | × step 01 | % of PyTorch flash | % of cuDNN |"
+              + "".join(f" % of {label} |" for label, _ in peaks),
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(peaks)]
+    cols = ladder_columns(ladder, peaks)
     for c in cols:
         if "ms" not in c:
             continue
         mark = " ✗" if c["status"] == "fail" else ""
         lines.append(f"| `{c['id']}`{mark} | {c['ms']:.3f} | {c['tflops']:.1f} | {_f(c['x_prev'], '.2f', '×')} | "
                      f"{_f(c['x_01'], '.1f', '×')} | {_f(c['pct_flash'], '.0f', ' %')} | "
-                     f"{_f(c['pct_cudnn'], '.0f', ' %')} |")
+                     f"{_f(c['pct_cudnn'], '.0f', ' %')} |" + "".join(f" {x:.0f} % |" for x in c["pct_ceilings"]))
     flash, cudnn = ladder["torch"].get("torch_flash"), ladder["torch"].get("torch_cudnn")
     for impl in BACKEND_LABELS:
         r = ladder["torch"].get(impl)
         if _timed(r):
             lines.append(f"| {BACKEND_LABELS[impl]} | {r['ms']:.3f} | {r['tflops']:.1f} | | | "
                          f"{_f(100 * flash['ms'] / r['ms'] if _timed(flash) else None, '.0f', ' %')} | "
-                         f"{_f(100 * cudnn['ms'] / r['ms'] if _timed(cudnn) else None, '.0f', ' %')} |")
+                         f"{_f(100 * cudnn['ms'] / r['ms'] if _timed(cudnn) else None, '.0f', ' %')} |"
+                         + "".join(f" {100 * r['tflops'] / value:.0f} % |" for _, value in peaks))
     lines.append("")
+    if peaks:
+        lines.append("Ceilings (" + ", ".join(f"{label} {value:.0f} TFLOP/s" for label, value in peaks)
+                     + f"): measured on this GPU by `flash_steps_ceilings` (`{ceilings['source']}`, commit "
+                     f"`{ceilings.get('commit') or 'unknown'}`).")
     untimed = [c for c in cols if "ms" not in c]
     if untimed:
         lines.append("Not timed at this shape: " + "; ".join(
@@ -189,23 +193,6 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
     return "\n".join(lines) + "\n"
 
 
-def replace_between_markers(text: str, content: str, begin: str = BEGIN, end: str = END) -> str:
-    """text with everything between the two marker lines replaced by content."""
-    i, j = text.find(begin), text.find(end)
-    if i < 0 or j < 0 or j < i:
-        raise MarkerError(f"the markers '{begin}' and '{end}' (in that order) were not found")
-    return text[: i + len(begin)] + "\n" + content + text[j:]
-
-
-def update_file(path: Path, content: str, begin: str = BEGIN, end: str = END) -> bool:
-    """Rewrites path between the markers; True when the file changed."""
-    old = path.read_text()
-    new = replace_between_markers(old, content, begin, end)
-    if new != old:
-        path.write_text(new)
-    return new != old
-
-
 # ---- plots (matplotlib is imported only here) ---------------------------------------------------
 
 def _pyplot():
@@ -219,8 +206,12 @@ def _label(impl: str) -> str:
     return BACKEND_LABELS.get(impl, impl)
 
 
-def plot_sweep(compare: dict, path: Path) -> None:
-    """TFLOP/s against seqlen: one panel per (dtype, head_dim, causal), one line per step and backend."""
+CEILING_STYLES = ({"color": "tab:orange", "linestyle": "-."}, {"color": "tab:purple", "linestyle": (0, (1, 1))})
+
+
+def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
+    """TFLOP/s against seqlen: one panel per (dtype, head_dim, causal), one line per step and backend,
+    and the tensor-core ceilings of the panel's dtype when a ceilings file is given."""
     plt = _pyplot()
     rows = [r for r in compare["rows"] if _timed(r)]
     panels = sorted({(r["dtype"], -r["head_dim"], bool(r["causal"])) for r in rows})
@@ -240,6 +231,8 @@ def plot_sweep(compare: dict, path: Path) -> None:
                    "torch_efficient": {"color": "gray", "marker": "v", "linestyle": ":"},
                    "torch_math": {"color": "silver", "marker": "x", "linestyle": ":"}})
     handles = {}
+    token_counts = {r["batch"] * r["seqlen"] for r in rows}
+    tokens = token_counts.pop() if len(token_counts) == 1 else None
     for a, dtype in enumerate(dtypes):
         for b, (neg_d, causal) in enumerate(combos):
             ax = axes[a][b]
@@ -250,31 +243,33 @@ def plot_sweep(compare: dict, path: Path) -> None:
                     (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], markersize=4, label=_label(impl),
                                       **styles.get(impl, {}))
                     handles.setdefault(impl, line)
-            ax.axhline(MMA_SYNC_CEILING_TFLOPS, color="tab:orange", linestyle="-.", linewidth=0.8)
+            for (label, value), style in zip(tensor_ceilings(ceilings, dtype), CEILING_STYLES):
+                line = ax.axhline(value, linewidth=0.8, **style)
+                handles.setdefault(f"{label.split()[0]} ceiling (the panel's dtype)", line)
             ax.set_xscale("log", base=2)
             ticks = sorted({r["seqlen"] for r in rows})
             ax.set_xticks(ticks)
             ax.set_xticklabels([f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks], fontsize=8)
             ax.minorticks_off()
             ax.set_title(f"{dtype}, d = {-neg_d}, {'causal' if causal else 'not causal'}", fontsize=10)
-            ax.set_xlabel("seqlen (B·N = 16384)")
+            ax.set_xlabel(f"seqlen (B·N = {tokens})" if tokens else "seqlen")
             if b == 0:
                 ax.set_ylabel("TFLOP/s")
             ax.grid(True, which="both", alpha=0.3)
-    order = [i for i in impls if i in handles]
+    order = [i for i in impls if i in handles] + [k for k in handles if k.endswith("ceiling (the panel's dtype)")]
     fig.legend([handles[i] for i in order], [_label(i) for i in order], loc="lower center",
                ncol=min(6, len(order)), fontsize=8, frameon=False)
     env = compare.get("environment", {})
     fig.suptitle(f"Forward attention, TFLOP/s — {env.get('gpu', '')}, {compare.get('date', '')[:10]}, "
-                 f"commit {compare.get('commit', '')} (dash-dot: mma.sync ceiling {MMA_SYNC_CEILING_TFLOPS})",
-                 fontsize=10)
+                 f"commit {compare.get('commit', '')}", fontsize=10)
     fig.tight_layout(rect=(0, 0.06 + 0.02 * ((len(order) - 1) // 6), 1, 0.95))
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 
 
-def plot_ladder(ladder: dict, meta: dict, path: Path) -> None:
-    """A bar per step (TFLOP/s, log scale) at the ladder shape, PyTorch flash and cuDNN as lines."""
+def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = None) -> None:
+    """A bar per step (TFLOP/s, log scale) at the ladder shape, PyTorch flash and cuDNN as lines, and
+    the tensor-core ceilings of the shape's dtype when a ceilings file is given."""
     plt = _pyplot()
     from matplotlib.ticker import FuncFormatter
     cols = [c for c in ladder_columns(ladder) if "ms" in c]
@@ -291,12 +286,15 @@ def plot_ladder(ladder: dict, meta: dict, path: Path) -> None:
         if _timed(r):
             ax.axhline(r["tflops"], color=color, linestyle="--", linewidth=1,
                        label=f"{BACKEND_LABELS[impl]}: {r['tflops']:.0f}")
-    ax.axhline(MMA_SYNC_CEILING_TFLOPS, color="tab:orange", linestyle="-.", linewidth=0.8,
-               label=f"mma.sync ceiling: {MMA_SYNC_CEILING_TFLOPS}")
+    peaks = tensor_ceilings(ceilings, ladder["shape"]["dtype"])
+    for (label, value), style in zip(peaks, CEILING_STYLES):
+        ax.axhline(value, linewidth=0.8, label=f"{label} ceiling: {value:.0f}", **style)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     lowest = min(c["tflops"] for c in cols)
-    ax.set_ylim(lowest / 2, MMA_SYNC_CEILING_TFLOPS * 8)  # room for the legend above the ceiling
+    highest = max([c["tflops"] for c in cols] + [v for _, v in peaks]
+                  + [r["tflops"] for r in ladder["torch"].values() if _timed(r)])
+    ax.set_ylim(lowest / 2, highest * 8)  # room for the legend above the highest line
     ax.set_xticks(list(xs))
     ax.set_xticklabels([c["id"] for c in cols], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("TFLOP/s (log scale)")
@@ -314,12 +312,48 @@ def plot_ladder(ladder: dict, meta: dict, path: Path) -> None:
 
 # ---- command line ------------------------------------------------------------------------------
 
+def repo_relative(path: Path) -> str:
+    try:
+        return os.path.relpath(Path(path).resolve(), REPO).replace(os.sep, "/")
+    except ValueError:
+        return str(path)
+
+
+def choose_ceilings(explicit: str | None, results: Path, gpu: str) -> dict | None:
+    """The ceilings file to use (--ceilings, else the newest ceilings-*.json in --results), loaded, if it
+    was measured on the results' GPU; else None, having said why on stderr. Raises CeilingsError for a
+    --ceilings file that cannot be used."""
+    path = Path(explicit) if explicit else newest(results, "ceilings-*.json")
+    if path is None:
+        print(f"plot.py: no ceilings-*.json in {results} (flash_steps_ceilings measures them on a GPU); "
+              "the plots and the table have no ceiling lines or columns", file=sys.stderr)
+        return None
+    try:
+        ceilings = load_ceilings(path)
+    except (OSError, ValueError) as e:
+        if explicit:
+            raise CeilingsError(f"{path}: {e}") from e
+        print(f"plot.py: {path} left out ({e}); no ceiling lines or columns", file=sys.stderr)
+        return None
+    if not same_gpu(ceilings["device"], gpu):
+        message = f"{path} was measured on {ceilings['device']}, the results on {gpu}"
+        if explicit:
+            raise CeilingsError(message)
+        print(f"plot.py: {message}; no ceiling lines or columns", file=sys.stderr)
+        return None
+    for cid, reason in sorted(ceilings["left_out"].items()):
+        print(f"plot.py: {path.name} has no {cid} ceiling: {reason}", file=sys.stderr)
+    ceilings["source"] = repo_relative(path)
+    return ceilings
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--results", default=str(REPO / "bench" / "results"), help="where the input files are")
     ap.add_argument("--compare", help="compare_torch JSON (default: the newest compare_torch-*.json)")
     ap.add_argument("--runner", help="flash-steps --json output (default: the newest runner-*.json)")
+    ap.add_argument("--ceilings", help="flash_steps_ceilings JSON (default: the newest ceilings-*.json)")
     ap.add_argument("--out-dir", help="where the PNGs go (default: --results)")
     ap.add_argument("--readme", default=str(REPO / "README.md"), help="the file whose results markers are rewritten")
     ap.add_argument("--no-readme", action="store_true", help="leave the README alone")
@@ -334,11 +368,11 @@ def main(argv=None) -> int:
         print(f"plot.py: no compare_torch-*.json or runner-*.json in {results} (run bench/run_all.sh)",
               file=sys.stderr)
         return 1
-    compare = load(compare_path) if compare_path else None
+    compare = load_json(compare_path) if compare_path else None
     runner = None
     if runner_path:
         try:
-            runner = load(runner_path)
+            runner = load_json(runner_path)
         except (OSError, ValueError) as e:
             if compare is None:
                 raise
@@ -349,6 +383,11 @@ def main(argv=None) -> int:
         ladder, meta, source = ladder_from_runner(runner), runner, runner_path
     out_dir = Path(args.out_dir) if args.out_dir else results
     readme = Path(args.readme)
+    try:
+        ceilings = choose_ceilings(args.ceilings, results, meta.get("environment", {}).get("gpu") or meta.get("device", ""))
+    except CeilingsError as e:
+        print(f"plot.py: --ceilings {e}", file=sys.stderr)
+        return 1
 
     def rel(p: Path) -> str:  # as the README links it
         try:
@@ -366,23 +405,19 @@ def main(argv=None) -> int:
             jobs.insert(0, (plot_sweep, (compare,), out_dir / "sweep.png"))
         for fn, fn_args, path in jobs:
             try:
-                fn(*fn_args, path)
+                fn(*fn_args, path, ceilings)
             except ValueError as e:  # nothing timed to draw: the table still says why
                 print(f"plot.py: no {path.name}: {e}", file=sys.stderr)
                 continue
             images.append(path)
             print(f"plot.py: wrote {path}", file=sys.stderr)
-    try:
-        src = os.path.relpath(Path(source).resolve(), REPO).replace(os.sep, "/")
-    except ValueError:
-        src = str(source)
-    table = ladder_table(ladder, meta, src, runner if compare is not None else None,
-                         tuple(rel(p) for p in reversed(images)))
+    table = ladder_table(ladder, meta, repo_relative(source), runner if compare is not None else None,
+                         tuple(rel(p) for p in reversed(images)), ceilings)
     print(table, end="")
     if args.table_only or args.no_readme:
         return 0
     try:
-        changed = update_file(readme, table)
+        changed = update_between_markers(readme, table, BEGIN, END)
     except MarkerError as e:
         print(f"plot.py: {readme}: {e}; add the two lines {BEGIN} and {END} where the results belong",
               file=sys.stderr)

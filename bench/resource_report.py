@@ -1,47 +1,42 @@
 #!/usr/bin/env python3
-"""The compiler's resource report of every step's kernels, as a markdown table.
+"""The resources of every step's kernels, as a markdown table: what the compiler gave each kernel,
+and, from a GPU run, the occupancy of the launches each step makes.
 
     cmake --build build --target resource_report          writes build/resource_report.md
     python3 bench/resource_report.py --step 01_naive=build/steps/.../naive.cu.o [--step ...]
-        [--cuobjdump PATH] [--out FILE] [--notes notes/README.md] [--launch bench/launch_config.json]
+        [--runtime FILE] [--cuobjdump PATH] [--out FILE] [--notes notes/README.md]
 
-For each step object it runs `cuobjdump --dump-resource-usage` (registers per thread, static shared
-memory, stack frame per kernel), `cuobjdump -sass` (local-memory loads and stores, LDL/STL: the
-instructions a spill or a local array turns into) and `cuobjdump -elf` (the block size a kernel
-declares with __launch_bounds__). From these it computes the theoretical occupancy for the
-architecture's limits.
+From the object files, for every kernel, with `cuobjdump --dump-resource-usage` (registers per
+thread, static shared memory, stack frame) and `cuobjdump -sass` (local-memory loads and stores,
+LDL/STL: the instructions a spill or a local array turns into). No GPU needed.
 
-What the object file does not say: the block size a kernel is launched with (unless it declares
-__launch_bounds__) and the dynamic shared memory of its launches. Without them the occupancy column
-is the bound that registers alone allow, and says so; an optional JSON file (--launch) supplies
-them: [{"step": "06", "kernel": "regex", "threads": 128, "dynamic_smem": 49152}, ...].
+Occupancy depends on what only the launch knows (the block size and the dynamic shared memory the
+step's plan chose for a problem on a device), so it comes from the GPU: `flash-steps resources
+--json` asks the CUDA runtime, for every kernel each step launches (Plan::kernels), how many blocks
+an SM holds. Give that file with --runtime (or in $FLASH_STEPS_RESOURCES_JSON, which the CMake
+target passes on; bench/run_all.sh writes it first) and the table gains threads per block, dynamic
+shared memory, blocks per SM and occupancy for the kernels launched at that problem; without it the
+table says, once, how to get them.
 
 cuobjdump's SHARED includes the 1 KiB that sm_80 and later reserve per block whenever a kernel uses
-shared memory; the table shows the kernel's own static shared memory (SHARED - 1 KiB) and the
-occupancy counts the reserved 1 KiB for every block.
+shared memory; the table shows the kernel's own static shared memory (SHARED - 1 KiB).
 """
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from fs_results import MarkerError, load_json, update_between_markers
+
 BEGIN = "<!-- resources:begin -->"
 END = "<!-- resources:end -->"
 RESERVED_SMEM = 1024  # per block, sm_80 and later
-
-# Per SM: registers, shared memory usable by blocks, threads, blocks; register allocation unit per warp.
-LIMITS = {
-    80: {"regs": 65536, "smem": 164 * 1024, "threads": 2048, "blocks": 32, "reg_unit": 256, "smsp": 4},
-    86: {"regs": 65536, "smem": 100 * 1024, "threads": 1536, "blocks": 16, "reg_unit": 256, "smsp": 4},
-    89: {"regs": 65536, "smem": 100 * 1024, "threads": 1536, "blocks": 24, "reg_unit": 256, "smsp": 4},
-    90: {"regs": 65536, "smem": 228 * 1024, "threads": 2048, "blocks": 32, "reg_unit": 256, "smsp": 4},
-}
+RUNTIME_ENV = "FLASH_STEPS_RESOURCES_JSON"
 
 
 # ---- parsing cuobjdump -------------------------------------------------------------------------
@@ -89,34 +84,6 @@ def parse_sass_local(text: str) -> dict[tuple, dict]:
     return out
 
 
-def parse_launch_bounds(text: str) -> dict[str, int]:
-    """`cuobjdump -elf`: {kernel: threads} from EIATTR_REQNTID (exact) or EIATTR_MAX_THREADS (bound)."""
-    out, func, attr = {}, None, None
-    for line in text.splitlines():
-        s = line.strip()
-        m = re.match(r"\.nv\.info\.(\S+)$", s)
-        if m:
-            func, attr = m.group(1), None
-            continue
-        if func is None:
-            continue
-        m = re.match(r"Attribute:\s+(\w+)", s)
-        if m:
-            attr = m.group(1)
-            continue
-        m = re.match(r"Value:\s+(.*)", s)
-        if m and attr in ("EIATTR_REQNTID", "EIATTR_MAX_THREADS"):
-            dims = [int(x, 16) for x in m.group(1).split() if x.startswith("0x")]
-            if dims:
-                n = 1
-                for d in dims:
-                    n *= d
-                if attr == "EIATTR_REQNTID" or func not in out:
-                    out[func] = n
-            attr = None
-    return out
-
-
 # ---- names ---------------------------------------------------------------------------------------
 
 def demangle(names: list[str]) -> dict[str, str]:
@@ -149,41 +116,6 @@ def short_name(demangled: str) -> str:
     return s[cut:]
 
 
-# ---- occupancy -----------------------------------------------------------------------------------
-
-def occupancy(arch: int, registers: int, static_smem: int, threads: int | None, dynamic_smem: int | None) -> dict:
-    """Theoretical resident warps per SM and what limits them (the CUDA occupancy calculator's rules)."""
-    lim = LIMITS.get(arch)
-    if lim is None:
-        return {"text": f"no limits known for sm_{arch}"}
-    max_warps = lim["threads"] // 32
-    regs_per_warp = -(-max(registers, 1) * 32 // lim["reg_unit"]) * lim["reg_unit"]
-    # registers are allocated per SM sub-partition: each holds regs/smsp registers
-    warps_by_regs = min(max_warps, lim["smsp"] * ((lim["regs"] // lim["smsp"]) // regs_per_warp))
-    if threads is None:
-        pct = 100 * warps_by_regs / max_warps
-        smem_note = ""
-        if static_smem:
-            smem_note = f"; static shared memory allows ≤ {lim['smem'] // (static_smem + RESERVED_SMEM)} blocks"
-        return {"warps": warps_by_regs, "pct": pct, "limit": "registers",
-                "text": f"≤ {pct:.0f} % ({warps_by_regs} warps; registers alone{smem_note})"}
-    warps_per_block = -(-threads // 32)
-    smem = static_smem + (dynamic_smem or 0) + RESERVED_SMEM
-    limits = {
-        "registers": warps_by_regs // warps_per_block,
-        "shared memory": lim["smem"] // smem,
-        "threads": max_warps // warps_per_block,
-        "blocks": lim["blocks"],
-    }
-    blocks = min(limits.values())
-    limit = ", ".join(k for k, v in limits.items() if v == blocks)
-    warps = blocks * warps_per_block
-    pct = 100 * warps / max_warps
-    note = "" if dynamic_smem is not None else "; dynamic shared memory unknown"
-    return {"warps": warps, "pct": pct, "blocks": blocks, "limit": limit,
-            "text": f"{pct:.0f} % ({blocks} blocks × {warps_per_block} warps; {limit}{note})"}
-
-
 # ---- the report ----------------------------------------------------------------------------------
 
 def cuobjdump(tool: str, flag: str, obj: str) -> str:
@@ -204,11 +136,10 @@ def collect(tool: str, steps: list[tuple[str, list[str]]]) -> tuple[list[dict], 
             except RuntimeError as e:
                 sass = None
                 warnings.append(f"no SASS for {Path(obj).name} ({e}); LDL/STL not counted")
-            bounds = parse_launch_bounds(cuobjdump(tool, "-elf", obj))
             for u in usage:
                 local = sass.get((u["arch"], u["kernel"])) if sass is not None else None
                 rows.append(dict(u, step=step, object=obj, ldl=local["ldl"] if local else None,
-                                 stl=local["stl"] if local else None, bound_threads=bounds.get(u["kernel"])))
+                                 stl=local["stl"] if local else None))
     names = demangle(sorted({r["kernel"] for r in rows}))
     for r in rows:
         r["name"] = short_name(names[r["kernel"]])
@@ -216,52 +147,94 @@ def collect(tool: str, steps: list[tuple[str, list[str]]]) -> tuple[list[dict], 
     return rows, warnings
 
 
-def apply_launch_config(rows: list[dict], config: list[dict]) -> None:
+def merge_runtime(rows: list[dict], runtime: dict) -> list[str]:
+    """Adds to each row the launches `flash-steps resources --json` reported for its kernel (same step
+    directory, same mangled name, the runtime's architecture): r["launches"] = [{"step", "threads",
+    "dynamic_smem", "blocks_per_sm", "warps_per_sm", "max_warps_per_sm", "occupancy"}, ...]. Returns
+    notes on what did not fit: steps that refused or failed, kernels launched but not in the objects."""
+    notes = []
+    arch = runtime.get("compute_capability")
+    by_kernel = {(r["step"], r["kernel"]): r for r in rows if arch is None or r["arch"] == arch}
     for r in rows:
-        r["threads"], r["dynamic_smem"], r["threads_from"] = r["bound_threads"], None, (
-            "__launch_bounds__" if r["bound_threads"] else None)
-        for c in config:
-            if r["step"].startswith(str(c.get("step", ""))) and re.search(c.get("kernel", ".*"), r["name"]):
-                if "threads" in c:
-                    r["threads"], r["threads_from"] = int(c["threads"]), "launch config"
-                if "dynamic_smem" in c:
-                    r["dynamic_smem"] = int(c["dynamic_smem"])
-                break
+        r["launches"] = []
+    for s in runtime.get("steps", []):
+        if s.get("status") not in ("ok", None):
+            notes.append(f"`{s['id']}` {s['status']}: {s.get('reason', '').rstrip('.')}")
+            continue
+        if not s.get("kernels"):
+            notes.append(f"`{s['id']}` lists no kernels (Plan::kernels is empty), so its occupancy is not known")
+        for k in s.get("kernels", []):
+            row = by_kernel.get((s.get("dir", ""), k.get("mangled", "")))
+            if row is None:
+                notes.append(f"`{s['id']}` launches `{short_name(k.get('name') or k.get('mangled') or '?')}`, "
+                             "which is not in the object files given")
+                continue
+            launch = {key: k.get(key) for key in ("threads", "dynamic_smem", "blocks_per_sm", "warps_per_sm",
+                                                  "max_warps_per_sm", "occupancy")}
+            if launch not in [{key: x.get(key) for key in launch} for x in row["launches"]]:
+                row["launches"].append(dict(launch, step=s["id"]))
+    return notes
 
 
-def markdown(rows: list[dict], warnings: list[str], source: str) -> str:
-    lines = [f"<!-- generated by bench/resource_report.py ({source}); do not edit by hand -->", "",
-             "| step | kernel | arch | registers / thread | static smem (B) | stack (B) | local ld / st (SASS) "
-             "| threads / block | dynamic smem (B) | theoretical occupancy |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+def describe_problem(p: dict) -> str:
+    return (f"batch {p.get('batch')}, seqlen {p.get('seqlen_q')}"
+            + (f"/{p.get('seqlen_k')}" if p.get("seqlen_k") != p.get("seqlen_q") else "")
+            + f", {p.get('heads_q')} heads, head_dim {p.get('head_dim')}, {p.get('dtype')}"
+            + (", causal" if p.get("causal") else ""))
+
+
+def _cell(launches: list[dict], fmt) -> str:
+    """The launches' values of one column, each once, in launch order; – when there is none."""
+    values = []
+    for x in launches:
+        v = fmt(x)
+        if v not in values:
+            values.append(v)
+    return " / ".join(values) if values else "–"
+
+
+def _occupancy(x: dict) -> str:
+    return f"{100 * x['occupancy']:.0f} % ({x['warps_per_sm']} of {x['max_warps_per_sm']} warps)"
+
+
+def markdown(rows: list[dict], warnings: list[str], source: str, runtime: dict | None = None,
+             runtime_notes: list[str] = ()) -> str:
+    head = ("| step | kernel | arch | registers / thread | static smem (B) | stack (B) | local ld / st (SASS) |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    if runtime is not None:
+        head = (head[0] + " threads / block | dynamic smem (B) | blocks / SM | occupancy |",
+                head[1] + " ---: | ---: | ---: | ---: |")
+    lines = [f"<!-- generated by bench/resource_report.py ({source}); do not edit by hand -->", "", *head]
     for r in rows:
         static = max(0, r["shared"] - RESERVED_SMEM) if r["shared"] else 0
-        occ = occupancy(r["arch"] or 0, r["registers"], static, r.get("threads"), r.get("dynamic_smem"))
         local = "–" if r["ldl"] is None else f"{r['ldl']} / {r['stl']}"
-        threads = "?" if not r.get("threads") else str(r["threads"])
-        dyn = "?" if r.get("dynamic_smem") is None else str(r["dynamic_smem"])
-        lines.append(f"| `{r['step']}` | `{r['name']}` | sm_{r['arch']} | {r['registers']} | {static} | "
-                     f"{r['stack']} | {local} | {threads} | {dyn} | {occ['text']} |")
+        line = (f"| `{r['step']}` | `{r['name']}` | sm_{r['arch']} | {r['registers']} | {static} | "
+                f"{r['stack']} | {local} |")
+        if runtime is not None:
+            ls = r.get("launches", [])
+            line += (f" {_cell(ls, lambda x: str(x['threads']))} | {_cell(ls, lambda x: str(x['dynamic_smem']))} |"
+                     f" {_cell(ls, lambda x: str(x['blocks_per_sm']))} | {_cell(ls, _occupancy)} |")
+        lines.append(line)
     lines += ["",
               "Registers, static shared memory and stack frame: `cuobjdump --dump-resource-usage` (static shared "
               "memory without the 1 KiB reserved per block). A spill shows as a stack frame and as local loads and "
-              "stores (LDL/STL) in the SASS; the build also passes `-Xptxas --warn-on-spills`. Occupancy follows the "
-              "occupancy calculator (registers allocated per warp in units of 256, per SM sub-partition; 1 KiB of "
-              "shared memory reserved per block) for the architecture's limits (sm_90: 65536 registers, 228 KiB "
-              "shared memory, 2048 threads, 32 blocks per SM). `?`: not in the object file: the block size is known "
-              "only from `__launch_bounds__` or a launch config (bench/resource_report.py --launch), and dynamic "
-              "shared memory only from the launch; where they are unknown the occupancy is the bound that registers "
-              "alone allow."]
+              "stores (LDL/STL) in the SASS; the build also passes `-Xptxas --warn-on-spills`."]
+    if runtime is None:
+        lines.append("Occupancy depends on the block size and dynamic shared memory a step's plan chooses at run "
+                     "time: run `flash-steps resources` on a GPU (`--json` to a file, then `--runtime FILE` here; "
+                     "`bench/run_all.sh` does both).")
+    else:
+        lines.append(f"Threads, dynamic shared memory, blocks per SM and occupancy (resident warps per SM over the "
+                     f"SM's limit): the CUDA runtime (`cudaOccupancyMaxActiveBlocksPerMultiprocessor`) for the "
+                     f"launches each step's plan makes at {describe_problem(runtime.get('problem', {}))} on "
+                     f"{runtime.get('device', 'an unknown device')} (`flash-steps resources`, commit "
+                     f"`{runtime.get('commit', 'unknown')}`, {runtime.get('date', 'unknown date')}). `–`: not "
+                     "launched at that problem (another head_dim, dtype or configuration).")
+        for n in runtime_notes:
+            lines.append(f"Note: {n}.")
     for w in warnings:
         lines.append(f"Note: {w}.")
     return "\n".join(lines) + "\n"
-
-
-def replace_between_markers(text: str, content: str) -> str:
-    i, j = text.find(BEGIN), text.find(END)
-    if i < 0 or j < i:
-        raise ValueError(f"the markers '{BEGIN}' and '{END}' were not found")
-    return text[: i + len(BEGIN)] + "\n" + content + text[j:]
 
 
 def main(argv=None) -> int:
@@ -272,7 +245,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cuobjdump", default="", help="cuobjdump to use (default: the one on PATH)")
     ap.add_argument("--out", default="", help="write the markdown here (default: print it)")
     ap.add_argument("--notes", default="", help=f"also rewrite this file between {BEGIN} and {END}, if it has them")
-    ap.add_argument("--launch", default="", help="JSON list of {step, kernel (regex), threads, dynamic_smem}")
+    ap.add_argument("--runtime", default=os.environ.get(RUNTIME_ENV, ""),
+                    help=f"`flash-steps resources --json` output: the occupancy of the launches (default: ${RUNTIME_ENV})")
     args = ap.parse_args(argv)
 
     tool = args.cuobjdump or shutil.which("cuobjdump")
@@ -291,11 +265,23 @@ def main(argv=None) -> int:
     if not steps:
         print("resource_report.py: no --step given", file=sys.stderr)
         return 2
+    runtime, runtime_notes = None, []
+    if args.runtime:
+        try:
+            runtime = load_json(args.runtime)
+        except (OSError, ValueError) as e:
+            print(f"resource_report.py: --runtime {args.runtime}: {e}", file=sys.stderr)
+            return 1
+        if not isinstance(runtime, dict) or runtime.get("tool") != "flash-steps resources":
+            print(f"resource_report.py: --runtime {args.runtime} is not the output of `flash-steps resources --json`",
+                  file=sys.stderr)
+            return 1
     rows, warnings = collect(tool, steps)
-    config = json.loads(Path(args.launch).read_text()) if args.launch and Path(args.launch).exists() else []
-    apply_launch_config(rows, config)
+    if runtime is not None:
+        runtime_notes = merge_runtime(rows, runtime)
     version = re.search(r"release ([\d.]+)", subprocess.run([tool, "--version"], capture_output=True, text=True).stdout)
-    table = markdown(rows, warnings, f"cuobjdump {version.group(1)}" if version else "cuobjdump")
+    table = markdown(rows, warnings, f"cuobjdump {version.group(1)}" if version else "cuobjdump", runtime,
+                     runtime_notes)
     if args.out:
         Path(args.out).write_text(table)
         print(f"resource_report.py: wrote {args.out} ({len(rows)} kernels)", file=sys.stderr)
@@ -303,14 +289,11 @@ def main(argv=None) -> int:
         print(table, end="")
     if args.notes:
         notes = Path(args.notes)
-        text = notes.read_text() if notes.exists() else ""
-        if BEGIN in text and END in text:
-            new = replace_between_markers(text, table)
-            if new != text:
-                notes.write_text(new)
-            print(f"resource_report.py: {notes} {'rewritten' if new != text else 'already up to date'} "
+        try:
+            changed = update_between_markers(notes, table, BEGIN, END)
+            print(f"resource_report.py: {notes} {'rewritten' if changed else 'already up to date'} "
                   "between the resources markers", file=sys.stderr)
-        else:
+        except (OSError, MarkerError):
             print(f"resource_report.py: {notes} has no lines {BEGIN} / {END}; left alone", file=sys.stderr)
     return 0
 

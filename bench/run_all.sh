@@ -11,10 +11,13 @@
 #   --gbench       also run the Google Benchmark sweep (flash_steps_bench --sweep, or --quick), if built
 #
 # Writes, under bench/results/ (names carry the UTC date and time):
+#   resources-<date>.json       flash-steps resources --json at the ladder shape: every kernel each step
+#                               launches, with its blocks per SM and occupancy (the CUDA runtime's)
+#   resource_report-<date>.md   registers, shared memory, spills of every kernel (cuobjdump), with the
+#                               occupancy of the launches from resources-<date>.json
 #   runner-<date>.json          flash-steps --json at the ladder shape (batch 8, seqlen 2048, 16 heads, d 128)
 #   compare_torch-<date>.json   every step and PyTorch SDPA (flash, cuDNN, memory-efficient, math) ...
 #   compare_torch-<date>.csv    ... over the sweep, with GPU, driver, versions, date and commit
-#   resource_report-<date>.md   registers, shared memory, spills, occupancy of every kernel
 #   sweep.png, ladder.png       the plots, and README.md's results table rewritten between its markers
 #   run_all-<date>.log          everything printed
 # If $OUT is set, copies there (flat, at most 8 files): the plots, the log, the table, and
@@ -37,7 +40,7 @@ while (($#)); do
     --build-dir=*) build="${1#*=}" ;;
     --no-build) do_build=0 ;;
     --gbench) gbench=1 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_all.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -73,8 +76,15 @@ if ((do_build)); then
   fi
 fi
 
+ladder_shape=(--batch 8 --seqlen 2048 --heads 16 --head-dim 128)
+
+phase "kernel resources at run time: flash-steps resources --json at the ladder shape"
+resources_json="$results/resources-$stamp.json"
+"$build/flash-steps" resources "${ladder_shape[@]}" --json > "$resources_json" || failures+=("flash-steps resources (exit $?)")
+if [[ -s "$resources_json" ]]; then made+=("$resources_json"); else rm -f "$resources_json"; resources_json=""; fi
+
 phase "resource report"
-if cmake --build "$build" --target resource_report; then
+if FLASH_STEPS_RESOURCES_JSON="${resources_json:+$PWD/$resources_json}" cmake --build "$build" --target resource_report; then
   cp "$build/resource_report.md" "$results/resource_report-$stamp.md"
   made+=("$results/resource_report-$stamp.md")
   grep -q "resources:begin" notes/README.md 2>/dev/null && made+=(notes/README.md)
@@ -85,7 +95,7 @@ fi
 phase "the ladder: flash-steps --json at batch 8, seqlen 2048, 16 heads, head_dim 128, fp16"
 runner_json="$results/runner-$stamp.json"
 iters=(); ((quick)) && iters=(--iters 5 --warmup 1)
-if "$build/flash-steps" --batch 8 --seqlen 2048 --heads 16 --head-dim 128 "${iters[@]}" --json > "$runner_json"; then
+if "$build/flash-steps" "${ladder_shape[@]}" "${iters[@]}" --json > "$runner_json"; then
   :
 else
   failures+=("flash-steps (exit $?)")

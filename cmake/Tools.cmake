@@ -2,10 +2,11 @@
 # profiler, and write reports.
 #
 #   cmake --build build --target resource_report
-#       registers, shared memory, stack frame, local loads/stores and theoretical occupancy of every
-#       step's kernels (bench/resource_report.py over cuobjdump) -> build/resource_report.md, and the
-#       same table between <!-- resources:begin --> and <!-- resources:end --> in notes/README.md
-#       when that file has the markers.
+#       registers, shared memory, stack frame and local loads/stores of every step's kernels
+#       (bench/resource_report.py over cuobjdump) -> build/resource_report.md, and the same table
+#       between <!-- resources:begin --> and <!-- resources:end --> in notes/README.md when that file
+#       has the markers. With FLASH_STEPS_RESOURCES_JSON=<file of `flash-steps resources --json`> in
+#       the environment (bench/run_all.sh sets it), also the occupancy of each step's launches.
 #
 #   cmake -DFLASH_STEPS_PROFILE_STEP=06_ldmatrix_mma -DFLASH_STEPS_PROFILE_ARGS="--seqlen 4096" build
 #   cmake --build build --target profile
@@ -30,7 +31,6 @@ if(Python3_Interpreter_FOUND AND FLASH_STEPS_CUOBJDUMP)
             --cuobjdump ${FLASH_STEPS_CUOBJDUMP}
             --out ${PROJECT_BINARY_DIR}/resource_report.md
             --notes ${PROJECT_SOURCE_DIR}/notes/README.md
-            --launch ${PROJECT_SOURCE_DIR}/bench/launch_config.json
             ${_fs_report_steps}
     COMMENT "Resource report of every step's kernels -> ${PROJECT_BINARY_DIR}/resource_report.md"
     VERBATIM)

@@ -1,9 +1,13 @@
 // The C ABI of common/flash_steps.h over the C++ registry. No exception crosses this boundary.
+#include <cmath>
 #include <exception>
 #include <string>
+#include <vector>
 
+#include "compare.h"
 #include "flash_steps.h"
 #include "registry.h"
+#include "sweep.h"
 
 namespace {
 
@@ -102,5 +106,107 @@ FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q,
 }
 
 FS_API const char* fs_last_error(void) { return last_error.c_str(); }
+
+}  // extern "C"
+
+// ---- The rules the benchmarks and the Python tools share (flash_steps.h) -----------------------
+
+namespace {
+
+// Copies the first min(values.size(), max) values to out; returns how many there are.
+template <typename T, typename U>
+int copy_list(const std::vector<T>& values, U* out, int max) {
+  for (int i = 0; out && i < max && size_t(i) < values.size(); ++i) out[i] = static_cast<U>(values[size_t(i)]);
+  return int(values.size());
+}
+
+}  // namespace
+
+extern "C" {
+
+FS_API double fs_problem_flops(const fs_problem* p) { return p ? fs::attention_flops(*p) : 0.0; }
+
+FS_API fs_status fs_tolerance(int32_t dtype, double max_abs_v, double* atol, double* rtol, double* lse_tol) {
+  last_error.clear();
+  try {
+    if (dtype != FS_FP16 && dtype != FS_BF16)
+      return fail(FS_ERR_INVALID, "dtype is " + std::to_string(dtype) + "; it must be FS_FP16 (0) or FS_BF16 (1)");
+    if (!std::isfinite(max_abs_v) || max_abs_v < 0)
+      return fail(FS_ERR_INVALID, "max_abs_v is " + std::to_string(max_abs_v) + "; it must be finite and >= 0");
+    if (!atol || !rtol || !lse_tol) return fail(FS_ERR_INVALID, "atol, rtol and lse_tol must not be null pointers");
+    const fs::Tolerance t = fs::tolerance_for(dtype, max_abs_v);
+    *atol = t.atol;
+    *rtol = t.rtol;
+    *lse_tol = t.lse_rtol;
+    return FS_OK;
+  } catch (const std::exception& e) {
+    return fail(FS_ERR_INVALID, e.what());
+  } catch (...) {
+    return fail(FS_ERR_INVALID, "fs_tolerance: unknown exception");
+  }
+}
+
+FS_API fs_status fs_speedups(int n, const char* const* ids, const double* ms, double* x_step01, double* x_prev) {
+  last_error.clear();
+  try {
+    if (n < 0) return fail(FS_ERR_INVALID, "n is " + std::to_string(n) + "; it must be >= 0");
+    if (n > 0 && (!ids || !ms || !x_step01 || !x_prev))
+      return fail(FS_ERR_INVALID, "ids, ms, x_step01 and x_prev must not be null pointers");
+    std::vector<std::string> id(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      if (!ids[i]) return fail(FS_ERR_INVALID, "ids[" + std::to_string(i) + "] is a null pointer");
+      id[size_t(i)] = ids[i];
+    }
+    const std::vector<fs::Speedup> x = fs::speedups(id, std::vector<double>(ms, ms + n));
+    for (int i = 0; i < n; ++i) {
+      x_step01[i] = x[size_t(i)].x_step01;
+      x_prev[i] = x[size_t(i)].x_prev;
+    }
+    return FS_OK;
+  } catch (const std::exception& e) {
+    return fail(FS_ERR_INVALID, e.what());
+  } catch (...) {
+    return fail(FS_ERR_INVALID, "fs_speedups: unknown exception");
+  }
+}
+
+FS_API int64_t fs_sweep_tokens(void) { return fs::kSweepTokens; }
+
+FS_API int fs_sweep_seqlens(int32_t quick, int64_t* out, int max) {
+  try {
+    return copy_list(fs::sweep(quick != 0).seqlens, out, max);
+  } catch (...) {
+    return 0;
+  }
+}
+
+FS_API int fs_sweep_head_dims(int32_t quick, int64_t* out, int max) {
+  try {
+    return copy_list(fs::sweep(quick != 0).head_dims, out, max);
+  } catch (...) {
+    return 0;
+  }
+}
+
+FS_API int fs_sweep_dtypes(int32_t quick, int32_t* out, int max) {
+  try {
+    return copy_list(fs::sweep(quick != 0).dtypes, out, max);
+  } catch (...) {
+    return 0;
+  }
+}
+
+FS_API fs_status fs_sweep_shape(int64_t tokens, int64_t seqlen, int64_t head_dim, int64_t* batch, int64_t* heads) {
+  last_error.clear();
+  try {
+    if (!batch || !heads) return fail(FS_ERR_INVALID, "batch and heads must not be null pointers");
+    const std::string why = fs::sweep_shape(tokens, seqlen, head_dim, *batch, *heads);
+    return why.empty() ? FS_OK : fail(FS_ERR_INVALID, why);
+  } catch (const std::exception& e) {
+    return fail(FS_ERR_INVALID, e.what());
+  } catch (...) {
+    return fail(FS_ERR_INVALID, "fs_sweep_shape: unknown exception");
+  }
+}
 
 }  // extern "C"

@@ -43,7 +43,9 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
   ParsedArgs r;
   RunnerOptions& o = r.options;
   size_t i = 0;
-  if (!args.empty() && (args[0] == "list" || args[0] == "run" || args[0] == "banks" || args[0] == "explain")) o.command = args[i++];
+  if (!args.empty() && (args[0] == "list" || args[0] == "run" || args[0] == "banks" || args[0] == "explain" ||
+                        args[0] == "resources"))
+    o.command = args[i++];
   bool seqlen_q_set = false, seqlen_k_set = false;
   for (; i < args.size(); ++i) {
     std::string flag = args[i], value;
@@ -172,8 +174,11 @@ std::string runner_usage() {
 usage: flash-steps [run] [options]     check every step against the reference, time it, print a table
        flash-steps --list              list the registered steps (no GPU needed)
        flash-steps banks               bank maps and predicted shared-memory bank conflicts of steps 03-04
-       flash-steps explain [--step ID] what each step's index math predicts (layouts, maps), no GPU needed
                                        (a model of the hardware: no GPU needed)
+       flash-steps explain [--step ID] what each step's index math predicts (layouts, maps), no GPU needed
+       flash-steps resources [options] [--json]
+                                       registers, shared memory and occupancy of every kernel each step
+                                       launches for the problem, asked of the CUDA runtime (GPU needed)
 
 problem (defaults: batch 2, heads 16, seqlen 2048, head_dim 128, fp16, not causal):
   --batch N            batch size

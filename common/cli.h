@@ -13,7 +13,7 @@ namespace fs {
 enum class OutputFormat { table, json, csv };
 
 struct RunnerOptions {
-  std::string command = "run";  // "run", "list", "banks", "explain", "help"
+  std::string command = "run";  // "run", "list", "banks", "explain", "resources", "help"
   std::vector<std::string> steps;  // --step (repeatable, or comma-separated); empty = all
   int64_t batch = 2;
   int64_t seqlen_q = 2048;

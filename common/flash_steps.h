@@ -104,6 +104,44 @@ FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q,
 /* The message of the last failed call on this thread ("" if none). */
 FS_API const char* fs_last_error(void);
 
+/* ---- The rules the benchmarks and the Python tools share, written once here ----------------- */
+
+/* FLOPs of the forward pass as FlashAttention counts them: 4·batch·heads_q·seqlen_q·seqlen_k·head_dim
+ * (two matrix products, a multiply-add counts 2), halved when causal; the softmax is not counted.
+ * 0 for a NULL problem. */
+FS_API double fs_problem_flops(const fs_problem* p);
+
+/* The tolerance every step's output is checked with (the reasoning is in common/compare.h), for
+ * `dtype` (fs_dtype) and the largest |V| of the inputs: an element of O passes when
+ * |out - ref| <= atol + rtol·|ref|, an element of LSE when |err| <= lse_tol·(1 + |ref|).
+ * FS_ERR_INVALID for an unknown dtype, a negative or non-finite max_abs_v, or a NULL output. */
+FS_API fs_status fs_tolerance(int32_t dtype, double max_abs_v, double* atol, double* rtol, double* lse_tol);
+
+/* The ladder's speed-ups of n timed rows: ids[i] a step id (or a baseline's name), ms[i] its time
+ * (<= 0: not timed). Writes, for each row,
+ *   x_step01[i] = time of 01_naive / ms[i]
+ *   x_prev[i]   = time of the fastest row of the previous step number / ms[i]
+ * where a step's number is its id up to the first '_' ("04" for both 04_pad and 04_swizzle, "07b"
+ * for 07b_work_order), so alternatives of one step are each measured against the step before them.
+ * A row whose id does not start with a digit gets x_step01 only; 0 where there is nothing to compare.
+ * FS_ERR_INVALID for n < 0 or a NULL pointer. */
+FS_API fs_status fs_speedups(int n, const char* const* ids, const double* ms, double* x_step01, double* x_prev);
+
+/* The benchmark sweep (bench/compare_torch.py and flash_steps_bench measure it). Every shape holds
+ * fs_sweep_tokens() = batch·seqlen tokens and heads·head_dim = 2048 channels, so every shape moves
+ * the same Q/K/V bytes: 16 heads at head_dim 128, 32 at 64.
+ * The lists: the full sweep (quick = 0) or the one-minute look (quick = 1). Each returns how many
+ * values the list has and writes the first min(that, max) of them to out (out may be NULL when max
+ * is 0). Seqlens ascending; dtypes as fs_dtype values. */
+FS_API int64_t fs_sweep_tokens(void);
+FS_API int fs_sweep_seqlens(int32_t quick, int64_t* out, int max);
+FS_API int fs_sweep_head_dims(int32_t quick, int64_t* out, int max);
+FS_API int fs_sweep_dtypes(int32_t quick, int32_t* out, int max);
+/* The batch and heads of the sweep's shape at (seqlen, head_dim) with `tokens` = batch·seqlen
+ * (fs_sweep_tokens() for the sweep itself). FS_ERR_INVALID when seqlen does not divide tokens or
+ * head_dim does not divide 2048, with the sentence in fs_last_error. */
+FS_API fs_status fs_sweep_shape(int64_t tokens, int64_t seqlen, int64_t head_dim, int64_t* batch, int64_t* heads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,7 @@
 #include "common/bank_report.h"
 #include "common/check.h"
 #include "common/cli.h"
+#include "common/kernel_resources.h"
 #include "common/timing.h"
 #include "version.h"
 
@@ -150,15 +151,15 @@ void set_speedups(std::vector<Row>& rows) {
   }
 }
 
-int run(const fs::RunnerOptions& o) {
-  // Bad input is refused (exit 2) before the GPU is looked at.
-  const fs::Problem p = fs::problem_from(o);
+// The problem and the steps the options select, and a GPU to run them on. Returns 0, or the exit
+// status after printing why not: 2 for bad input (refused before the GPU is looked at), 1 for no GPU.
+int prepare(const fs::RunnerOptions& o, fs::Problem& p, std::vector<const fs::Step*>& selected) {
+  p = fs::problem_from(o);
   const std::string invalid = fs::validate(p);
   if (!invalid.empty()) {
     std::cerr << "flash-steps: " << invalid << "\n";
     return 2;
   }
-  std::vector<const fs::Step*> selected;
   for (const std::string& id : o.steps) {
     const fs::Step* s = fs::find_step(id);
     if (!s) {
@@ -175,6 +176,13 @@ int run(const fs::RunnerOptions& o) {
               << "`flash-steps --list` works without one.\n";
     return 1;
   }
+  return 0;
+}
+
+int run(const fs::RunnerOptions& o) {
+  fs::Problem p;
+  std::vector<const fs::Step*> selected;
+  if (const int status = prepare(o, p, selected)) return status;
 
   const fs::DeviceInfo dev = fs::current_device();
   const std::string date = utc_now();
@@ -256,6 +264,102 @@ int run(const fs::RunnerOptions& o) {
   return ok ? 0 : 1;
 }
 
+
+// `flash-steps resources`: for every selected step that accepts the problem, each kernel its plan
+// launches (Plan::kernels) with what the CUDA runtime says of it: registers, shared memory, local
+// memory, and how many blocks an SM holds at the plan's block size and dynamic shared memory.
+struct StepResources {
+  const fs::Step* step;
+  std::string status;  // "ok", "refused", "error"
+  std::string reason;
+  std::vector<fs::KernelResources> kernels;
+};
+
+void print_resources_json(const std::vector<StepResources>& all, const fs::Problem& p, const fs::DeviceInfo& dev,
+                          const std::string& date) {
+  std::cout << "{\n  \"tool\": \"flash-steps resources\",\n  \"commit\": \"" << FLASH_STEPS_COMMIT
+            << "\",\n  \"date\": \"" << date << "\",\n  \"device\": \"" << json_escape(fs::describe(dev))
+            << "\",\n  \"compute_capability\": " << dev.compute_capability << ",\n  \"problem\": {\"batch\": "
+            << p.batch << ", \"seqlen_q\": " << p.seqlen_q << ", \"seqlen_k\": " << p.seqlen_k
+            << ", \"heads_q\": " << p.heads_q << ", \"heads_kv\": " << p.heads_kv << ", \"head_dim\": "
+            << p.head_dim << ", \"dtype\": \"" << fs::dtype_name(p.dtype) << "\", \"causal\": "
+            << (p.causal ? "true" : "false") << "},\n  \"steps\": [\n";
+  for (size_t i = 0; i < all.size(); ++i) {
+    const StepResources& s = all[i];
+    std::cout << "    {\"id\": \"" << s.step->id << "\", \"dir\": \"" << s.step->dir << "\", \"status\": \""
+              << s.status << "\", \"reason\": \"" << json_escape(s.reason) << "\", \"kernels\": [";
+    for (size_t j = 0; j < s.kernels.size(); ++j) {
+      const fs::KernelResources& k = s.kernels[j];
+      std::cout << (j ? ",\n" : "\n") << "      {\"name\": \"" << json_escape(k.name) << "\", \"mangled\": \""
+                << json_escape(k.mangled) << "\", \"registers\": " << k.registers << ", \"static_smem\": "
+                << k.static_smem << ", \"local_bytes\": " << k.local_bytes << ", \"dynamic_smem\": "
+                << k.dynamic_smem << ", \"threads\": " << k.threads << ", \"blocks\": " << k.blocks
+                << ", \"blocks_per_sm\": " << k.blocks_per_sm << ", \"warps_per_sm\": " << k.warps_per_sm
+                << ", \"max_warps_per_sm\": " << k.max_warps_per_sm << ", \"occupancy\": " << k.occupancy()
+                << "}";
+    }
+    std::cout << (s.kernels.empty() ? "]}" : "\n    ]}") << (i + 1 < all.size() ? "," : "") << "\n";
+  }
+  std::cout << "  ]\n}\n";
+}
+
+void print_resources_table(const std::vector<StepResources>& all, const fs::Problem& p, const fs::DeviceInfo& dev,
+                           const std::string& date) {
+  std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
+            << fs::describe(p) << " | per kernel each step launches: registers and local memory per thread, "
+            << "shared memory per block, occupancy = resident warps per SM / the SM's limit\n";
+  for (const StepResources& s : all) {
+    std::cout << "\n== " << s.step->id << ": " << s.step->lesson << "\n";
+    if (s.status != "ok") {
+      std::cout << "   " << s.status << ": " << s.reason << "\n";
+      continue;
+    }
+    if (s.kernels.empty()) {
+      std::cout << "   this step lists no kernels (Plan::kernels is empty)\n";
+      continue;
+    }
+    std::cout << std::right << std::setw(8) << "regs" << std::setw(8) << "local" << std::setw(12) << "static smem"
+              << std::setw(12) << "dyn smem" << std::setw(9) << "threads" << std::setw(10) << "blocks"
+              << std::setw(11) << "blocks/SM" << std::setw(11) << "occupancy" << "  kernel\n";
+    for (const fs::KernelResources& k : s.kernels)
+      std::cout << std::setw(8) << k.registers << std::setw(8) << k.local_bytes << std::setw(12) << k.static_smem
+                << std::setw(12) << k.dynamic_smem << std::setw(9) << k.threads << std::setw(10) << k.blocks
+                << std::setw(11) << k.blocks_per_sm << std::setw(11)
+                << fixed(100 * k.occupancy(), 0) + " %" << "  " << fs::short_kernel_name(k.name) << "\n";
+  }
+}
+
+int resources(const fs::RunnerOptions& o) {
+  fs::Problem p;
+  std::vector<const fs::Step*> selected;
+  if (const int status = prepare(o, p, selected)) return status;
+  const fs::DeviceInfo dev = fs::current_device();
+  std::vector<StepResources> all;
+  bool ok = true;
+  for (const fs::Step* step : selected) {
+    StepResources s{step, "ok", "", {}};
+    try {
+      const fs::Plan plan = fs::plan_for(*step, p, dev);
+      if (!plan.accepted()) {
+        s.status = "refused";
+        s.reason = plan.refusal;
+      } else {
+        for (const fs::KernelLaunch& k : plan.kernels) s.kernels.push_back(fs::kernel_resources(k));
+      }
+    } catch (const fs::Error& e) {
+      s.status = "error";
+      s.reason = e.what();
+      s.kernels.clear();
+      ok = false;
+    }
+    all.push_back(std::move(s));
+  }
+  if (o.format == fs::OutputFormat::json)
+    print_resources_json(all, p, dev, utc_now());
+  else
+    print_resources_table(all, p, dev, utc_now());
+  return ok ? 0 : 1;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -272,6 +376,7 @@ int main(int argc, char** argv) {
     if (a.options.command == "list") return list_steps();
     if (a.options.command == "banks") return fs::bank::banks_main();
     if (a.options.command == "explain") return explain_steps(a.options);
+    if (a.options.command == "resources") return resources(a.options);
     return run(a.options);
   } catch (const std::exception& e) {
     std::cerr << "flash-steps: " << e.what() << "\n";

@@ -41,6 +41,10 @@ TEST_CASE("cli: every flag is parsed", "[cli]") {
   CHECK(parse({"--list"}).options.command == "list");
   CHECK(parse({"list"}).options.command == "list");
   CHECK(parse({"banks"}).options.command == "banks");
+  const fs::RunnerOptions r = parse({"resources", "--head-dim", "64", "--json"}).options;
+  CHECK(r.command == "resources");
+  CHECK(r.head_dim == 64);
+  CHECK(r.format == fs::OutputFormat::json);
   CHECK(parse({"--help"}).options.command == "help");
   CHECK(parse({"-h"}).options.command == "help");
   // --seqlen-q / --seqlen-k win over --seqlen whatever the order.

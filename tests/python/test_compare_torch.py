@@ -1,9 +1,8 @@
 """bench/compare_torch.py without PyTorch or a GPU: its ctypes mirror of common/flash_steps.h (layout
-checked against a C compiler, and against the built library when there is one), the shapes and the
-ratios."""
+checked against a C compiler, and against the built library when there is one), the shapes, the
+ratios, and the rules it takes from the library (FLOPs, tolerance, speed-ups, the sweep)."""
 import ctypes
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -15,11 +14,12 @@ REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 import compare_torch as ct  # noqa: E402
+import fs_results  # noqa: E402
 
 
 def find_library():
     """$FLASH_STEPS_LIB, else build/libflash_steps.so (the README's build directory)."""
-    return Path(os.environ.get("FLASH_STEPS_LIB") or REPO / "build" / "libflash_steps.so")
+    return fs_results.library_path()
 
 
 class Layout(unittest.TestCase):
@@ -57,6 +57,7 @@ class Library(unittest.TestCase):
         self.assertGreaterEqual(len(steps), 1)
         self.assertEqual(steps[0]["id"], "01_naive")
         self.assertTrue(all(s["lesson"] for s in steps))
+        self.assertEqual(steps[0]["dir"], "01_naive")
 
     def test_problem_init_and_strides(self):
         p = self.lib.problem(2, 512, 512, 16, 16, 128, "bf16", True)
@@ -124,33 +125,15 @@ class Tensors(unittest.TestCase):
         self.assertIn("Q's head_dim stride is 2; the last dimension must be contiguous", self.lib.check("01_naive", p))
 
 
-class Shapes(unittest.TestCase):
-    def test_anchor_shapes(self):
-        s = ct.anchor_shape(2048, 128, False, "fp16")
-        self.assertEqual((s["batch"], s["heads"]), (8, 16))
-        self.assertEqual(ct.anchor_shape(512, 64, True, "bf16")["heads"], 32)
-        self.assertEqual(ct.attention_flops(s), 4.0 * 8 * 16 * 2048 * 2048 * 128)
-        self.assertEqual(ct.attention_flops(dict(s, causal=True)), 2.0 * 8 * 16 * 2048 * 2048 * 128)
-
-    def test_sweep_order_groups_then_seqlen_ascending(self):
-        shapes = ct.sweep_shapes([4096, 512], [128, 64], [False, True], ["fp16"])
-        self.assertEqual(len(shapes), 8)
-        self.assertEqual([s["seqlen"] for s in shapes[:2]], [512, 4096])
-        self.assertEqual(len({ct.shape_key(s) for s in shapes}), 8)
-
+class Arguments(unittest.TestCase):
     def test_quick_and_default_args(self):
         a = ct.parse_args(["--quick"])
-        self.assertEqual((a.seqlens, a.head_dims, a.dtypes), ([1024, 2048, 4096], [128], ["fp16"]))
+        self.assertTrue(a.quick)
         self.assertLessEqual(a.max_launch_ms, 50)
         a = ct.parse_args([])
-        self.assertEqual(a.seqlens, [512, 1024, 2048, 4096, 8192, 16384])
+        self.assertEqual((a.seqlens, a.head_dims, a.dtypes, a.tokens), (None, None, None, None))  # the library's
         self.assertEqual(a.ladder_seqlen, 2048)
-        with self.assertRaises(SystemExit), open(os.devnull, "w") as null:
-            stderr, sys.stderr = sys.stderr, null
-            try:
-                ct.parse_args(["--seqlens", "3000"])
-            finally:
-                sys.stderr = stderr
+        self.assertEqual(ct.parse_args(["--seqlens", "4096", "1024"]).seqlens, [4096, 1024])
 
     def test_ratios(self):
         rows = [{"impl": "torch_flash", "kind": "torch", "ms": 1.0}, {"impl": "torch_cudnn", "kind": "torch", "ms": 0.5},
@@ -163,6 +146,72 @@ class Shapes(unittest.TestCase):
     def test_cudnn_version(self):
         self.assertEqual(ct.cudnn_version(91900), "9.19.0")
         self.assertEqual(ct.cudnn_version(None), "none")
+
+
+@unittest.skipUnless(find_library().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
+class SharedRules(unittest.TestCase):
+    """FLOPs, tolerance, speed-ups and the sweep come from the library (common/flash_steps.h)."""
+
+    def setUp(self):
+        self.lib = ct.FlashSteps(find_library())
+
+    def test_sweep_shapes(self):
+        s = self.lib.sweep_shape(2048, 128, False, "fp16", self.lib.sweep_tokens())
+        self.assertEqual((s["batch"], s["heads"]), (8, 16))
+        self.assertEqual(self.lib.sweep_shape(512, 64, True, "bf16", 16384)["heads"], 32)
+        with self.assertRaises(ValueError) as e:
+            self.lib.sweep_shape(3000, 128, False, "fp16", 16384)
+        self.assertIn("seqlen is 3000", str(e.exception))
+
+    def test_default_and_quick_sweeps(self):
+        a = ct.parse_args([])
+        shapes, ladder = ct.plan_shapes(a, self.lib)
+        self.assertEqual(a.seqlens, [512, 1024, 2048, 4096, 8192, 16384])
+        self.assertEqual((a.head_dims, a.dtypes, a.tokens), ([128, 64], ["fp16", "bf16"], 16384))
+        self.assertEqual(len(shapes), 6 * 2 * 2 * 2)
+        self.assertEqual((ladder["batch"], ladder["seqlen"], ladder["heads"]), (8, 2048, 16))
+        a = ct.parse_args(["--quick"])
+        shapes, _ = ct.plan_shapes(a, self.lib)
+        self.assertEqual((a.seqlens, a.head_dims, a.dtypes), ([1024, 2048, 4096], [128], ["fp16"]))
+        self.assertEqual(len(shapes), 3 * 2)
+        with self.assertRaises(ValueError):
+            ct.plan_shapes(ct.parse_args(["--seqlens", "3000"]), self.lib)
+
+    def test_sweep_order_groups_then_seqlen_ascending(self):
+        shapes = ct.sweep_shapes(self.lib, [4096, 512], [128, 64], [False, True], ["fp16"], 16384)
+        self.assertEqual(len(shapes), 8)
+        self.assertEqual([s["seqlen"] for s in shapes[:2]], [512, 4096])
+        self.assertEqual(len({ct.shape_key(s) for s in shapes}), 8)
+
+    def test_flops(self):
+        s = self.lib.sweep_shape(2048, 128, False, "fp16", 16384)
+        self.assertEqual(self.lib.shape_flops(s), 4.0 * 8 * 16 * 2048 * 2048 * 128)
+        self.assertEqual(self.lib.shape_flops(dict(s, causal=True)), 2.0 * 8 * 16 * 2048 * 2048 * 128)
+
+    def test_tolerance(self):
+        atol, rtol, lse_tol = self.lib.tolerance("bf16", 2.0)
+        self.assertEqual((atol, rtol, lse_tol), (2 * 2.0 ** -7, 2.0 ** -7, 1e-4))
+        with self.assertRaises(ValueError):
+            self.lib.tolerance("fp16", float("nan"))
+
+    def test_speedups_of_a_shape(self):
+        rows = [{"impl": "torch_flash", "kind": "torch", "status": "ok", "ms": 1.0},
+                {"impl": "01_naive", "kind": "step", "status": "ok", "ms": 40.0},
+                {"impl": "03_tiled", "kind": "step", "status": "ok", "ms": 10.0},
+                {"impl": "04_pad", "kind": "step", "status": "ok", "ms": 5.0},
+                {"impl": "04_swizzle", "kind": "step", "status": "fail", "ms": 8.0},
+                {"impl": "05_async", "kind": "step", "status": "ok", "ms": 4.0},
+                {"impl": "06_mma", "kind": "step", "status": "skipped"}]
+        ct.add_speedups(self.lib, rows)
+        by = {r["impl"]: r for r in rows}
+        self.assertNotIn("x_prev", by["torch_flash"])
+        self.assertNotIn("x_prev", by["01_naive"])
+        self.assertEqual(by["01_naive"]["x_step01"], 1.0)
+        self.assertEqual(by["04_pad"]["x_prev"], 2.0)        # against 03
+        self.assertEqual(by["04_swizzle"]["x_prev"], 1.25)   # against 03 too (timed, though its check failed)
+        self.assertEqual(by["05_async"]["x_prev"], 1.25)     # against the faster 04
+        self.assertEqual(by["05_async"]["x_step01"], 10.0)
+        self.assertNotIn("x_step01", by["06_mma"])
 
 
 if __name__ == "__main__":

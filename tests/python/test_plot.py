@@ -13,6 +13,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "bench"))
 sys.path.insert(0, str(HERE))
 
+import fs_results  # noqa: E402
 import plot  # noqa: E402
 import synthetic  # noqa: E402
 
@@ -48,16 +49,19 @@ class LadderColumns(unittest.TestCase):
     def setUp(self):
         compare = synthetic.compare_result()
         # step 01 timed at the ladder shape too, so that "x step 01" has a value
-        for r in compare["rows"]:
-            if r["impl"] == "01_naive" and plot.shape_of(r) == plot.shape_of(compare["ladder"]):
+        ladder_rows = [r for r in compare["rows"] if plot.shape_of(r) == plot.shape_of(compare["ladder"])]
+        for r in ladder_rows:
+            if r["impl"] == "01_naive":
                 ms = r["flops"] / 2e12 * 1e3
                 r.update(status="ok", reason="", ms=ms, tflops=2.0)
+        synthetic.add_speedups([r for r in ladder_rows if r["kind"] == "step"])
         self.compare = compare
         self.ladder = plot.ladder_from_compare(compare)
 
     def test_rows_follow_the_registry_and_keep_untimed_steps(self):
         self.assertEqual([s["id"] for s in self.ladder["steps"]], ["01_naive", "02_tiled", "03_online", "04_refuser"])
         self.assertEqual(sorted(self.ladder["torch"]), ["torch_cudnn", "torch_efficient", "torch_flash", "torch_math"])
+        self.assertEqual(self.ladder["flops"], 4.0 * 8 * 16 * 2048 * 2048 * 128)
 
     def test_ratios(self):
         cols = {c["id"]: c for c in plot.ladder_columns(self.ladder)}
@@ -72,29 +76,48 @@ class LadderColumns(unittest.TestCase):
         self.assertNotIn("ms", cols["04_refuser"])
         self.assertEqual(cols["04_refuser"]["status"], "refused")
 
-    def test_variants_of_one_step_are_measured_against_the_step_before(self):
-        ladder = {"shape": self.ladder["shape"], "torch": {}, "steps": [
-            {"id": "03_tiled", "status": "ok", "ms": 3.0, "tflops": 1.0},
-            {"id": "04_pad", "status": "ok", "ms": 2.0, "tflops": 1.0},
-            {"id": "04_swizzle", "status": "ok", "ms": 2.5, "tflops": 1.0},
-            {"id": "05_async", "status": "ok", "ms": 2.2, "tflops": 1.0}]}
-        cols = {c["id"]: c for c in plot.ladder_columns(ladder)}
-        self.assertIsNone(cols["03_tiled"]["x_prev"])
-        self.assertAlmostEqual(cols["04_pad"]["x_prev"], 1.5)
-        self.assertAlmostEqual(cols["04_swizzle"]["x_prev"], 1.2)
-        self.assertAlmostEqual(cols["05_async"]["x_prev"], 2.0 / 2.2)  # against the faster 04
+    def test_speedups_are_read_from_the_file_not_computed(self):
+        for s in self.ladder["steps"]:
+            if s["id"] == "03_online":
+                s["x_prev"] = 7.25  # whatever the file says
+            if s["id"] == "02_tiled":
+                del s["x_prev"], s["x_step01"]  # an older file without them
+        cols = {c["id"]: c for c in plot.ladder_columns(self.ladder)}
+        self.assertEqual(cols["03_online"]["x_prev"], 7.25)
+        self.assertIsNone(cols["02_tiled"]["x_prev"])
+        text = plot.ladder_table(self.ladder, self.compare, "x.json")
+        self.assertIn("| `03_online` | 2.749 | 100.0 | 7.25× |", text)
+        self.assertIn("| `02_tiled` | 13.744 | 20.0 | – | – |", text)
 
     def test_table_lines(self):
         text = plot.ladder_table(self.ladder, self.compare, "bench/results/x.json")
-        self.assertIn("| step | ms | TFLOP/s | × previous | × step 01 | % of PyTorch flash | % of cuDNN |", text)
+        self.assertIn("| step | ms | TFLOP/s | × previous | × step 01 | % of PyTorch flash | % of cuDNN |\n", text)
         self.assertIn("| `02_tiled` | 13.744 | 20.0 | 10.00× | 10.0× | 7 % | 4 % |", text)
         self.assertIn("| `03_online` | 2.749 | 100.0 | 5.00× | 50.0× | 33 % | 20 % |", text)
         self.assertIn("| PyTorch SDPA flash | 0.916 | 300.0 | | | 100 % | 60 % |", text)
         self.assertIn("`04_refuser` (refused: head_dim is 128; this step needs 64)", text)
+        self.assertIn("275 GFLOP", text)
         self.assertIn("NVIDIA H200", text)
         self.assertIn("2026-11-30 12:00 UTC, commit `abc123def456`", text)
         self.assertIn("every timed step passed", text)
+        self.assertNotIn("ceiling", text.lower())
         self.assertNotIn("results:begin", text)  # the markers stay in the README, not in the content
+
+    def test_ceiling_columns(self):
+        ceilings = dict(fs_results.load_ceilings(self.write_ceilings()), source="bench/results/ceilings-x.json")
+        text = plot.ladder_table(self.ladder, self.compare, "x.json", ceilings=ceilings)
+        self.assertIn("| % of cuDNN | % of mma.sync fp16 | % of wgmma fp16 |", text)
+        self.assertIn("| `03_online` | 2.749 | 100.0 | 5.00× | 50.0× | 33 % | 20 % | 17 % | 11 % |", text)
+        self.assertIn("| PyTorch SDPA cuDNN | 0.550 | 500.0 | | | 167 % | 100 % | 83 % | 56 % |", text)
+        self.assertIn("Ceilings (mma.sync fp16 600 TFLOP/s, wgmma fp16 900 TFLOP/s): measured on this GPU", text)
+        self.assertIn("`bench/results/ceilings-x.json`", text)
+
+    def write_ceilings(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        path = Path(tmp.name) / "ceilings-20261130-110000.json"
+        path.write_text(json.dumps(synthetic.ceilings_result()))
+        return path
 
     def test_failed_check_is_marked(self):
         for s in self.ladder["steps"]:
@@ -118,21 +141,6 @@ class RunnerFallback(unittest.TestCase):
         text = plot.ladder_table(ladder, synthetic.runner_result(), "runner.json")
         self.assertIn("| `02_tiled` | 13.744 | 20.0 | 10.00× | 10.0× | – | – |", text)
         self.assertNotIn("cublas", text)
-
-
-class Markers(unittest.TestCase):
-    def test_replace_keeps_the_rest(self):
-        new = plot.replace_between_markers(README, "NEW\n")
-        self.assertIn("<!-- results:begin -->\nNEW\n<!-- results:end -->", new)
-        self.assertTrue(new.startswith("# project\n"))
-        self.assertTrue(new.endswith("kept as it is\n"))
-        self.assertEqual(plot.replace_between_markers(new, "NEW\n"), new)
-
-    def test_missing_markers(self):
-        with self.assertRaises(plot.MarkerError) as e:
-            plot.replace_between_markers("# no markers\n", "x")
-        self.assertIn("<!-- results:begin -->", str(e.exception))
-        self.assertIn("<!-- results:end -->", str(e.exception))
 
 
 class CommandLine(unittest.TestCase):
@@ -162,6 +170,33 @@ class CommandLine(unittest.TestCase):
         self.assertEqual(rc, 0)
         self.assertEqual(self.readme.read_text(), first)
         self.assertIn("already up to date", err)
+
+    def test_without_ceilings_it_says_so_and_adds_no_column(self):
+        rc, out, err = run_main(["--results", str(self.results), "--table-only"])
+        self.assertEqual(rc, 0)
+        self.assertIn("no ceilings-*.json in", err)
+        self.assertNotIn("% of mma.sync", out)
+
+    def test_newest_ceilings_file_of_this_gpu(self):
+        (self.results / "ceilings-20261129-000000.json").write_text(
+            json.dumps(synthetic.ceilings_result(device="NVIDIA A100 (sm_80, 108 SMs)")))
+        (self.results / "ceilings-20261130-110000.json").write_text(json.dumps(synthetic.ceilings_result()))
+        rc, out, err = run_main(["--results", str(self.results), "--table-only"])
+        self.assertEqual(rc, 0)
+        self.assertIn("% of mma.sync fp16 | % of wgmma fp16 |", out)
+        self.assertIn("ceilings-20261130-110000.json", out)
+        self.assertIn("has no wgmma_bf16 ceiling: not measured in this invented file", err)
+
+    def test_ceilings_of_another_gpu_are_left_out(self):
+        other = self.results / "ceilings-20261130-110000.json"
+        other.write_text(json.dumps(synthetic.ceilings_result(device="NVIDIA A100 (sm_80, 108 SMs)")))
+        rc, out, err = run_main(["--results", str(self.results), "--table-only"])
+        self.assertEqual(rc, 0)
+        self.assertIn("was measured on NVIDIA A100", err)
+        self.assertNotIn("% of mma.sync", out)
+        rc, _, err = run_main(["--results", str(self.results), "--table-only", "--ceilings", str(other)])
+        self.assertEqual(rc, 1)  # asked for by name: an error, not a silent omission
+        self.assertIn("--ceilings", err)
 
     def test_table_only_changes_nothing(self):
         rc, out, _ = run_main(["--results", str(self.results), "--readme", str(self.readme), "--table-only"])

@@ -1,7 +1,9 @@
-"""bench/resource_report.py on captured cuobjdump output (tests/python/data/): parsing, names,
-occupancy, and the whole report through a stand-in cuobjdump that replays the captures."""
+"""bench/resource_report.py on captured cuobjdump output (tests/python/data/): parsing, names, the
+occupancy merged from a synthetic `flash-steps resources --json` file, and the whole report through
+a stand-in cuobjdump that replays the captures."""
 import contextlib
 import io
+import json
 import os
 import stat
 import sys
@@ -35,9 +37,6 @@ class Parsing(unittest.TestCase):
         self.assertEqual(local[(90, TILE)], {"ldl": 0, "stl": 0})
         self.assertEqual(local[(90, LOCAL)], {"ldl": 29, "stl": 16})
 
-    def test_launch_bounds(self):
-        self.assertEqual(rr.parse_launch_bounds((DATA / "cuobjdump_elf_excerpt.txt").read_text()), {TILE: 128})
-
     def test_short_name(self):
         self.assertEqual(rr.short_name("void fs::(anonymous namespace)::scores_kernel<__half>(__half const*, float*, fs_problem)"),
                          "scores_kernel<__half>")
@@ -48,29 +47,62 @@ class Parsing(unittest.TestCase):
         self.assertEqual(rr.short_name(SCORES), SCORES)  # not demangled: left as it is
 
 
-class Occupancy(unittest.TestCase):
-    def test_registers_alone(self):
-        self.assertEqual(rr.occupancy(90, 32, 0, None, None)["warps"], 64)
-        # 36 registers: 1152 per warp, allocated as 1280; 16384 per sub-partition hold 12 warps: 48 of 64
-        o = rr.occupancy(90, 36, 0, None, None)
-        self.assertEqual(o["warps"], 48)
-        self.assertIn("75 %", o["text"])
-        self.assertIn("registers alone", o["text"])
+def runtime_result():
+    """What `flash-steps resources --json` writes (invented values): 01_naive launches scores_kernel
+    and the sample's tile_kernel, twice with the same configuration; 02 refuses; 03 lists no kernels;
+    04 launches a kernel the objects do not have."""
+    def kernel(mangled, threads, smem, blocks_per_sm, warps):
+        return {"name": "void " + mangled, "mangled": mangled, "registers": 36, "static_smem": 0, "local_bytes": 0,
+                "dynamic_smem": smem, "threads": threads, "blocks": 4096, "blocks_per_sm": blocks_per_sm,
+                "warps_per_sm": warps, "max_warps_per_sm": 64, "occupancy": warps / 64}
+    return {"tool": "flash-steps resources", "commit": "abc123def456", "date": "2026-11-30T12:00:00Z",
+            "device": "NVIDIA H200 (sm_90, 132 SMs)", "compute_capability": 90,
+            "problem": {"batch": 8, "seqlen_q": 2048, "seqlen_k": 2048, "heads_q": 16, "heads_kv": 16,
+                        "head_dim": 128, "dtype": "fp16", "causal": False},
+            "steps": [
+                {"id": "01_naive", "dir": "01_naive", "status": "ok", "reason": "",
+                 "kernels": [kernel(SCORES, 256, 0, 6, 48), kernel(TILE, 128, 49152, 4, 16),
+                             kernel(TILE, 128, 49152, 4, 16)]},
+                {"id": "02_online", "dir": "02_online", "status": "refused", "reason": "head_dim is 128; it needs 64.",
+                 "kernels": []},
+                {"id": "03_tiled", "dir": "03_tiled", "status": "ok", "reason": "", "kernels": []},
+                {"id": "04_other", "dir": "04_other", "status": "ok", "reason": "",
+                 "kernels": [kernel("_Z5otherv", 64, 0, 32, 64)]}]}
 
-    def test_with_block_size(self):
-        # 253 registers -> 8192 per warp -> 2 warps per sub-partition, 8 per SM; 4-warp blocks: 2 blocks
-        o = rr.occupancy(90, 253, 0, 128, None)
-        self.assertEqual((o["blocks"], o["warps"], o["limit"]), (2, 8, "registers"))
-        self.assertIn("dynamic shared memory unknown", o["text"])
 
-    def test_shared_memory_limits(self):
-        # 64 registers, 256 threads, 48 KiB static + 48 KiB dynamic (+1 KiB reserved): 2 blocks in 228 KiB
-        o = rr.occupancy(90, 64, 48 * 1024, 256, 48 * 1024)
-        self.assertEqual((o["blocks"], o["limit"]), (2, "shared memory"))
-        self.assertNotIn("unknown", o["text"])
+class Runtime(unittest.TestCase):
+    def setUp(self):
+        usage = rr.parse_resource_usage((DATA / "cuobjdump_resource_usage.txt").read_text())
+        self.rows = [dict(u, step="01_naive", ldl=0, stl=0, name=u["kernel"]) for u in usage]
 
-    def test_unknown_arch(self):
-        self.assertIn("no limits", rr.occupancy(75, 32, 0, None, None)["text"])
+    def test_merge(self):
+        notes = rr.merge_runtime(self.rows, runtime_result())
+        by = {r["kernel"]: r for r in self.rows}
+        self.assertEqual([x["blocks_per_sm"] for x in by[SCORES]["launches"]], [6])
+        self.assertEqual(len(by[TILE]["launches"]), 1)  # the same launch twice counts once
+        self.assertEqual(by[LOCAL]["launches"], [])     # not launched at this problem
+        self.assertEqual(notes, ["`02_online` refused: head_dim is 128; it needs 64",
+                                 "`03_tiled` lists no kernels (Plan::kernels is empty), so its occupancy is not known",
+                                 "`04_other` launches `_Z5otherv`, which is not in the object files given"])
+
+    def test_table_with_runtime(self):
+        runtime = runtime_result()
+        notes = rr.merge_runtime(self.rows, runtime)
+        text = rr.markdown(self.rows, [], "cuobjdump 13.0", runtime, notes)
+        self.assertIn("| threads / block | dynamic smem (B) | blocks / SM | occupancy |", text)
+        tile = next(ln for ln in text.splitlines() if TILE in ln)
+        self.assertTrue(tile.endswith("| 128 | 49152 | 4 | 25 % (16 of 64 warps) |"), tile)
+        local = next(ln for ln in text.splitlines() if LOCAL in ln)
+        self.assertTrue(local.endswith("| – | – | – | – |"), local)
+        self.assertIn("batch 8, seqlen 2048, 16 heads, head_dim 128, fp16 on NVIDIA H200 (sm_90, 132 SMs)", text)
+        self.assertIn("Note: `04_other` launches", text)
+        self.assertNotIn("unknown", text)
+
+    def test_table_without_runtime_says_how_once(self):
+        text = rr.markdown(self.rows, [], "cuobjdump 13.0")
+        self.assertNotIn("occupancy |", text)
+        self.assertEqual(text.count("run `flash-steps resources` on a GPU"), 1)
+        self.assertNotIn("unknown", text)
 
 
 class WholeReport(unittest.TestCase):
@@ -84,7 +116,6 @@ class WholeReport(unittest.TestCase):
 case "$1" in
   --dump-resource-usage) cat "{DATA}/cuobjdump_resource_usage.txt" ;;
   -sass) cat "{DATA}/cuobjdump_sass_excerpt.txt" ;;
-  -elf) cat "{DATA}/cuobjdump_elf_excerpt.txt" ;;
   --version) echo "Cuda compilation tools, release 13.0, V13.0.88" ;;
   *) exit 1 ;;
 esac
@@ -111,12 +142,34 @@ esac
         self.assertEqual(len(lines), 7)
         if any("tile_kernel" in ln for ln in lines):  # demangled (c++filt present)
             tile = next(ln for ln in lines if "tile_kernel<__half, 128>" in ln)
-            self.assertIn("| 18 | 2048 | 0 | 0 / 0 | 128 | ? |", tile)
+            self.assertTrue(tile.endswith("| 18 | 2048 | 0 | 0 / 0 |"), tile)
             local = next(ln for ln in lines if "local_array_kernel" in ln)
             self.assertIn("| 32 | 0 | 256 | 29 / 16 |", local)
         notes = self.notes.read_text()
         self.assertTrue(notes.startswith("# notes\n<!-- resources:begin -->\n<!-- generated by"))
         self.assertTrue(notes.endswith("<!-- resources:end -->\nend\n"))
+
+    @unittest.skipIf(os.name != "posix", "needs a shell for the stand-in cuobjdump")
+    def test_report_with_runtime(self):
+        runtime = Path(self.tmp.name) / "resources.json"
+        runtime.write_text(json.dumps(runtime_result()))
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = rr.main(["--cuobjdump", str(self.tool), "--step", "01_naive=a.o", "--out", str(self.out),
+                          "--runtime", str(runtime)])
+        self.assertEqual(rc, 0, err.getvalue())
+        text = self.out.read_text()
+        self.assertIn("| blocks / SM | occupancy |", text)
+        self.assertIn("| 256 | 0 | 6 | 75 % (48 of 64 warps) |", text)
+
+    def test_runtime_file_of_another_tool_is_refused(self):
+        other = Path(self.tmp.name) / "other.json"
+        other.write_text(json.dumps({"tool": "flash-steps", "rows": []}))
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = rr.main(["--cuobjdump", str(self.tool), "--step", "01_naive=a.o", "--runtime", str(other)])
+        self.assertEqual(rc, 1)
+        self.assertIn("not the output of `flash-steps resources --json`", err.getvalue())
 
     def test_bad_step_argument(self):
         with contextlib.redirect_stderr(io.StringIO()):
