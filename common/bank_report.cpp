@@ -6,8 +6,8 @@
 #include <stdexcept>
 
 #include "bank_model.h"
-#include "smem_layout.h"
-#include "steps/03_smem_tiling/tiling.h"
+#include "steps/03_smem_tiling/traits.h"
+#include "steps/04_bank_conflicts/traits.h"
 
 namespace fs::bank {
 
@@ -26,10 +26,10 @@ void add(AccessCount& count, const WarpAccess& a) {
 }
 
 // Replays every shared-memory instruction of one block of the step 03/04 kernel: the same index
-// functions (tiling::Traits) and the same layout the kernel uses, warp by warp.
+// functions (step03::Traits) and the same layout the kernel uses, warp by warp.
 template <int HEAD_DIM, class Layout>
 std::vector<AccessCount> replay() {
-  using Tr = tiling::Traits<HEAD_DIM>;
+  using Tr = step03::Traits<HEAD_DIM>;
   // q_smem, k_smem, v_smem one after the other, as in the kernel.
   const uint32_t q_base = 0;
   const uint32_t k_base = uint32_t(Layout::size(Tr::BLOCK_Q) * kElemBytes);
@@ -81,9 +81,9 @@ int offset_for(int head_dim, int row, int col) {
 
 int tile_offset(TileLayout layout, int head_dim, int row, int col) {
   switch (layout) {
-    case TileLayout::row_major: return offset_for<RowMajorLayout>(head_dim, row, col);
-    case TileLayout::padded16: return offset_for<Padded16Layout>(head_dim, row, col);
-    case TileLayout::swizzled128: return offset_for<Swizzled128Layout>(head_dim, row, col);
+    case TileLayout::row_major: return offset_for<step03::RowMajorLayout>(head_dim, row, col);
+    case TileLayout::padded16: return offset_for<step04::Padded16Layout>(head_dim, row, col);
+    case TileLayout::swizzled128: return offset_for<step04::Swizzled128Layout>(head_dim, row, col);
   }
   return 0;
 }
@@ -152,16 +152,16 @@ const char* step_of(TileLayout layout) {
 
 std::vector<AccessCount> tiling_access_counts(int head_dim, TileLayout layout) {
   switch (layout) {
-    case TileLayout::row_major: return replay_for<RowMajorLayout>(head_dim);
-    case TileLayout::padded16: return replay_for<Padded16Layout>(head_dim);
-    case TileLayout::swizzled128: return replay_for<Swizzled128Layout>(head_dim);
+    case TileLayout::row_major: return replay_for<step03::RowMajorLayout>(head_dim);
+    case TileLayout::padded16: return replay_for<step04::Padded16Layout>(head_dim);
+    case TileLayout::swizzled128: return replay_for<step04::Swizzled128Layout>(head_dim);
   }
   throw std::invalid_argument("unknown tile layout");
 }
 
 LaunchPrediction predict_launch(const Problem& p, TileLayout layout) {
   const std::vector<AccessCount> counts = tiling_access_counts(int(p.head_dim), layout);
-  constexpr int64_t BLOCK_Q = tiling::Traits<128>::BLOCK_Q, BLOCK_KV = tiling::Traits<128>::BLOCK_KV;
+  constexpr int64_t BLOCK_Q = step03::Traits<128>::BLOCK_Q, BLOCK_KV = step03::Traits<128>::BLOCK_KV;
   LaunchPrediction r;
   const int64_t batch_heads = p.batch * p.heads_q;
   const int64_t q_tiles = (p.seqlen_q + BLOCK_Q - 1) / BLOCK_Q;

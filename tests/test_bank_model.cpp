@@ -10,8 +10,8 @@
 #include "catch.h"
 #include "common/bank_model.h"
 #include "common/bank_report.h"
-#include "common/smem_layout.h"
-#include "steps/03_smem_tiling/tiling.h"
+#include "steps/03_smem_tiling/traits.h"
+#include "steps/04_bank_conflicts/traits.h"
 
 namespace {
 
@@ -138,25 +138,25 @@ void check_layout(bool padded) {
 }  // namespace
 
 TEST_CASE("tile layouts are bijections onto their storage, with contiguous 16-byte chunks", "[bank]") {
-  check_layout<fs::RowMajorLayout<64>, 64>(false);
-  check_layout<fs::RowMajorLayout<128>, 64>(false);
-  check_layout<fs::Swizzled128Layout<64>, 64>(false);
-  check_layout<fs::Swizzled128Layout<128>, 64>(false);
-  check_layout<fs::Padded16Layout<64>, 64>(true);
-  check_layout<fs::Padded16Layout<128>, 64>(true);
+  check_layout<fs::step03::RowMajorLayout<64>, 64>(false);
+  check_layout<fs::step03::RowMajorLayout<128>, 64>(false);
+  check_layout<fs::step04::Swizzled128Layout<64>, 64>(false);
+  check_layout<fs::step04::Swizzled128Layout<128>, 64>(false);
+  check_layout<fs::step04::Padded16Layout<64>, 64>(true);
+  check_layout<fs::step04::Padded16Layout<128>, 64>(true);
 }
 
 TEST_CASE("step 03: a quarter-warp reading K hits one bank group 8 times (row-major)", "[bank]") {
   // Warp 0's first K read, built from the kernel's own index functions (tiling.h).
-  using Tr = fs::tiling::Traits<128>;
-  const WarpAccess k_read = fs::bank::tile_access<fs::RowMajorLayout<128>>(
+  using Tr = fs::step03::Traits<128>;
+  const WarpAccess k_read = fs::bank::tile_access<fs::step03::RowMajorLayout<128>>(
       16, 2, 0, [](int lane) { return Coord{Tr::key(lane, 0), 0}; });
   for (int phase = 0; phase < 4; ++phase) CHECK(fs::bank::phase_wavefronts(k_read, phase) == 8);
   CHECK(fs::bank::wavefronts(k_read) == 32);
-  const WarpAccess padded = fs::bank::tile_access<fs::Padded16Layout<128>>(
+  const WarpAccess padded = fs::bank::tile_access<fs::step04::Padded16Layout<128>>(
       16, 2, 0, [](int lane) { return Coord{Tr::key(lane, 0), 0}; });
   CHECK(fs::bank::wavefronts(padded) == 4);
-  const WarpAccess swizzled = fs::bank::tile_access<fs::Swizzled128Layout<128>>(
+  const WarpAccess swizzled = fs::bank::tile_access<fs::step04::Swizzled128Layout<128>>(
       16, 2, 0, [](int lane) { return Coord{Tr::key(lane, 0), 0}; });
   CHECK(fs::bank::wavefronts(swizzled) == 4);
 }

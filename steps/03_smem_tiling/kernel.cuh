@@ -13,20 +13,18 @@
 // The shared tiles are plain row-major on purpose: the 8 lanes of a quarter-warp read 8 K rows at
 // the same column, and in a row-major tile those 8 chunks sit in the same 4 banks — an 8-way bank
 // conflict on the kernel's most frequent shared load. Step 04 removes it by changing TileLayout
-// only (`flash-steps banks` prints the bank maps). Which thread touches which element is defined
-// in tiling.h, which the bank-conflict model replays.
+// only (`flash-steps banks` prints the bank maps). Which thread touches which element, and the
+// layout, are defined in traits.h, which the bank-conflict model replays.
+#pragma once
+
 #include <algorithm>
 #include <cmath>
-#include <string>
 
 #include "common/dtype.cuh"
-#include "common/registry.h"
-#include "common/smem_layout.h"
 #include "common/workload.h"
-#include "steps/03_smem_tiling/tiling.h"
+#include "steps/03_smem_tiling/traits.h"
 
-namespace fs {
-namespace {
+namespace fs::step03 {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -58,12 +56,12 @@ __device__ void load_tile(T* tile, const T* head, int64_t row_stride, int row0, 
 }
 
 // TileLayout<HEAD_DIM> maps (row, col) of a Q, K or V tile to its shared-memory element
-// (common/smem_layout.h). This step uses RowMajorLayout; step 04 passes the fixed layouts.
+// (traits.h). This step uses RowMajorLayout; step 04 passes the fixed layouts.
 template <typename T, int HEAD_DIM, template <int> class TileLayout>
-__global__ void __launch_bounds__(tiling::Traits<HEAD_DIM>::NUM_THREADS, 2)
+__global__ void __launch_bounds__(Traits<HEAD_DIM>::NUM_THREADS, 2)
 smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                    float* __restrict__ lse, Problem p) {
-  using Tr = tiling::Traits<HEAD_DIM>;
+  using Tr = Traits<HEAD_DIM>;
   using Layout = TileLayout<HEAD_DIM>;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, BLOCK_KV = Tr::BLOCK_KV, CHUNK = Tr::CHUNK;
   constexpr int THREAD_ROWS = Tr::THREAD_ROWS, THREAD_KEYS = Tr::THREAD_KEYS, THREAD_COLS = Tr::THREAD_COLS;
@@ -199,60 +197,4 @@ smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   }
 }
 
-template <typename T, int HEAD_DIM, template <int> class TileLayout>
-void launch_for(const Problem& p, const Tensors& t, cudaStream_t stream) {
-  using Tr = tiling::Traits<HEAD_DIM>;
-  const int smem_bytes = Tr::template smem_bytes<TileLayout<HEAD_DIM>>(int(sizeof(T)));
-  const auto kernel = smem_tiling_kernel<T, HEAD_DIM, TileLayout>;
-  // Above 48 KB a block must opt in to more dynamic shared memory; supports() checked the limit.
-  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  const dim3 grid(unsigned((p.seqlen_q + Tr::BLOCK_Q - 1) / Tr::BLOCK_Q),
-                  unsigned(std::min<int64_t>(p.batch * p.heads_q, 65535)));
-  kernel<<<grid, Tr::NUM_THREADS, smem_bytes, stream>>>(static_cast<const T*>(t.q), static_cast<const T*>(t.k),
-                                                        static_cast<const T*>(t.v), static_cast<T*>(t.o), t.lse, p);
-  CHECK_LAUNCH();
-}
-
-std::string limits(const Problem& p) {
-  if (p.head_dim != 64 && p.head_dim != 128)
-    return "head_dim is " + std::to_string(p.head_dim) +
-           "; this step handles head_dim 64 and 128 only (each of the 16 threads of a row owns head_dim/16 "
-           "columns of O, read as one 8- or 16-byte access)";
-  return "";
-}
-
-bool claims(const Problem& p, const DeviceInfo&) { return p.head_dim == 64 || p.head_dim == 128; }
-
-template <template <int> class TileLayout>
-Plan plan(const Problem& p, const DeviceInfo& dev) {
-  Plan pl;
-  constexpr int elem_bytes = 2;  // fp16 and bf16
-  const int smem_bytes = p.head_dim == 64 ? tiling::Traits<64>::smem_bytes<TileLayout<64>>(elem_bytes)
-                                          : tiling::Traits<128>::smem_bytes<TileLayout<128>>(elem_bytes);
-  if (size_t(smem_bytes) > dev.smem_per_block_optin)
-    pl.refusal = "this step needs " + std::to_string(smem_bytes) + " bytes of shared memory per block for head_dim " +
-           std::to_string(p.head_dim) + "; this GPU allows " + std::to_string(dev.smem_per_block_optin);
-  return pl;
-}
-
-template <template <int> class TileLayout>
-void launch(const Problem& p, const Tensors& t, const Plan&, void*, cudaStream_t stream) {
-  dispatch_dtype(p.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (p.head_dim == 64)
-      launch_for<T, 64, TileLayout>(p, t, stream);
-    else
-      launch_for<T, 128, TileLayout>(p, t, stream);
-  });
-}
-
-}  // namespace
-
-void register_step_03_smem_tiling(Registry& r) {
-  r.add(Step{"03_smem_tiling", "shared-memory tiling",
-             "Q, K, V tiles in shared memory, a 4×4 register tile of S per thread (FlashAttention-2 loop on "
-             "CUDA cores); row-major tiles with 8-way bank conflicts",
-             "", 80, 0, limits, plan<RowMajorLayout>, launch<RowMajorLayout>, claims});
-}
-
-}  // namespace fs
+}  // namespace fs::step03
