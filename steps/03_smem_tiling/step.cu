@@ -1,8 +1,11 @@
 // Step 03 — shared-memory tiling: what it accepts (limits, plan, claims), how it launches the kernel
 // of kernel.cuh, and its registration.
 #include <algorithm>
+#include <functional>
+#include <ostream>
 #include <string>
 
+#include "common/bank_report.h"
 #include "common/registry.h"
 #include "steps/03_smem_tiling/kernel.cuh"
 
@@ -75,6 +78,15 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
   });
 }
 
+// What `flash-steps banks` prints for this step (Step::explain): the bank conflicts of every shared
+// access of the kernel under TileLayout, replayed from traits.h by common/bank_report.h.
+template <template <int> class TileLayout>
+std::function<void(std::ostream&)> bank_report(std::string step, std::string layout) {
+  return [=](std::ostream& out) {
+    bank::explain_tiling<Traits, TileLayout>(out, {step, layout, "steps/03_smem_tiling/traits.h"});
+  };
+}
+
 }  // namespace
 }  // namespace fs::step03
 
@@ -85,7 +97,8 @@ void register_step_03_smem_tiling(Registry& r) {
   r.add(Step{"03_smem_tiling", "shared-memory tiling",
              "Q, K, V tiles in shared memory, a 4×4 register tile of S per thread (FlashAttention-2 loop on "
              "CUDA cores); row-major tiles with 8-way bank conflicts",
-             "", 80, 0, limits, plan<RowMajorLayout>, launch<RowMajorLayout>, claims, {}});
+             "", 80, 0, limits, plan<RowMajorLayout>, launch<RowMajorLayout>, claims,
+             bank_report<RowMajorLayout>("03_smem_tiling", "row-major")});
 }
 
 }  // namespace fs

@@ -1,8 +1,11 @@
 // Step 04 — bank conflicts: what it accepts (limits, plan, claims), how it launches the kernel of
 // kernel.cuh, and the registration of its two variants, 04_pad and 04_swizzle.
 #include <algorithm>
+#include <functional>
+#include <ostream>
 #include <string>
 
+#include "common/bank_report.h"
 #include "common/registry.h"
 #include "steps/04_bank_conflicts/kernel.cuh"
 
@@ -75,6 +78,15 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
   });
 }
 
+// What `flash-steps banks` prints for this step (Step::explain): the bank conflicts of every shared
+// access of the kernel under TileLayout, replayed from traits.h by common/bank_report.h.
+template <template <int> class TileLayout>
+std::function<void(std::ostream&)> bank_report(std::string step, std::string layout) {
+  return [=](std::ostream& out) {
+    bank::explain_tiling<Traits, TileLayout>(out, {step, layout, "steps/04_bank_conflicts/traits.h"});
+  };
+}
+
 }  // namespace
 }  // namespace fs::step04
 
@@ -85,11 +97,13 @@ void register_step_04_bank_conflicts(Registry& r) {
   r.add(Step{"04_pad", "bank conflicts: padding",
              "step 03 with each shared row 16 bytes longer: 8 consecutive K rows start in 8 different bank "
              "groups, no conflict",
-             "", 80, 0, limits, plan<Padded16Layout>, launch<Padded16Layout>, claims, {}});
+             "", 80, 0, limits, plan<Padded16Layout>, launch<Padded16Layout>, claims,
+             bank_report<Padded16Layout>("04_pad", "padded +16 B per row")});
   r.add(Step{"04_swizzle", "bank conflicts: XOR swizzle",
              "step 03 with the 16-byte chunks of each shared row XOR-swizzled by row % 8: no conflict, no extra "
              "memory",
-             "", 80, 0, limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims, {}});
+             "", 80, 0, limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims,
+             bank_report<Swizzled128Layout>("04_swizzle", "XOR-swizzled, chunk ^ row % 8")});
 }
 
 }  // namespace fs

@@ -1,8 +1,11 @@
 // Step 05 — cp.async double buffering: what it accepts (limits, plan, claims), how it launches the
 // kernel of kernel.cuh, and its registration.
 #include <algorithm>
+#include <functional>
+#include <ostream>
 #include <string>
 
+#include "common/bank_report.h"
 #include "common/registry.h"
 #include "steps/05_cp_async/kernel.cuh"
 
@@ -75,6 +78,16 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
   });
 }
 
+// What `flash-steps banks` prints for this step (Step::explain): the bank conflicts of every shared
+// access of the kernel under TileLayout, replayed from traits.h by common/bank_report.h, with its two
+// K/V buffers copied by cp.async.
+template <template <int> class TileLayout>
+std::function<void(std::ostream&)> bank_report(std::string step, std::string layout) {
+  return [=](std::ostream& out) {
+    bank::explain_tiling<Traits, TileLayout>(out, {step, layout, "steps/05_cp_async/traits.h", 2, true});
+  };
+}
+
 }  // namespace
 }  // namespace fs::step05
 
@@ -85,7 +98,8 @@ void register_step_05_cp_async(Registry& r) {
   r.add(Step{"05_cp_async", "cp.async double buffering",
              "04_swizzle with K/V tiles copied by cp.async into two buffers: tile n+1 streams in while tile n "
              "is computed",
-             "", 80, 0, limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims, {}});
+             "", 80, 0, limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims,
+             bank_report<Swizzled128Layout>("05_cp_async", "XOR-swizzled, chunk ^ row % 8")});
 }
 
 }  // namespace fs
