@@ -2,7 +2,7 @@
 """The compiler's resource report of every step's kernels, as a markdown table.
 
     cmake --build build --target resource_report          writes build/resource_report.md
-    python3 bench/resource_report.py --step 01_naive=build/steps/.../naive.cu.o [--step ...]
+    python3 bench/resource_report.py --step 01_naive=build/steps/.../step.cu.o [--step ...]
         [--cuobjdump PATH] [--out FILE] [--notes notes/README.md] [--launch bench/launch_config.json]
 
 For each step object it runs `cuobjdump --dump-resource-usage` (registers per thread, static shared
