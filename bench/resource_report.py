@@ -3,7 +3,7 @@
 and, from a GPU run, the occupancy of the launches each step makes.
 
     cmake --build build --target resource_report          writes build/resource_report.md
-    python3 bench/resource_report.py --step 01_naive=build/steps/.../naive.cu.o [--step ...]
+    python3 bench/resource_report.py --step 01_naive=build/steps/.../step.cu.o [--step ...]
         [--runtime FILE] [--cuobjdump PATH] [--out FILE] [--notes notes/README.md]
 
 From the object files, for every kernel, with `cuobjdump --dump-resource-usage` (registers per

@@ -17,7 +17,8 @@
 // of a 16-byte load reading the same 16 bytes); each phase is counted on its own.
 //
 // Everything here is constexpr: the tests check textbook cases with static_assert, and the layouts
-// are the (row, col) -> offset functions of common/smem_layout.h that the kernels use.
+// are the (row, col) -> offset functions that the kernels use (a step's traits.h; common/bank_report.h
+// replays a whole kernel).
 #pragma once
 
 #include <cstdint>
@@ -104,7 +105,7 @@ struct Coord {
 };
 
 // The access of a warp whose lane l touches `width` bytes starting at element lane_coord(l) of a
-// tile laid out by Layout (common/smem_layout.h), with elements of elem_bytes bytes, that starts at
+// tile laid out by Layout (a type with offset(row, col)), with elements of elem_bytes bytes, that starts at
 // byte `base` of shared memory. All 32 lanes take part.
 template <class Layout, class LaneCoord>
 constexpr WarpAccess tile_access(int width, int elem_bytes, uint32_t base, LaneCoord lane_coord) {

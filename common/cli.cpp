@@ -173,9 +173,10 @@ std::string runner_usage() {
 
 usage: flash-steps [run] [options]     check every step against the reference, time it, print a table
        flash-steps --list              list the registered steps (no GPU needed)
-       flash-steps banks               bank maps and predicted shared-memory bank conflicts of steps 03-04
-                                       (a model of the hardware: no GPU needed)
-       flash-steps explain [--step ID] what each step's index math predicts (layouts, maps), no GPU needed
+       flash-steps explain [--step ID] what each step's index math predicts, from a model of the hardware
+                                       (no GPU needed): steps 03-05 print their shared-memory bank maps,
+                                       the wavefronts of every shared access and the ncu counters to expect
+       flash-steps banks [--step ID]   the same as explain
        flash-steps resources [options] [--json]
                                        registers, shared memory and occupancy of every kernel each step
                                        launches for the problem, asked of the CUDA runtime (GPU needed)

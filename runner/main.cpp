@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "common/bank_report.h"
 #include "common/check.h"
 #include "common/cli.h"
 #include "common/kernel_resources.h"
@@ -65,7 +64,7 @@ int list_steps() {
   return 0;
 }
 
-// `flash-steps explain`: every selected step's explanation (Step::explain), no GPU needed.
+// `flash-steps explain` (or `banks`): every selected step's explanation (Step::explain), no GPU needed.
 int explain_steps(const fs::RunnerOptions& o) {
   for (const fs::Step& s : fs::steps()) {
     if (!o.steps.empty() && std::find(o.steps.begin(), o.steps.end(), s.id) == o.steps.end()) continue;
@@ -374,8 +373,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (a.options.command == "list") return list_steps();
-    if (a.options.command == "banks") return fs::bank::banks_main();
-    if (a.options.command == "explain") return explain_steps(a.options);
+    if (a.options.command == "explain" || a.options.command == "banks") return explain_steps(a.options);
     if (a.options.command == "resources") return resources(a.options);
     return run(a.options);
   } catch (const std::exception& e) {

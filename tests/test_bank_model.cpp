@@ -1,7 +1,6 @@
 // The bank-conflict model (common/bank_model.h) on textbook cases, the shared-memory accesses of
-// steps 03 and 04 replayed through it from the kernels' own index functions, and the tile layouts
-// (common/smem_layout.h) as bijections onto their storage.
-#include <iostream>
+// steps 03-05 replayed through it (common/bank_report.h) from the kernels' own index functions and
+// layouts (steps/NN_name/traits.h), and those layouts as bijections onto their storage.
 #include <set>
 #include <sstream>
 #include <string>
@@ -10,8 +9,10 @@
 #include "catch.h"
 #include "common/bank_model.h"
 #include "common/bank_report.h"
-#include "common/smem_layout.h"
-#include "steps/03_smem_tiling/tiling.h"
+#include "common/registry.h"
+#include "steps/03_smem_tiling/traits.h"
+#include "steps/04_bank_conflicts/traits.h"
+#include "steps/05_cp_async/traits.h"
 
 namespace {
 
@@ -100,7 +101,7 @@ TEST_CASE("bank model: bad accesses are reported, not counted", "[bank]") {
 
 namespace {
 
-// Every tile layout of steps 03 and 04, for a [ROWS, COLS] tile.
+// Every tile layout of steps 03-05, for a [ROWS, COLS] tile.
 template <class Layout, int ROWS>
 void check_layout(bool padded) {
   constexpr int COLS = Layout::kCols;
@@ -138,89 +139,122 @@ void check_layout(bool padded) {
 }  // namespace
 
 TEST_CASE("tile layouts are bijections onto their storage, with contiguous 16-byte chunks", "[bank]") {
-  check_layout<fs::RowMajorLayout<64>, 64>(false);
-  check_layout<fs::RowMajorLayout<128>, 64>(false);
-  check_layout<fs::Swizzled128Layout<64>, 64>(false);
-  check_layout<fs::Swizzled128Layout<128>, 64>(false);
-  check_layout<fs::Padded16Layout<64>, 64>(true);
-  check_layout<fs::Padded16Layout<128>, 64>(true);
+  check_layout<fs::step03::RowMajorLayout<64>, 64>(false);
+  check_layout<fs::step03::RowMajorLayout<128>, 64>(false);
+  check_layout<fs::step04::Swizzled128Layout<64>, 64>(false);
+  check_layout<fs::step04::Swizzled128Layout<128>, 64>(false);
+  check_layout<fs::step04::Padded16Layout<64>, 64>(true);
+  check_layout<fs::step04::Padded16Layout<128>, 64>(true);
+  check_layout<fs::step05::Swizzled128Layout<64>, 64>(false);
+  check_layout<fs::step05::Swizzled128Layout<128>, 64>(false);
 }
 
 TEST_CASE("step 03: a quarter-warp reading K hits one bank group 8 times (row-major)", "[bank]") {
-  // Warp 0's first K read, built from the kernel's own index functions (tiling.h).
-  using Tr = fs::tiling::Traits<128>;
-  const WarpAccess k_read = fs::bank::tile_access<fs::RowMajorLayout<128>>(
+  // Warp 0's first K read, built from each kernel's own index functions (traits.h).
+  using Tr = fs::step03::Traits<128>;
+  using Tr04 = fs::step04::Traits<128>;
+  const WarpAccess k_read = fs::bank::tile_access<fs::step03::RowMajorLayout<128>>(
       16, 2, 0, [](int lane) { return Coord{Tr::key(lane, 0), 0}; });
   for (int phase = 0; phase < 4; ++phase) CHECK(fs::bank::phase_wavefronts(k_read, phase) == 8);
   CHECK(fs::bank::wavefronts(k_read) == 32);
-  const WarpAccess padded = fs::bank::tile_access<fs::Padded16Layout<128>>(
-      16, 2, 0, [](int lane) { return Coord{Tr::key(lane, 0), 0}; });
+  const WarpAccess padded = fs::bank::tile_access<fs::step04::Padded16Layout<128>>(
+      16, 2, 0, [](int lane) { return Coord{Tr04::key(lane, 0), 0}; });
   CHECK(fs::bank::wavefronts(padded) == 4);
-  const WarpAccess swizzled = fs::bank::tile_access<fs::Swizzled128Layout<128>>(
-      16, 2, 0, [](int lane) { return Coord{Tr::key(lane, 0), 0}; });
+  const WarpAccess swizzled = fs::bank::tile_access<fs::step04::Swizzled128Layout<128>>(
+      16, 2, 0, [](int lane) { return Coord{Tr04::key(lane, 0), 0}; });
   CHECK(fs::bank::wavefronts(swizzled) == 4);
 }
 
-TEST_CASE("steps 03/04: the conflicts of every shared access, per layout", "[bank]") {
-  using fs::bank::TileLayout;
+namespace {
+
+// The kernels of steps 03-05, as their step.cu describes them to the report.
+const fs::bank::TilingKernel k03{"03_smem_tiling", "row-major", "steps/03_smem_tiling/traits.h"};
+const fs::bank::TilingKernel k04_pad{"04_pad", "padded +16 B per row", "steps/04_bank_conflicts/traits.h"};
+const fs::bank::TilingKernel k04_swizzle{"04_swizzle", "XOR-swizzled, chunk ^ row % 8", "steps/04_bank_conflicts/traits.h"};
+const fs::bank::TilingKernel k05{"05_cp_async", "XOR-swizzled, chunk ^ row % 8", "steps/05_cp_async/traits.h", 2, true};
+
+// Every shared access of one kernel: only the row-major K read conflicts (8-way in each phase).
+template <template <int> class Traits, template <int> class Layout>
+void check_counts(const fs::bank::TilingKernel& kernel, bool row_major) {
   for (int head_dim : {64, 128}) {
     const int chunks = head_dim / 8;
-    for (TileLayout layout : fs::bank::kTileLayouts) {
-      CAPTURE(head_dim, fs::bank::step_of(layout));
-      const std::vector<fs::bank::AccessCount> counts = fs::bank::tiling_access_counts(head_dim, layout);
-      REQUIRE(counts.size() == 5);
-      for (const fs::bank::AccessCount& c : counts) {
-        CAPTURE(c.what);
-        CHECK(c.instructions > 0);
-        CHECK(c.ideal == c.instructions * (c.width / 4));  // one wavefront per phase: width/4 phases
-        const bool k_read = c.what == "S = Q·Kᵀ: read K";
-        if (k_read) CHECK(c.instructions == 8 * chunks * 4);  // 8 warps × head_dim/8 chunks × 4 keys
-        if (k_read && layout == TileLayout::row_major) {
-          // The prediction of notes/03 and notes/04: every K read is 8-way in each of its 4 phases.
-          CHECK(c.worst == 32);
-          CHECK(c.wavefronts == 32 * c.instructions);
-          CHECK(c.conflicts() == 28 * c.instructions);
-        } else {
-          // Everything else, and everything under padding and swizzling, is conflict-free.
-          CHECK(c.conflicts() == 0);
-          CHECK(c.worst == c.width / 4);
-        }
+    CAPTURE(head_dim, kernel.step);
+    const std::vector<fs::bank::AccessCount> counts = fs::bank::tiling_access_counts<Traits, Layout>(head_dim, kernel);
+    REQUIRE(counts.size() == 5);
+    for (const fs::bank::AccessCount& c : counts) {
+      CAPTURE(c.what);
+      CHECK(c.instructions > 0);
+      CHECK(c.ideal == c.instructions * (c.width / 4));  // one wavefront per phase: width/4 phases
+      const bool k_read = c.what == "S = Q·Kᵀ: read K";
+      if (k_read) CHECK(c.instructions == 8 * chunks * 4);  // 8 warps × head_dim/8 chunks × 4 keys
+      if (k_read && row_major) {
+        // The prediction of notes/03 and notes/04: every K read is 8-way in each of its 4 phases.
+        CHECK(c.worst == 32);
+        CHECK(c.wavefronts == 32 * c.instructions);
+        CHECK(c.conflicts() == 28 * c.instructions);
+      } else {
+        // Everything else, and everything under padding and swizzling, is conflict-free.
+        CHECK(c.conflicts() == 0);
+        CHECK(c.worst == c.width / 4);
       }
     }
   }
-  CHECK_THROWS(fs::bank::tiling_access_counts(40, TileLayout::row_major));
 }
 
-TEST_CASE("steps 03/04: predicted ncu counters at the default shape", "[bank]") {
-  using fs::bank::TileLayout;
+}  // namespace
+
+TEST_CASE("steps 03-05: the conflicts of every shared access, per layout", "[bank]") {
+  check_counts<fs::step03::Traits, fs::step03::RowMajorLayout>(k03, true);
+  check_counts<fs::step04::Traits, fs::step04::Padded16Layout>(k04_pad, false);
+  check_counts<fs::step04::Traits, fs::step04::Swizzled128Layout>(k04_swizzle, false);
+  check_counts<fs::step05::Traits, fs::step05::Swizzled128Layout>(k05, false);
+  CHECK_THROWS(fs::bank::tiling_access_counts<fs::step03::Traits, fs::step03::RowMajorLayout>(40, k03));
+}
+
+TEST_CASE("steps 03-05: predicted ncu counters at the default shape", "[bank]") {
   const fs::Problem p = fs::make_problem(2, 2048, 2048, 16, 16, 128, fs::DType::fp16, false);
-  const fs::bank::LaunchPrediction row_major = fs::bank::predict_launch(p, TileLayout::row_major);
+  const fs::bank::LaunchPrediction row_major =
+      fs::bank::predict_launch<fs::step03::Traits, fs::step03::RowMajorLayout>(p, k03);
   CHECK(row_major.blocks == 32 * 32);
   CHECK(row_major.tiles == 32 * 32 * 32);
   // 32768 block-tiles × 8 warps × 64 K reads × 28 extra wavefronts.
   CHECK(row_major.ld_conflicts == int64_t(32768) * 8 * 64 * 28);
   CHECK(row_major.st_conflicts == 0);
-  for (TileLayout fixed : {TileLayout::padded16, TileLayout::swizzled128}) {
-    const fs::bank::LaunchPrediction r = fs::bank::predict_launch(p, fixed);
+  for (const fs::bank::LaunchPrediction& r :
+       {fs::bank::predict_launch<fs::step04::Traits, fs::step04::Padded16Layout>(p, k04_pad),
+        fs::bank::predict_launch<fs::step04::Traits, fs::step04::Swizzled128Layout>(p, k04_swizzle)}) {
     CHECK(r.ld_conflicts == 0);
     CHECK(r.st_conflicts == 0);
     CHECK(r.ld_wavefronts == row_major.ld_wavefronts - row_major.ld_conflicts);
     CHECK(r.st_wavefronts == row_major.st_wavefronts);
   }
+  // Step 05 reads shared memory as 04_swizzle does; its copies are cp.async, which ncu's _op_st
+  // counters do not see (0 measured in bench/results/ncu-05_cp_async-f562aa8199a8.txt).
+  const fs::bank::LaunchPrediction r05 = fs::bank::predict_launch<fs::step05::Traits, fs::step05::Swizzled128Layout>(p, k05);
+  CHECK(r05.ld_wavefronts == row_major.ld_wavefronts - row_major.ld_conflicts);
+  CHECK(r05.ld_conflicts == 0);
+  CHECK(r05.st_wavefronts == 0);
+  CHECK(r05.st_conflicts == 0);
   // Causal: the tiles above the diagonal are skipped, (32·33/2) of 32·32 per (b, h).
   fs::Problem causal = p;
   causal.causal = 1;
-  CHECK(fs::bank::predict_launch(causal, TileLayout::row_major).tiles == 32 * 528);
+  CHECK(fs::bank::predict_launch<fs::step03::Traits, fs::step03::RowMajorLayout>(causal, k03).tiles == 32 * 528);
 }
 
 TEST_CASE("flash-steps banks prints the maps and the counts", "[bank]") {
+  // What `flash-steps banks` (= explain) prints: the explanations of the registered steps, in order.
   std::ostringstream captured;
-  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
-  const int status = fs::bank::banks_main();
-  std::cout.rdbuf(old);
-  CHECK(status == 0);
+  for (const char* id : {"03_smem_tiling", "04_pad", "04_swizzle", "05_cp_async"}) {
+    CAPTURE(id);
+    const fs::Step* s = fs::find_step(id);
+    REQUIRE(s != nullptr);
+    REQUIRE(s->explain);
+  }
+  for (const fs::Step& s : fs::steps())
+    if (s.explain) s.explain(captured);
   const std::string out = captured.str();
-  for (const char* s : {"03_smem_tiling", "04_pad", "04_swizzle", "S = Q·Kᵀ: read K", "l1tex__data_bank_conflicts"}) {
+  for (const char* s : {"03_smem_tiling", "04_pad", "04_swizzle", "05_cp_async", "S = Q·Kᵀ: read K",
+                        "l1tex__data_bank_conflicts"}) {
     CAPTURE(s);
     CHECK(out.find(s) != std::string::npos);
   }

@@ -1,4 +1,4 @@
-// The fragment-layout model (common/fragment_layout.h) against the PTX ISA, and step 06's ldmatrix
+// Step 06's fragment maps (steps/06_ldmatrix_mma/traits.h) against the PTX ISA, and step 06's ldmatrix
 // addresses simulated on the CPU over swizzled shared-memory tiles.
 //
 // The PTX ISA's tables are written out again here, in the ISA's own terms (element index a_i / b_i
@@ -12,8 +12,9 @@
 
 #include "catch.h"
 #include "common/bank_model.h"
+#include "steps/03_smem_tiling/traits.h"
+#include "steps/04_bank_conflicts/traits.h"
 #include "steps/06_ldmatrix_mma/traits.h"
-#include "common/smem_layout.h"
 
 namespace {
 
@@ -270,7 +271,7 @@ TEST_CASE("fragment layout: ldmatrix x1/x2/x4 with and without .trans match the 
 
   // Simulated on a plain 8×8 .. 32×8 row-major buffer: x1, x2 and x4, both directions. Matrix m
   // occupies rows 8m … 8m+7; register m of lane l must hold frag::ldmatrix_element(l, half) of it.
-  using Plain = fs::RowMajorLayout<8>;
+  using Plain = fs::step03::RowMajorLayout<8>;
   const std::vector<int> smem = make_tile<Plain>(32);
   for (int num : {1, 2, 4})
     for (bool trans : {false, true}) {
@@ -324,9 +325,9 @@ TEST_CASE("bank model: step 06's ldmatrix phases are conflict-free swizzled, 8-w
   CHECK(worst_step06_wavefronts<fs::step06::Swizzled128Layout<64>, 64>() == 1);
   CHECK(worst_step06_wavefronts<fs::step06::Swizzled128Layout<128>, 128>() == 1);
   // Rows of 128 or 256 bytes all start in bank 0: the 8 rows of a phase hit the same 4 banks.
-  CHECK(worst_step06_wavefronts<fs::RowMajorLayout<64>, 64>() == 8);
-  CHECK(worst_step06_wavefronts<fs::RowMajorLayout<128>, 128>() == 8);
+  CHECK(worst_step06_wavefronts<fs::step03::RowMajorLayout<64>, 64>() == 8);
+  CHECK(worst_step06_wavefronts<fs::step03::RowMajorLayout<128>, 128>() == 8);
   // 16 bytes of padding per row also spreads the 8 rows over all 32 banks (at 16 bytes more per row).
-  CHECK(worst_step06_wavefronts<fs::PaddedLayout<64, 8>, 64>() == 1);
-  CHECK(worst_step06_wavefronts<fs::PaddedLayout<128, 8>, 128>() == 1);
+  CHECK(worst_step06_wavefronts<fs::step04::PaddedLayout<64, 8>, 64>() == 1);
+  CHECK(worst_step06_wavefronts<fs::step04::PaddedLayout<128, 8>, 128>() == 1);
 }

@@ -1,6 +1,6 @@
 // Step 07's index math on the CPU (steps/07_flash_attention2/traits.h): the K/V tile ranges and the
 // mask against brute force, the grid order, the traits table, the swizzle identity behind its
-// ldmatrix addresses, the 64-byte swizzle (common/smem_layout.h), its ldmatrix operand maps
+// ldmatrix addresses, the 64-byte swizzle, its ldmatrix operand maps
 // simulated against the fragment layout, and its refusals.
 #include <set>
 #include <string>

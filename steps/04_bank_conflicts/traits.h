@@ -1,15 +1,18 @@
-// How step 03 splits its work among threads — which thread reads which shared-memory element.
+// Step 04 — how the kernel (kernel.cuh) splits its work among threads, which thread reads which
+// shared-memory element, and how a tile is laid out in shared memory: step 03's traits with its
+// row-major layout replaced by the two conflict-free layouts of this step.
 //
-// The kernels of steps 03 and 04 compute every shared-memory address from these functions, and the
-// bank-conflict model (common/bank_model.h, `flash-steps banks`, tests/test_bank_model.cpp) replays
-// the very same functions, so the conflicts it predicts are those of the code that runs.
+// The kernel computes every shared-memory address from these functions, and the bank-conflict
+// model (common/bank_model.h through common/bank_report.h: `flash-steps banks`,
+// tests/test_bank_model.cpp) replays the very same functions, so the conflicts it predicts are
+// those of the code that runs.
 #pragma once
 
 #include "common/problem.h"  // FS_HD
 
-namespace fs::tiling {
+namespace fs::step04 {
 
-// Compile-time choices of steps 03 and 04. Everything else is derived from them.
+// Compile-time choices of this step. Everything else is derived from them.
 template <int HEAD_DIM_>
 struct Traits {
   static constexpr int HEAD_DIM = HEAD_DIM_;
@@ -42,7 +45,7 @@ struct Traits {
 
   // Keys (rows of K, columns of S) of thread t: key(t, 0..3) = t%16, t%16 + 16, t%16 + 32, t%16 + 48.
   // A quarter-warp therefore reads 8 consecutive K rows at the same column: the access whose bank
-  // conflicts step 04 removes.
+  // conflicts the layouts below remove.
   FS_HD static constexpr int key(int t, int j) { return t % GROUP + GROUP * j; }
 
   // First of the THREAD_COLS consecutive O columns of thread t; a quarter-warp (d = 128) or a
@@ -62,4 +65,43 @@ struct Traits {
   }
 };
 
-}  // namespace fs::tiling
+// The layout of a Q, K or V tile of 2-byte elements (fp16 / bf16) in shared memory, as a function
+// (row, col) -> element offset. Shared memory has 32 banks of 4 bytes; a warp's request is served
+// in one wavefront per 128 bytes when no two threads touch different words of the same bank
+// (common/bank_model.h counts them).
+//
+// Row-major with PAD extra elements per row: consecutive rows start PAD*2 bytes further along the
+// banks. Costs PAD elements per row of shared memory.
+template <int COLS, int PAD>
+struct PaddedLayout {
+  static constexpr int kCols = COLS;
+  static constexpr int kRowStride = COLS + PAD;  // elements
+  FS_HD static constexpr int offset(int row, int col) { return row * kRowStride + col; }
+  FS_HD static constexpr int size(int rows) { return rows * kRowStride; }
+};
+
+// 04_pad: row-major with 8 elements (16 bytes) of padding per row: row r starts 16·r bytes further
+// along the banks, so the same 16-byte chunk of 8 consecutive rows lands in 8 different groups of
+// 4 banks. One template parameter, like Swizzled128Layout, so that the kernel can take either as
+// `template <int> class TileLayout`.
+template <int COLS>
+using Padded16Layout = PaddedLayout<COLS, 8>;
+
+// 04_swizzle: XOR swizzle on 16-byte chunks (8 elements): within each group of 8 chunks (128 bytes)
+// of a row, chunk c is stored at chunk c ^ (row % 8). Eight consecutive rows then put the same
+// logical chunk in eight different 16-byte bank groups, so a 16-byte access per thread down a
+// column (or an ldmatrix: 8 rows × 16 bytes) is conflict-free, with no extra memory. Needs COLS to
+// be a multiple of 64.
+template <int COLS>
+struct Swizzled128Layout {
+  static_assert(COLS % 64 == 0, "the 128-byte XOR swizzle needs rows of a multiple of 64 elements");
+  static constexpr int kCols = COLS;
+  static constexpr int kRowStride = COLS;
+  FS_HD static constexpr int offset(int row, int col) {
+    const int chunk = col / 8;
+    return row * COLS + ((chunk ^ (row % 8)) * 8) + col % 8;
+  }
+  FS_HD static constexpr int size(int rows) { return rows * COLS; }
+};
+
+}  // namespace fs::step04

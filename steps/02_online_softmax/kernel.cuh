@@ -12,26 +12,17 @@
 // Work split: lane l of the warp owns the 4-element chunks l and l + 32 of head_dim (8-byte
 // accesses; head_dim <= 128 needs only the first). For each key the lanes multiply their chunks of
 // q and k, a 5-step shuffle reduction gives every lane the full dot product, and each lane updates
-// its own chunk of o_acc with its chunk of the V row.
+// its own chunk of o_acc with its chunk of the V row. The compile-time choices: traits.h.
+#pragma once
+
 #include <algorithm>
 #include <cmath>
 
 #include "common/dtype.cuh"
-#include "common/registry.h"
 #include "common/workload.h"
+#include "steps/02_online_softmax/traits.h"
 
-namespace fs {
-namespace {
-
-// Compile-time choices of this step.
-template <int CHUNKS_PER_LANE_>
-struct Traits {
-  static constexpr int NUM_WARPS = 8;  // one query row per warp, 8 consecutive rows per block
-  static constexpr int NUM_THREADS = NUM_WARPS * 32;
-  static constexpr int CHUNK = 4;  // elements per lane per access (8 bytes)
-  static constexpr int CHUNKS_PER_LANE = CHUNKS_PER_LANE_;  // 1 for head_dim <= 128, 2 up to 256
-  static_assert(CHUNKS_PER_LANE == 1 || CHUNKS_PER_LANE == 2, "head_dim <= 256 needs at most 2 chunks per lane");
-};
+namespace fs::step02 {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -41,7 +32,7 @@ struct alignas(8) Chunk {
   T x[4];
 };
 
-__device__ float warp_sum(float x) {
+__device__ inline float warp_sum(float x) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
@@ -135,37 +126,4 @@ online_softmax_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   }
 }
 
-template <typename T, int CHUNKS_PER_LANE>
-void launch_for(const Problem& p, const Tensors& t, cudaStream_t stream) {
-  using Tr = Traits<CHUNKS_PER_LANE>;
-  const dim3 grid(unsigned((p.seqlen_q + Tr::NUM_WARPS - 1) / Tr::NUM_WARPS),
-                  unsigned(std::min<int64_t>(p.batch * p.heads_q, 65535)));
-  online_softmax_kernel<T, CHUNKS_PER_LANE><<<grid, Tr::NUM_THREADS, 0, stream>>>(
-      static_cast<const T*>(t.q), static_cast<const T*>(t.k), static_cast<const T*>(t.v), static_cast<T*>(t.o), t.lse, p);
-  CHECK_LAUNCH();
-}
-
-// Every problem the harness accepts (head_dim 8..256 in steps of 8, GQA, causal, any seqlens).
-std::string limits(const Problem&) { return ""; }
-Plan plan(const Problem&, const DeviceInfo&) { return Plan{}; }
-bool claims(const Problem&, const DeviceInfo&) { return true; }
-
-void launch(const Problem& p, const Tensors& t, const Plan&, void*, cudaStream_t stream) {
-  dispatch_dtype(p.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (p.head_dim <= 32 * Traits<1>::CHUNK)
-      launch_for<T, 1>(p, t, stream);
-    else
-      launch_for<T, 2>(p, t, stream);
-  });
-}
-
-}  // namespace
-
-void register_step_02_online_softmax(Registry& r) {
-  r.add(Step{"02_online_softmax", "online softmax",
-             "one fused kernel: running max and sum over the keys, S never stored (memory O(N·d), not O(N²))", "", 80, 0,
-             limits, plan, launch, claims});
-}
-
-}  // namespace fs
+}  // namespace fs::step02

@@ -1,34 +1,49 @@
-// Step 03 — shared-memory tiling: the FlashAttention-2 loop as a tiled GEMM on CUDA cores.
+// Step 05 — cp.async double buffering: step 04's swizzled kernel with the K/V copies overlapped
+// with the computation.
 //
-// Extends step 02 (one warp per query row, so every K/V row is fetched from L1/L2 once per query
-// row) with one idea: tiles in shared memory. A block of 256 threads owns BLOCK_Q = 64 query rows
-// and keeps their Q tile in shared memory; it walks over the keys in tiles of BLOCK_KV = 64 rows
-// that all its threads copy into shared memory together, so each K/V element fetched from global
-// memory serves 64 query rows. Each thread computes a 4 × 4 register tile of S = Q·Kᵀ from shared
-// memory, as in a tiled SGEMM (fp32 FMAs); the online softmax of step 02 runs per row across the
-// tiles; the probabilities stay in registers and P·V accumulates into a 4 × HEAD_DIM/16 register
-// tile of O that is written once at the end. Loop order of FlashAttention-2: Q tile outside, K/V
-// tiles inside. Expected: 1.5–2× faster than step 02 at the default shape (notes/03_smem_tiling.md).
-//
-// The shared tiles are plain row-major on purpose: the 8 lanes of a quarter-warp read 8 K rows at
-// the same column, and in a row-major tile those 8 chunks sit in the same 4 banks — an 8-way bank
-// conflict on the kernel's most frequent shared load. Step 04 removes it by changing TileLayout
-// only (`flash-steps banks` prints the bank maps). Which thread touches which element is defined
-// in tiling.h, which the bank-conflict model replays.
+// Extends step 04 (04_swizzle) by changing one thing: how the tiles reach shared memory. In step 04
+// every thread loads 16 bytes from global memory into registers, waits for them (hundreds of cycles
+// of L2 or DRAM latency, during which its warp issues nothing), stores them to shared memory, and
+// only after a barrier does anyone compute; the next tile is not asked for until this one is
+// finished. Here the copies are `cp.async.cg` (global -> shared directly, no registers, the thread
+// does not wait) and K/V have two buffers: the copy of tile n+1 is started right before tile n is
+// computed, so its latency hides behind the FMAs of tile n. Ragged tails are zero-filled by the copy
+// itself (its src-size operand), not by a branch around it. The kernel is step 04's line for line
+// otherwise (`diff -ru steps/04_bank_conflicts steps/05_cp_async`).
+// Expected: a modest gain over 04_swizzle at the default shape (step 04 is FMA-bound and two
+// resident blocks already hide part of the latency), and the long-scoreboard stall share of ncu's
+// warp-state samples near zero (notes/05_cp_async.md).
+#pragma once
+
 #include <algorithm>
 #include <cmath>
-#include <string>
 
 #include "common/dtype.cuh"
-#include "common/registry.h"
-#include "common/smem_layout.h"
 #include "common/workload.h"
-#include "steps/03_smem_tiling/tiling.h"
+#include "steps/05_cp_async/traits.h"
 
-namespace fs {
-namespace {
+namespace fs::step05 {
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- the instruction this step teaches ----------------------------------------------------------
+// cp.async.cg.shared.global [dst], [src], 16, src_bytes (sm_80+): copies 16 bytes from global to
+// shared memory without passing through registers, caching in L2 only (.cg: the tile is read once
+// per block, L1 would not help). The thread goes on at once. Only src_bytes bytes are read and the
+// rest of the 16 are zero-filled, so src_bytes = 0 writes 16 zero bytes and reads nothing (the
+// address must still be a valid one).
+__device__ inline void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+// Closes a group: every cp.async this thread issued since the last commit.
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still in flight. It waits for the
+// thread's own copies only: a __syncthreads() must follow before other threads read the tile.
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 // N consecutive elements moved as one 8-byte (N = 4) or 16-byte (N = 8) access.
 template <typename T, int N>
@@ -44,34 +59,38 @@ __device__ void load_floats(const T* smem, float (&out)[N]) {
   for (int e = 0; e < N; ++e) out[e] = to_float(x.x[e]);
 }
 
-// All threads copy rows row0 .. row0 + 63 of one head into a shared tile, 16 bytes at a time;
-// rows at or past `rows_valid` become zeros (finite, and masked out later).
+// All threads start copying rows row0 .. row0 + 63 of one head into a shared tile, 16 bytes at a
+// time, and return without waiting; rows at or past `rows_valid` become zeros (finite, and masked
+// out later) through src_bytes = 0, their source address being row row0, which always exists.
+// Not unrolled on purpose: unrolled, the global and shared addresses of every chunk (they do not
+// change from tile to tile) stay in registers across the whole K/V loop and push the FMA loop past
+// its 128 registers into spills; rolled, they are recomputed at each call for a few instructions.
 template <class Tr, class Layout, typename T>
-__device__ void load_tile(T* tile, const T* head, int64_t row_stride, int row0, int64_t rows_valid) {
-#pragma unroll
+__device__ void copy_tile_async(T* tile, const T* head, int64_t row_stride, int row0, int64_t rows_valid) {
+#pragma unroll 1
   for (int it = 0; it < Tr::LOADS_PER_THREAD; ++it) {
     const int r = Tr::load_row(threadIdx.x, it), c = Tr::load_col(threadIdx.x, it);
-    uint4 chunk = make_uint4(0, 0, 0, 0);
-    if (row0 + r < rows_valid) chunk = *reinterpret_cast<const uint4*>(head + (row0 + r) * row_stride + c);
-    *reinterpret_cast<uint4*>(tile + Layout::offset(r, c)) = chunk;
+    const bool valid = row0 + r < rows_valid;
+    cp_async_16(tile + Layout::offset(r, c), head + (valid ? (row0 + r) * row_stride + c : row0 * row_stride),
+                valid ? 16 : 0);
   }
 }
 
 // TileLayout<HEAD_DIM> maps (row, col) of a Q, K or V tile to its shared-memory element
-// (common/smem_layout.h). This step uses RowMajorLayout; step 04 passes the fixed layouts.
+// (traits.h). This step passes Swizzled128Layout, as 04_swizzle does.
 template <typename T, int HEAD_DIM, template <int> class TileLayout>
-__global__ void __launch_bounds__(tiling::Traits<HEAD_DIM>::NUM_THREADS, 2)
+__global__ void __launch_bounds__(Traits<HEAD_DIM>::NUM_THREADS, 2)
 smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                    float* __restrict__ lse, Problem p) {
-  using Tr = tiling::Traits<HEAD_DIM>;
+  using Tr = Traits<HEAD_DIM>;
   using Layout = TileLayout<HEAD_DIM>;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, BLOCK_KV = Tr::BLOCK_KV, CHUNK = Tr::CHUNK;
   constexpr int THREAD_ROWS = Tr::THREAD_ROWS, THREAD_KEYS = Tr::THREAD_KEYS, THREAD_COLS = Tr::THREAD_COLS;
 
-  extern __shared__ uint4 smem[];  // uint4: 16-byte aligned
-  T* q_smem = reinterpret_cast<T*>(smem);       // [BLOCK_Q, HEAD_DIM] fp16/bf16
-  T* k_smem = q_smem + Layout::size(BLOCK_Q);   // [BLOCK_KV, HEAD_DIM]
-  T* v_smem = k_smem + Layout::size(BLOCK_KV);  // [BLOCK_KV, HEAD_DIM]
+  extern __shared__ uint4 smem[];  // uint4: 16-byte aligned, as cp.async needs
+  T* q_smem = reinterpret_cast<T*>(smem);           // [BLOCK_Q, HEAD_DIM] fp16/bf16
+  T* k_smem = q_smem + Layout::size(BLOCK_Q);       // [2][BLOCK_KV, HEAD_DIM]: tile n in buffer n % 2
+  T* v_smem = k_smem + 2 * Layout::size(BLOCK_KV);  // [2][BLOCK_KV, HEAD_DIM]
 
   const int t = threadIdx.x;
   // With a causal mask the last query tiles have the most keys: start them first so that they do
@@ -90,9 +109,14 @@ smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
     const int64_t kv_end = p.causal ? std::min(p.seqlen_k, last_row + p.seqlen_k - p.seqlen_q + 1) : p.seqlen_k;
     const int kv_tiles = kv_end > 0 ? int((kv_end + BLOCK_KV - 1) / BLOCK_KV) : 0;
 
-    // ---- load Q
-    __syncthreads();  // every thread is done with the previous (b, h)'s q_smem
-    load_tile<Tr, Layout>(q_smem, q + offset_of(p.q, b, 0, h), p.q.row, q0, p.seqlen_q);
+    // ---- load Q, and start K/V tile 0: one cp.async group, the only one in flight
+    __syncthreads();  // every thread is done with the previous (b, h)'s q_smem and K/V buffers
+    if (kv_tiles > 0) {  // a query tile that sees no key needs no Q either, and leaves no copy in flight
+      copy_tile_async<Tr, Layout>(q_smem, q + offset_of(p.q, b, 0, h), p.q.row, q0, p.seqlen_q);
+      copy_tile_async<Tr, Layout>(k_smem, k_head, p.k.row, 0, p.seqlen_k);
+      copy_tile_async<Tr, Layout>(v_smem, v_head, p.v.row, 0, p.seqlen_k);
+      cp_async_commit();
+    }
 
     float o_acc[THREAD_ROWS][THREAD_COLS] = {};  // [4, HEAD_DIM/16] of unnormalized O, fp32
     float row_max[THREAD_ROWS];                  // max raw score q·k of each row so far
@@ -104,11 +128,21 @@ smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
     }
 
     for (int tile = 0; tile < kv_tiles; ++tile) {
-      const int kv0 = tile * BLOCK_KV;
-      __syncthreads();  // every thread is done with the previous K/V tile
-      load_tile<Tr, Layout>(k_smem, k_head, p.k.row, kv0, p.seqlen_k);
-      load_tile<Tr, Layout>(v_smem, v_head, p.v.row, kv0, p.seqlen_k);
-      __syncthreads();  // Q, K and V tiles are in shared memory
+      const int kv0 = tile * BLOCK_KV, buf = tile % 2;
+      // Only this tile's group is in flight (the first time, with Q): wait for all of it.
+      cp_async_wait<0>();
+      // One barrier, two jobs: every thread's copies of this tile are now visible to all, and every
+      // thread is done computing the previous tile, so its buffer (buf ^ 1) may be overwritten.
+      __syncthreads();
+      if (tile + 1 < kv_tiles) {  // start tile n+1 now; it arrives while tile n is computed
+        copy_tile_async<Tr, Layout>(k_smem + (buf ^ 1) * Layout::size(BLOCK_KV), k_head, p.k.row, kv0 + BLOCK_KV,
+                                    p.seqlen_k);
+        copy_tile_async<Tr, Layout>(v_smem + (buf ^ 1) * Layout::size(BLOCK_KV), v_head, p.v.row, kv0 + BLOCK_KV,
+                                    p.seqlen_k);
+        cp_async_commit();
+      }
+      const T* k_tile = k_smem + buf * Layout::size(BLOCK_KV);  // [BLOCK_KV, HEAD_DIM] of this tile
+      const T* v_tile = v_smem + buf * Layout::size(BLOCK_KV);
 
       // ---- S = Q·Kᵀ: s_acc[i][j] = q_row(t, i) · key(t, j), 8 columns of head_dim per step
       float s_acc[THREAD_ROWS][THREAD_KEYS] = {};
@@ -119,7 +153,7 @@ smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
 #pragma unroll
         for (int j = 0; j < THREAD_KEYS; ++j) {
           float k_frag[CHUNK];  // 8 consecutive K rows per quarter-warp, same column: the bank conflict
-          load_floats(k_smem + Layout::offset(Tr::key(t, j), d0), k_frag);
+          load_floats(k_tile + Layout::offset(Tr::key(t, j), d0), k_frag);
 #pragma unroll
           for (int i = 0; i < THREAD_ROWS; ++i)
 #pragma unroll
@@ -166,7 +200,7 @@ smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
 #pragma unroll 4
         for (int src = 0; src < Tr::GROUP; ++src) {
           float v_frag[THREAD_COLS];
-          load_floats(v_smem + Layout::offset(Tr::key(src, j), Tr::o_col(t)), v_frag);
+          load_floats(v_tile + Layout::offset(Tr::key(src, j), Tr::o_col(t)), v_frag);
 #pragma unroll
           for (int i = 0; i < THREAD_ROWS; ++i) {
             const float prob = __shfl_sync(0xffffffffu, s_acc[i][j], src, Tr::GROUP);
@@ -199,60 +233,4 @@ smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   }
 }
 
-template <typename T, int HEAD_DIM, template <int> class TileLayout>
-void launch_for(const Problem& p, const Tensors& t, cudaStream_t stream) {
-  using Tr = tiling::Traits<HEAD_DIM>;
-  const int smem_bytes = Tr::template smem_bytes<TileLayout<HEAD_DIM>>(int(sizeof(T)));
-  const auto kernel = smem_tiling_kernel<T, HEAD_DIM, TileLayout>;
-  // Above 48 KB a block must opt in to more dynamic shared memory; supports() checked the limit.
-  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  const dim3 grid(unsigned((p.seqlen_q + Tr::BLOCK_Q - 1) / Tr::BLOCK_Q),
-                  unsigned(std::min<int64_t>(p.batch * p.heads_q, 65535)));
-  kernel<<<grid, Tr::NUM_THREADS, smem_bytes, stream>>>(static_cast<const T*>(t.q), static_cast<const T*>(t.k),
-                                                        static_cast<const T*>(t.v), static_cast<T*>(t.o), t.lse, p);
-  CHECK_LAUNCH();
-}
-
-std::string limits(const Problem& p) {
-  if (p.head_dim != 64 && p.head_dim != 128)
-    return "head_dim is " + std::to_string(p.head_dim) +
-           "; this step handles head_dim 64 and 128 only (each of the 16 threads of a row owns head_dim/16 "
-           "columns of O, read as one 8- or 16-byte access)";
-  return "";
-}
-
-bool claims(const Problem& p, const DeviceInfo&) { return p.head_dim == 64 || p.head_dim == 128; }
-
-template <template <int> class TileLayout>
-Plan plan(const Problem& p, const DeviceInfo& dev) {
-  Plan pl;
-  constexpr int elem_bytes = 2;  // fp16 and bf16
-  const int smem_bytes = p.head_dim == 64 ? tiling::Traits<64>::smem_bytes<TileLayout<64>>(elem_bytes)
-                                          : tiling::Traits<128>::smem_bytes<TileLayout<128>>(elem_bytes);
-  if (size_t(smem_bytes) > dev.smem_per_block_optin)
-    pl.refusal = "this step needs " + std::to_string(smem_bytes) + " bytes of shared memory per block for head_dim " +
-           std::to_string(p.head_dim) + "; this GPU allows " + std::to_string(dev.smem_per_block_optin);
-  return pl;
-}
-
-template <template <int> class TileLayout>
-void launch(const Problem& p, const Tensors& t, const Plan&, void*, cudaStream_t stream) {
-  dispatch_dtype(p.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (p.head_dim == 64)
-      launch_for<T, 64, TileLayout>(p, t, stream);
-    else
-      launch_for<T, 128, TileLayout>(p, t, stream);
-  });
-}
-
-}  // namespace
-
-void register_step_03_smem_tiling(Registry& r) {
-  r.add(Step{"03_smem_tiling", "shared-memory tiling",
-             "Q, K, V tiles in shared memory, a 4×4 register tile of S per thread (FlashAttention-2 loop on "
-             "CUDA cores); row-major tiles with 8-way bank conflicts",
-             "", 80, 0, limits, plan<RowMajorLayout>, launch<RowMajorLayout>, claims});
-}
-
-}  // namespace fs
+}  // namespace fs::step05

@@ -1,32 +1,30 @@
-// Step 04 — bank conflicts: step 03's kernel with its shared-memory layout fixed, in two ways.
+// Step 03 — shared-memory tiling: the FlashAttention-2 loop as a tiled GEMM on CUDA cores.
 //
-// Extends step 03 by changing one thing: the layout of the Q, K and V tiles in shared memory
-// (TileLayout). The kernel is step 03's line for line (`diff steps/03_smem_tiling/smem_tiling.cu
-// steps/04_bank_conflicts/bank_conflicts.cu`). In step 03 the 8 lanes of a quarter-warp read the
-// same 16-byte chunk of 8 consecutive K rows; a row is 256 bytes (128 for head_dim 64), so the 8
-// chunks sit in the same 4 banks and each read takes 8 wavefronts instead of 1 — 32 per warp
-// instruction instead of 4. Both layouts below put those 8 chunks in the 8 different groups of
-// 4 banks:
-//   04_pad      Padded16Layout<HEAD_DIM>: each row is 8 elements (16 bytes) longer, so row r starts
-//               16·r bytes further along the banks. Costs 8/HEAD_DIM more shared memory.
-//   04_swizzle  Swizzled128Layout<HEAD_DIM>: chunk c of row r is stored at chunk c ^ (r % 8) of the
-//               same row. No extra memory; the price is an XOR in each address.
-// The other shared accesses (tile copies, Q broadcasts, V rows) are conflict-free under all three
-// layouts (tests/test_bank_model.cpp, `flash-steps banks`). Expected: 1.3–1.8× faster than step 03
-// at the default shape, and the shared-load bank-conflict counter of ncu near zero
-// (notes/04_bank_conflicts.md).
+// Extends step 02 (one warp per query row, so every K/V row is fetched from L1/L2 once per query
+// row) with one idea: tiles in shared memory. A block of 256 threads owns BLOCK_Q = 64 query rows
+// and keeps their Q tile in shared memory; it walks over the keys in tiles of BLOCK_KV = 64 rows
+// that all its threads copy into shared memory together, so each K/V element fetched from global
+// memory serves 64 query rows. Each thread computes a 4 × 4 register tile of S = Q·Kᵀ from shared
+// memory, as in a tiled SGEMM (fp32 FMAs); the online softmax of step 02 runs per row across the
+// tiles; the probabilities stay in registers and P·V accumulates into a 4 × HEAD_DIM/16 register
+// tile of O that is written once at the end. Loop order of FlashAttention-2: Q tile outside, K/V
+// tiles inside. Expected: 1.5–2× faster than step 02 at the default shape (notes/03_smem_tiling.md).
+//
+// The shared tiles are plain row-major on purpose: the 8 lanes of a quarter-warp read 8 K rows at
+// the same column, and in a row-major tile those 8 chunks sit in the same 4 banks — an 8-way bank
+// conflict on the kernel's most frequent shared load. Step 04 removes it by changing TileLayout
+// only (`flash-steps banks` prints the bank maps). Which thread touches which element, and the
+// layout, are defined in traits.h, which the bank-conflict model replays.
+#pragma once
+
 #include <algorithm>
 #include <cmath>
-#include <string>
 
 #include "common/dtype.cuh"
-#include "common/registry.h"
-#include "common/smem_layout.h"
 #include "common/workload.h"
-#include "steps/03_smem_tiling/tiling.h"
+#include "steps/03_smem_tiling/traits.h"
 
-namespace fs {
-namespace {
+namespace fs::step03 {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -58,12 +56,12 @@ __device__ void load_tile(T* tile, const T* head, int64_t row_stride, int row0, 
 }
 
 // TileLayout<HEAD_DIM> maps (row, col) of a Q, K or V tile to its shared-memory element
-// (common/smem_layout.h). Step 03 used RowMajorLayout; this step passes the two fixed layouts.
+// (traits.h). This step uses RowMajorLayout; step 04 passes the fixed layouts.
 template <typename T, int HEAD_DIM, template <int> class TileLayout>
-__global__ void __launch_bounds__(tiling::Traits<HEAD_DIM>::NUM_THREADS, 2)
+__global__ void __launch_bounds__(Traits<HEAD_DIM>::NUM_THREADS, 2)
 smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                    float* __restrict__ lse, Problem p) {
-  using Tr = tiling::Traits<HEAD_DIM>;
+  using Tr = Traits<HEAD_DIM>;
   using Layout = TileLayout<HEAD_DIM>;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, BLOCK_KV = Tr::BLOCK_KV, CHUNK = Tr::CHUNK;
   constexpr int THREAD_ROWS = Tr::THREAD_ROWS, THREAD_KEYS = Tr::THREAD_KEYS, THREAD_COLS = Tr::THREAD_COLS;
@@ -199,64 +197,4 @@ smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   }
 }
 
-template <typename T, int HEAD_DIM, template <int> class TileLayout>
-void launch_for(const Problem& p, const Tensors& t, cudaStream_t stream) {
-  using Tr = tiling::Traits<HEAD_DIM>;
-  const int smem_bytes = Tr::template smem_bytes<TileLayout<HEAD_DIM>>(int(sizeof(T)));
-  const auto kernel = smem_tiling_kernel<T, HEAD_DIM, TileLayout>;
-  // Above 48 KB a block must opt in to more dynamic shared memory; supports() checked the limit.
-  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  const dim3 grid(unsigned((p.seqlen_q + Tr::BLOCK_Q - 1) / Tr::BLOCK_Q),
-                  unsigned(std::min<int64_t>(p.batch * p.heads_q, 65535)));
-  kernel<<<grid, Tr::NUM_THREADS, smem_bytes, stream>>>(static_cast<const T*>(t.q), static_cast<const T*>(t.k),
-                                                        static_cast<const T*>(t.v), static_cast<T*>(t.o), t.lse, p);
-  CHECK_LAUNCH();
-}
-
-std::string limits(const Problem& p) {
-  if (p.head_dim != 64 && p.head_dim != 128)
-    return "head_dim is " + std::to_string(p.head_dim) +
-           "; this step handles head_dim 64 and 128 only (each of the 16 threads of a row owns head_dim/16 "
-           "columns of O, read as one 8- or 16-byte access)";
-  return "";
-}
-
-bool claims(const Problem& p, const DeviceInfo&) { return p.head_dim == 64 || p.head_dim == 128; }
-
-template <template <int> class TileLayout>
-Plan plan(const Problem& p, const DeviceInfo& dev) {
-  Plan pl;
-  constexpr int elem_bytes = 2;  // fp16 and bf16
-  const int smem_bytes = p.head_dim == 64 ? tiling::Traits<64>::smem_bytes<TileLayout<64>>(elem_bytes)
-                                          : tiling::Traits<128>::smem_bytes<TileLayout<128>>(elem_bytes);
-  if (size_t(smem_bytes) > dev.smem_per_block_optin)
-    pl.refusal = "this step needs " + std::to_string(smem_bytes) + " bytes of shared memory per block for head_dim " +
-           std::to_string(p.head_dim) + "; this GPU allows " + std::to_string(dev.smem_per_block_optin);
-  return pl;
-}
-
-template <template <int> class TileLayout>
-void launch(const Problem& p, const Tensors& t, const Plan&, void*, cudaStream_t stream) {
-  dispatch_dtype(p.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (p.head_dim == 64)
-      launch_for<T, 64, TileLayout>(p, t, stream);
-    else
-      launch_for<T, 128, TileLayout>(p, t, stream);
-  });
-}
-
-}  // namespace
-
-void register_step_04_bank_conflicts(Registry& r) {
-  r.add(Step{"04_pad", "bank conflicts: padding",
-             "step 03 with each shared row 16 bytes longer: 8 consecutive K rows start in 8 different bank "
-             "groups, no conflict",
-             "", 80, 0, limits, plan<Padded16Layout>, launch<Padded16Layout>, claims});
-  r.add(Step{"04_swizzle", "bank conflicts: XOR swizzle",
-             "step 03 with the 16-byte chunks of each shared row XOR-swizzled by row % 8: no conflict, no extra "
-             "memory",
-             "", 80, 0, limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims});
-}
-
-}  // namespace fs
+}  // namespace fs::step03
