@@ -1,7 +1,13 @@
 // flash_steps_ceilings without a GPU: the wgmma matrix descriptor and operand layout against the PTX
-// ISA (bit patterns worked out by hand from "Matrix Descriptor Format" and its examples).
+// ISA (bit patterns worked out by hand from "Matrix Descriptor Format" and its examples), the command
+// line, and the JSON document.
+#include <cmath>
 #include <set>
+#include <sstream>
+#include <string>
+#include <vector>
 
+#include "bench/ceilings/report.h"
 #include "bench/ceilings/wgmma_desc.h"
 #include "catch.h"
 
@@ -48,4 +54,84 @@ TEST_CASE("wgmma operand layout: K-major core matrices inside the tile", "[ceili
   }
   CHECK(fc::kmajor_tile_bytes(64) == 2048);
   CHECK(fc::kmajor_tile_bytes(256) == 8192);
+}
+
+TEST_CASE("flash_steps_ceilings command line", "[ceilings]") {
+  using V = std::vector<std::string>;
+  auto r = fc::parse_args(V{});
+  CHECK(r.error.empty());
+  CHECK_FALSE(r.options.quick);
+  CHECK_FALSE(r.options.json);
+
+  r = fc::parse_args(V{"--quick", "--json", "out.json"});
+  CHECK(r.error.empty());
+  CHECK(r.options.quick);
+  CHECK(r.options.json);
+  CHECK(r.options.json_path == "out.json");
+
+  r = fc::parse_args(V{"--json"});
+  CHECK(r.options.json);
+  CHECK(r.options.json_path.empty());
+
+  r = fc::parse_args(V{"--json", "--quick"});  // the next flag is not a file name
+  CHECK(r.error.empty());
+  CHECK(r.options.json_path.empty());
+  CHECK(r.options.quick);
+
+  r = fc::parse_args(V{"--json", "-"});
+  CHECK(r.options.json);
+  CHECK(r.options.json_path.empty());
+
+  r = fc::parse_args(V{"--json=x.json"});
+  CHECK(r.options.json_path == "x.json");
+
+  CHECK_FALSE(fc::parse_args(V{"--json="}).error.empty());
+  CHECK(fc::parse_args(V{"--help"}).options.help);
+  CHECK(fc::parse_args(V{"-h"}).options.help);
+  r = fc::parse_args(V{"--quik"});
+  CHECK(r.error.find("'--quik'") != std::string::npos);
+  CHECK(fc::usage().find("usage: flash_steps_ceilings") != std::string::npos);
+}
+
+TEST_CASE("flash_steps_ceilings JSON document", "[ceilings]") {
+  fc::Header h;
+  h.commit = "abc123";
+  h.date = "2026-01-01T00:00:00Z";
+  h.device = "GPU \"X\" (sm_89)";
+  h.compute_capability = 89;
+  h.sm_count = 10;
+  h.max_sm_clock_mhz = 1500;
+  fc::Ceiling a;
+  a.id = "mma_sync_f16";
+  a.what = "mma";
+  a.unit = "TFLOP/s";
+  a.method = "m";
+  a.available = true;
+  a.best = 645.125;
+  a.median = 640.5;
+  a.launch_ms = 50;
+  a.repetitions = 20;
+  fc::Ceiling b;
+  b.id = "wgmma_f16";
+  b.unit = "TFLOP/s";
+  b.reason = "not available: wgmma needs sm_90a (this GPU is 8.9)";
+  b.best = std::nan("");
+  std::ostringstream out;
+  fc::write_json(out, h, {a, b});
+  const std::string s = out.str();
+  CHECK(s.find("\"tool\": \"flash_steps_ceilings\"") != std::string::npos);
+  CHECK(s.find("\"device\": \"GPU \\\"X\\\" (sm_89)\"") != std::string::npos);
+  CHECK(s.find("\"compute_capability\": 89") != std::string::npos);
+  CHECK(s.find("\"quick\": false") != std::string::npos);
+  CHECK(s.find("{\"id\": \"mma_sync_f16\", \"what\": \"mma\", \"value\": 645.125, \"unit\": \"TFLOP/s\", "
+               "\"best\": 645.125, \"median\": 640.5, \"launch_ms\": 50, \"repetitions\": 20, "
+               "\"available\": true, \"reason\": \"\", \"method\": \"m\"}") != std::string::npos);
+  CHECK(s.find("\"value\": null") != std::string::npos);  // NaN is not JSON
+  CHECK(s.find("\"available\": false, \"reason\": \"not available: wgmma needs sm_90a (this GPU is 8.9)\"") !=
+        std::string::npos);
+
+  std::ostringstream table;
+  fc::print_table(table, h, {a, b});
+  CHECK(table.str().find("645.1") != std::string::npos);
+  CHECK(table.str().find("not available: wgmma needs sm_90a") != std::string::npos);
 }
