@@ -28,14 +28,13 @@
 #include "common/timing.h"
 #include "kernels.h"
 #include "report.h"
+#include "tests/gpu_test_config.h"  // kSkipCode: ctest reports exit 77 as skipped
 #include "version.h"
 
 namespace {
 
 using fs::ceilings::Ceiling;
 using fs::ceilings::LoopKernel;
-
-constexpr int kSkipCode = 77;  // no CUDA device: ctest reports the test as skipped
 
 struct Settings {
   double target_ms;  // one launch takes about this long
@@ -279,7 +278,7 @@ int main(int argc, char** argv) {
   const std::string why = fs::cuda_unavailable_reason();
   if (!why.empty()) {
     std::cerr << "flash_steps_ceilings: " << why << "; the ceilings need a CUDA device, nothing was measured or written\n";
-    return kSkipCode;
+    return fs::test::kSkipCode;
   }
   try {
     const fs::DeviceInfo dev = fs::current_device();
