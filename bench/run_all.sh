@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command for the results on a GPU: build, the checked ladder, every step beside PyTorch SDPA over
-# the shape sweep, the resource report, the plots and the README table.
+# One command for the results on a GPU: build, the GPU's own ceilings, the checked ladder, every step
+# beside PyTorch SDPA over the shape sweep, the resource report, the plots and the README table.
 #
 #   bench/run_all.sh [--quick] [--commit HASH] [--build-dir DIR] [--no-build] [--gbench]
 #
@@ -11,6 +11,7 @@
 #   --gbench       also run the Google Benchmark sweep (flash_steps_bench --sweep, or --quick), if built
 #
 # Writes, under bench/results/ (names carry the UTC date and time):
+#   ceilings-<date>.json        flash_steps_ceilings: mma.sync, wgmma, FMA, ex2, HBM peaks of this GPU
 #   resources-<date>.json       flash-steps resources --json at the ladder shape: every kernel each step
 #                               launches, with its blocks per SM and occupancy (the CUDA runtime's)
 #   resource_report-<date>.md   registers, shared memory, spills of every kernel (cuobjdump), with the
@@ -20,8 +21,9 @@
 #   compare_torch-<date>.csv    ... over the sweep, with GPU, driver, versions, date and commit
 #   sweep.png, ladder.png       the plots, and README.md's results table rewritten between its markers
 #   run_all-<date>.log          everything printed
-# If $OUT is set, copies there (flat, at most 8 files): the plots, the log, the table, and
-# results.tar.gz holding every file above with its path (tar xzf results.tar.gz at the repo root).
+# If $OUT is set, copies there (flat, at most 8 files): the plots, the log, the table, the runner,
+# compare and ceilings JSON, and results.tar.gz holding every file above with its path (tar xzf
+# results.tar.gz at the repo root).
 # The full sweep takes a few minutes on an H200 (the slow early steps are skipped at long sequences).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +42,7 @@ while (($#)); do
     --build-dir=*) build="${1#*=}" ;;
     --no-build) do_build=0 ;;
     --gbench) gbench=1 ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_all.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -70,11 +72,21 @@ if ((do_build)); then
   phase "configure and build ($build)"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASH_STEPS_COMMIT="$commit" \
         -DFLASH_STEPS_BUILD_TESTS=OFF
-  cmake --build "$build" --target flash-steps flash_steps
+  cmake --build "$build" --target flash-steps flash_steps flash_steps_ceilings
   if ((gbench)); then
     cmake --build "$build" --target flash_steps_bench || echo "flash_steps_bench not built (no Google Benchmark?)"
   fi
 fi
+
+phase "the GPU's ceilings (flash_steps_ceilings)"
+ceilings_json="$results/ceilings-$stamp.json"
+ceilings_flag=(); ((quick)) && ceilings_flag=(--quick)
+if "$build/bench/flash_steps_ceilings" "${ceilings_flag[@]}" --json "$ceilings_json"; then
+  :
+else
+  failures+=("flash_steps_ceilings (exit $?)")
+fi
+if [[ -s "$ceilings_json" ]]; then made+=("$ceilings_json"); else rm -f "$ceilings_json"; ceilings_json=""; fi
 
 ladder_shape=(--batch 8 --seqlen 2048 --heads 16 --head-dim 128)
 
@@ -159,10 +171,10 @@ fi
 if [[ -n "${OUT:-}" ]]; then
   existing=(); for f in "${made[@]}"; do [[ -f "$f" ]] && existing+=("$f"); done
   tar czf "$OUT/results.tar.gz" "${existing[@]}"
-  for f in "$results/sweep.png" "$results/ladder.png" "$table" "$runner_json" "$compare_json"; do
+  for f in "$results/sweep.png" "$results/ladder.png" "$table" "$runner_json" "$compare_json" "$ceilings_json"; do
     if [[ -n "$f" && -f "$f" ]]; then cp "$f" "$OUT/"; fi
   done
-  echo "copied to \$OUT: results.tar.gz, run_all.log, the plots, the table, the runner and compare JSON"
+  echo "copied to \$OUT: results.tar.gz, run_all.log, the plots, the table, the runner, compare and ceilings JSON"
 fi
 echo "total $((SECONDS - t0)) s"
 status=0
