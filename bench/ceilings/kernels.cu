@@ -7,7 +7,7 @@
 #include <cuda_fp16.h>
 
 #include "common/device.h"
-#include "common/ptx.cuh"
+#include "instructions.cuh"
 #include "kernels.h"
 #include "values.cuh"
 
@@ -27,15 +27,15 @@ template <typename T>
 __global__ void __launch_bounds__(kMmaThreads) mma_sync_peak(int iters, float* sink) {
   const uint32_t seed = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
   uint32_t a[4], b[2];
-  for (int r = 0; r < 4; ++r) a[r] = ptx::pack2<T>(hashed_unit(seed + 2 * r), hashed_unit(seed + 2 * r + 1));
-  for (int r = 0; r < 2; ++r) b[r] = ptx::pack2<T>(hashed_unit(seed + 2 * r + 100), hashed_unit(seed + 2 * r + 101));
+  for (int r = 0; r < 4; ++r) a[r] = pack2<T>(hashed_unit(seed + 2 * r), hashed_unit(seed + 2 * r + 1));
+  for (int r = 0; r < 2; ++r) b[r] = pack2<T>(hashed_unit(seed + 2 * r + 100), hashed_unit(seed + 2 * r + 101));
   float acc[kMmaChains][4] = {};
 #pragma unroll 1
   for (int i = 0; i < iters; ++i) {
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
 #pragma unroll
-      for (int c = 0; c < kMmaChains; ++c) ptx::mma_m16n8k16<T>(acc[c], a, b);
+      for (int c = 0; c < kMmaChains; ++c) mma_m16n8k16<T>(acc[c], a, b);
     }
   }
   float sum = 0;
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kEx2Threads) ex2_peak(int iters, float* sink) 
 #pragma unroll
     for (int u = 0; u < kEx2Unroll; ++u) {
 #pragma unroll
-      for (int c = 0; c < kEx2Chains; ++c) x[c] = ptx::exp2_approx(-x[c]);
+      for (int c = 0; c < kEx2Chains; ++c) x[c] = exp2_approx(-x[c]);
     }
   }
   float sum = 0;

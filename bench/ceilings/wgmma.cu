@@ -11,7 +11,7 @@
 #include <cuda_fp16.h>
 
 #include "common/device.h"
-#include "common/ptx.cuh"
+#include "instructions.cuh"
 #include "kernels.h"
 #include "values.cuh"
 #include "wgmma_desc.h"
@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_peak(int iters, float* sink
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
 
-  const uint64_t a_desc = matrix_descriptor(ptx::smem_u32(a_smem), kLeadingByteOffset, kStrideByteOffset);
-  const uint64_t b_desc = matrix_descriptor(ptx::smem_u32(b_smem), kLeadingByteOffset, kStrideByteOffset);
+  const uint64_t a_desc = matrix_descriptor(smem_u32(a_smem), kLeadingByteOffset, kStrideByteOffset);
+  const uint64_t b_desc = matrix_descriptor(smem_u32(b_smem), kLeadingByteOffset, kStrideByteOffset);
   float d[kAccumulators];
   for (int j = 0; j < kAccumulators; ++j) d[j] = 0.0f;
 #pragma unroll 1
