@@ -233,7 +233,9 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   const int q0 = tile.q_tile * BLOCK_Q;
   const int q_rows = min(BLOCK_Q, seqlen_q - q0);  // real query rows in this tile
 
-  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;  // warpgroup, thread inside it
+  // Warpgroup and thread inside it. The shuffle tells the compiler what it cannot see: wg is the same
+  // in every lane of a warp, so Q's descriptors can live in uniform registers, as wgmma wants them.
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), t = threadIdx.x % 128;
   const KvTiles kv = kv_tiles_for(q0, q_rows, BLOCK_KV, seqlen_q, seqlen_k, p.causal != 0);
   const int kv_tiles = kv.count, masked_tiles = kv.count - kv.unmasked;
 
