@@ -45,7 +45,9 @@ for o in "${objects[@]}"; do "$cuobjdump" --dump-resource-usage "$o" 2>/dev/null
 commit="$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
 git -C "$root" diff --quiet HEAD -- "steps/$step" 2>/dev/null || commit="$commit (steps/$step modified)"
 echo "# bench/sass_excerpt.sh $step, commit $commit"
-echo "# $("$cuobjdump" --version | tail -2 | head -1)"
+nvcc_used="$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)"
+[[ -x "$nvcc_used" ]] && echo "# compiled by $nvcc_used: $("$nvcc_used" --version | tail -2 | head -1)"
+echo "# disassembled by $cuobjdump: $("$cuobjdump" --version | tail -2 | head -1)"
 echo "# objects: ${objects[*]#"$build/"}"
 echo
 
