@@ -1,9 +1,9 @@
 // Step 08 — Hopper I: the Hopper data path. TMA copies, mbarrier waits, wgmma products.
 //
 // Extends step 07 (FlashAttention-2 on mma.sync). The one idea: let the hardware move and feed the
-// tiles. On an H100/H200, step 07's threads spend their issue slots on cp.async address arithmetic
-// and on ldmatrix, and mma.sync reaches about two thirds of the tensor cores' peak. Hopper has two
-// engines that take that work off the threads:
+// tiles. On the H200, step 07's threads spend issue slots on cp.async addresses and on ldmatrix, and
+// no mma.sync kernel can pass 645 TFLOP/s there (notes/07_flash_attention2.md, "Where it stops").
+// Hopper has two engines that take that work off the threads:
 //
 //   * the Tensor Memory Accelerator (TMA) copies a whole box of a tensor from global to shared
 //     memory on one instruction of one thread, swizzling it for the tensor cores, filling what lies
