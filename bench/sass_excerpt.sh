@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The SASS evidence a note quotes, regenerated from a build: for every kernel of one step, its
+# resource usage and how many of each instruction of interest it has; then, for one kernel, every
+# line holding one of them with a few lines of context (the main loop's shape).
+#
+#   bench/sass_excerpt.sh STEP [KERNEL_REGEX] > bench/results/sass-STEP-<commit12>.txt
+#   bench/sass_excerpt.sh 08_tma_wgmma 'tma_wgmma_kernelI6__halfLi128E'
+#
+# KERNEL_REGEX (an extended regex on the mangled name) picks the kernel of the excerpt: the first
+# one that matches (default: the step's first kernel).
+# Environment:
+#   FLASH_STEPS_BUILD  the build directory (default: build)
+#   CUOBJDUMP          the cuobjdump to use (default: cuobjdump on PATH, else beside nvcc)
+#   SASS_CONTEXT       lines of context around each excerpted instruction (default: 2)
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+if [[ $# -lt 1 || "$1" == -* ]]; then
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+step="$1"
+pick="${2:-.}"
+build="${FLASH_STEPS_BUILD:-$root/build}"
+context="${SASS_CONTEXT:-2}"
+cuobjdump="${CUOBJDUMP:-$(command -v cuobjdump || true)}"
+[[ -n "$cuobjdump" ]] || cuobjdump="$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/cuobjdump"
+[[ -x "$cuobjdump" ]] || { echo "sass_excerpt.sh: cuobjdump not found (set CUOBJDUMP)" >&2; exit 1; }
+
+prefix="${step%%_*}"
+mapfile -t objects < <(find "$build/steps/" -path "*step_${prefix}_*" -name '*.o' 2>/dev/null | sort)
+((${#objects[@]})) || { echo "sass_excerpt.sh: no object files of step $prefix under $build/steps" >&2; exit 1; }
+
+# Counted in every kernel; the excerpt shows all but the exponentials (too many to read).
+counted='HGMMA[.A-Za-z0-9x]*|HMMA[.A-Za-z0-9]*|LDSM[.A-Za-z0-9]*|UTMALDG[.A-Za-z0-9]*|UTMASTG[.A-Za-z0-9]*|UTMACMDFLUSH|SYNCS[.A-Za-z0-9]*|WARPGROUP[.A-Za-z0-9]*|BAR\.SYNC[.A-Za-z_]*|MUFU\.EX2|LDGSTS[.A-Za-z0-9]*|LDL[.A-Za-z0-9]*|STL[.A-Za-z0-9]*'
+shown='HGMMA|UTMALDG|UTMASTG|UTMACMDFLUSH|SYNCS|WARPGROUP|BAR\.SYNC|DEPBAR|LDL|STL'
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+# One object at a time: cuobjdump stops at the first file without device code.
+for o in "${objects[@]}"; do "$cuobjdump" --dump-sass "$o" 2>/dev/null || true; done > "$work/sass"
+for o in "${objects[@]}"; do "$cuobjdump" --dump-resource-usage "$o" 2>/dev/null || true; done > "$work/usage"
+
+commit="$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+git -C "$root" diff --quiet HEAD -- "steps/$step" 2>/dev/null || commit="$commit (steps/$step modified)"
+echo "# bench/sass_excerpt.sh $step, commit $commit"
+nvcc_used="$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)"
+[[ -x "$nvcc_used" ]] && echo "# compiled by $nvcc_used: $("$nvcc_used" --version | tail -2 | head -1)"
+echo "# disassembled by $cuobjdump: $("$cuobjdump" --version | tail -2 | head -1)"
+echo "# objects: ${objects[*]#"$build/"}"
+echo
+
+# Per kernel: its name, resource usage and instruction counts.
+mapfile -t kernels < <(sed -n 's/^[[:space:]]*Function : \([A-Za-z0-9_]*\)$/\1/p' "$work/sass")
+for k in "${kernels[@]}"; do
+  echo "== $(echo "$k" | c++filt)"
+  grep -A1 "Function $k:" "$work/usage" | tail -1 | sed 's/^ */   /'
+  awk -v k="$k" '$0 ~ "Function : " k "$" {f = 1; next} /Function : / {f = 0} f' "$work/sass" > "$work/one"
+  grep -oE "$counted" "$work/one" | sort | uniq -c | awk '{printf "   %5d %s\n", $1, $2}'
+  grep -qE '\b(LDL|STL)\b' "$work/one" || echo "   no local memory (no LDL/STL)"
+done
+
+# The excerpt: one kernel, addresses and encodings dropped.
+for k in "${kernels[@]}"; do
+  [[ "$k" =~ $pick ]] || continue
+  echo
+  echo "== excerpt of $(echo "$k" | c++filt): lines with ${shown//\\/}, $context lines of context"
+  awk -v k="$k" '$0 ~ "Function : " k "$" {f = 1; next} /Function : / {f = 0} f' "$work/sass" |
+    grep -E '^\s+/\*[0-9a-f]{4,}\*/' | sed -E 's@^\s+/\*([0-9a-f]+)\*/\s+@\1  @; s@\s*/\* 0x[0-9a-f]+ \*/\s*$@@; s@\s+;\s*$@ ;@' |
+    grep -E -C "$context" "$shown"
+  break
+done
