@@ -34,8 +34,9 @@ runner="$build/flash-steps"
 [[ -x "$runner" ]] || { echo "profile.sh: $runner not found (cmake --build $build --target flash-steps)" >&2; exit 1; }
 command -v "$ncu" >/dev/null || { echo "profile.sh: ncu not found (Nsight Compute; set NCU=/path/to/ncu)" >&2; exit 1; }
 
-# The step's kernels: every function in the object files of its directory (steps/NN_*).
-prefix="${step%%_*}"
+# The step's kernels: every function in the object files of its directory (steps/NN_*, NN = the
+# step's first two characters: 07b_work_order lives in steps/07_flash_attention2).
+prefix="${step:0:2}"
 mapfile -t objects < <(find "$build/steps/" -path "*step_${prefix}_*" -name '*.o' 2>/dev/null | sort)
 kernels=""
 if ((${#objects[@]})); then
