@@ -76,6 +76,19 @@ TEST_CASE("step 01 refuses a score matrix larger than free memory", "[registry]"
   CHECK(ok.workspace_bytes == size_t(1) << 37);  // S is the workspace: 8·16·16384²·4 bytes
 }
 
+TEST_CASE("step 01 refuses a score matrix whose size overflows, without a device", "[registry]") {
+  const fs::Step* s = fs::find_step("01_naive");
+  REQUIRE(s != nullptr);
+  // b4 h1 sq = sk = 2^30: S = 2^64 bytes wrapped to 0, and the step accepted the problem.
+  const fs::Problem p = fs::make_problem(4, int64_t(1) << 30, int64_t(1) << 30, 1, 1, 64, fs::DType::fp16, false);
+  REQUIRE(fs::validate(p).empty());
+  const std::string why = fs::check_static(*s, p);
+  CHECK(why == "the score matrix S would need batch·heads·seqlen_q·seqlen_k·4 = 4·1·1073741824·1073741824·4 bytes, "
+               "which overflows 64 bits");
+  CHECK(fs::plan_for(*s, p, fake_device(90, size_t(1) << 62)).refusal == why);
+  CHECK_FALSE(s->claims(p, fake_device(90, size_t(1) << 62)));
+}
+
 TEST_CASE("registry: every step knows its directory", "[registry]") {
   for (const fs::Step& s : fs::steps()) {
     CAPTURE(s.id);
