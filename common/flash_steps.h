@@ -64,11 +64,15 @@ extern "C" {
 
 typedef enum fs_dtype { FS_FP16 = 0, FS_BF16 = 1 } fs_dtype;
 
+/* A refusal that needs no device (the harness's rules, a step's static limits such as head_dim) is
+ * FS_ERR_INVALID with or without a GPU; FS_ERR_CUDA is only ever a CUDA failure. */
 typedef enum fs_status {
   FS_OK = 0,
-  FS_ERR_INVALID = 1,      /* the problem or a pointer breaks a rule of the harness or of the step */
-  FS_ERR_UNKNOWN_STEP = 2, /* no step has this id */
-  FS_ERR_CUDA = 3          /* a CUDA call failed (no device, driver too old, launch failure, ...) */
+  FS_ERR_INVALID = 1,       /* the problem or a pointer breaks a rule of the harness or of the step */
+  FS_ERR_UNKNOWN_STEP = 2,  /* no step has this id */
+  FS_ERR_CUDA = 3,          /* a CUDA call failed (no device, driver too old, launch failure, ...) */
+  FS_ERR_OUT_OF_MEMORY = 4, /* an allocation failed; the message names the bytes asked */
+  FS_ERR_INTERNAL = 5       /* a bug in the library: an unexpected exception, described by the message */
 } fs_status;
 
 /* Element strides of one (batch, seqlen, heads, head_dim) tensor. `dim`, the stride of head_dim,
@@ -99,7 +103,7 @@ FS_API void fs_problem_init(fs_problem* p, int64_t batch, int64_t seqlen_q, int6
                             int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
                             int32_t causal);
 
-/* The registered steps, in order. Index out of range: NULL / -1. */
+/* The registered steps, in order. Index out of range: NULL / -1 (0 steps if the registry failed). */
 FS_API int fs_step_count(void);
 FS_API const char* fs_step_id(int index);     /* e.g. "01_naive" */
 FS_API const char* fs_step_name(int index);   /* e.g. "naive" */

@@ -14,7 +14,7 @@ void check_cublas(cublasStatus_t st, const char* expr, const char* file, int lin
   std::ostringstream m;
   m << file << ":" << line << ": " << expr << " failed: " << cublasGetStatusName(st) << " ("
     << cublasGetStatusString(st) << ")";
-  throw Error(m.str());
+  throw CudaError(m.str());
 }
 #define CHECK_CUBLAS(expr) check_cublas((expr), #expr, __FILE__, __LINE__)
 
