@@ -1,13 +1,44 @@
-// The C ABI of common/flash_steps.h over the C++ registry. No exception crosses this boundary.
+// The C ABI of common/flash_steps.h over the C++ registry. No exception crosses this boundary: every
+// entry point runs inside guard() or guarded().
 #include <cmath>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
+#include "c_api_status.h"
 #include "compare.h"
 #include "flash_steps.h"
 #include "registry.h"
 #include "sweep.h"
+
+namespace fs {
+
+fs_status status_of_current_exception(std::string& message) {
+  try {
+    throw;
+  } catch (const OutOfMemory& e) {
+    message = e.what();
+    return FS_ERR_OUT_OF_MEMORY;
+  } catch (const std::bad_alloc&) {
+    message = "out of host memory (std::bad_alloc)";
+    return FS_ERR_OUT_OF_MEMORY;
+  } catch (const CudaError& e) {
+    message = e.what();
+    return FS_ERR_CUDA;
+  } catch (const Error& e) {
+    message = e.what();
+    return FS_ERR_INVALID;
+  } catch (const std::exception& e) {
+    message = std::string("internal error: ") + e.what();
+    return FS_ERR_INTERNAL;
+  } catch (...) {
+    message = "internal error: an exception that is not a std::exception";
+    return FS_ERR_INTERNAL;
+  }
+}
+
+}  // namespace fs
 
 namespace {
 
@@ -18,14 +49,40 @@ fs_status fail(fs_status status, std::string message) {
   return status;
 }
 
+// Inside a catch block: records the exception's message and returns its status. Never throws (when
+// not even the message can be stored, the status alone is returned).
+fs_status fail_current_exception() noexcept {
+  try {
+    std::string message;
+    const fs_status status = fs::status_of_current_exception(message);
+    last_error = std::move(message);
+    return status;
+  } catch (...) {
+    last_error.clear();
+    return FS_ERR_OUT_OF_MEMORY;
+  }
+}
+
+// Runs `body`; an exception becomes `fallback`, with its message in last_error. For the entry points
+// that return a value rather than a status.
+template <typename T, typename F>
+T guard(T fallback, F&& body) noexcept {
+  try {
+    return body();
+  } catch (...) {
+    fail_current_exception();
+    return fallback;
+  }
+}
+
 const fs::Step* step_at(int index) {
   const auto& all = fs::steps();
   return index >= 0 && size_t(index) < all.size() ? &all[size_t(index)] : nullptr;
 }
 
-// Runs `body` and turns any exception into a status and last_error.
+// Looks up the step, then runs `body`; any exception becomes a status and last_error.
 template <typename F>
-fs_status guarded(const char* step_id, const fs_problem* p, F&& body) {
+fs_status guarded(const char* step_id, const fs_problem* p, F&& body) noexcept {
   last_error.clear();
   try {
     if (!step_id) return fail(FS_ERR_UNKNOWN_STEP, "step id is a null pointer");
@@ -33,10 +90,8 @@ fs_status guarded(const char* step_id, const fs_problem* p, F&& body) {
     const fs::Step* step = fs::find_step(step_id);
     if (!step) return fail(FS_ERR_UNKNOWN_STEP, std::string("no step has id '") + step_id + "' (see fs_step_id)");
     return body(*step, *p);
-  } catch (const fs::Error& e) {
-    return fail(FS_ERR_CUDA, e.what());
-  } catch (const std::exception& e) {
-    return fail(FS_ERR_CUDA, e.what());
+  } catch (...) {
+    return fail_current_exception();
   }
 }
 
@@ -47,25 +102,33 @@ extern "C" {
 FS_API void fs_problem_init(fs_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                             int64_t heads_kv, int64_t head_dim, int32_t dtype, int32_t causal) {
   if (!p) return;
-  *p = fs::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, static_cast<fs::DType>(dtype),
-                        causal != 0);
-  p->causal = causal;  // keep the caller's value so that a bad one is reported by fs_check
+  const bool ok = guard(false, [&] {
+    *p = fs::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, static_cast<fs::DType>(dtype),
+                          causal != 0);
+    p->causal = causal;  // keep the caller's value so that a bad one is reported by fs_check
+    return true;
+  });
+  if (!ok) *p = fs_problem{};  // all zero: fs_check refuses it ("batch is 0")
 }
 
 FS_API int fs_step_count(void) {
-  try {
-    return int(fs::steps().size());
-  } catch (...) {
-    return 0;
-  }
+  return guard(0, [] { return int(fs::steps().size()); });
 }
 
-FS_API const char* fs_step_id(int index) { return step_at(index) ? step_at(index)->id.c_str() : nullptr; }
-FS_API const char* fs_step_name(int index) { return step_at(index) ? step_at(index)->name.c_str() : nullptr; }
-FS_API const char* fs_step_lesson(int index) { return step_at(index) ? step_at(index)->lesson.c_str() : nullptr; }
-FS_API const char* fs_step_dir(int index) { return step_at(index) ? step_at(index)->dir.c_str() : nullptr; }
+FS_API const char* fs_step_id(int index) {
+  return guard<const char*>(nullptr, [&] { return step_at(index) ? step_at(index)->id.c_str() : nullptr; });
+}
+FS_API const char* fs_step_name(int index) {
+  return guard<const char*>(nullptr, [&] { return step_at(index) ? step_at(index)->name.c_str() : nullptr; });
+}
+FS_API const char* fs_step_lesson(int index) {
+  return guard<const char*>(nullptr, [&] { return step_at(index) ? step_at(index)->lesson.c_str() : nullptr; });
+}
+FS_API const char* fs_step_dir(int index) {
+  return guard<const char*>(nullptr, [&] { return step_at(index) ? step_at(index)->dir.c_str() : nullptr; });
+}
 FS_API int fs_step_min_compute_capability(int index) {
-  return step_at(index) ? step_at(index)->min_compute_capability : -1;
+  return guard(-1, [&] { return step_at(index) ? step_at(index)->min_compute_capability : -1; });
 }
 
 FS_API fs_status fs_check(const char* step_id, const fs_problem* p) {
@@ -105,7 +168,7 @@ FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q,
   });
 }
 
-FS_API const char* fs_last_error(void) { return last_error.c_str(); }
+FS_API const char* fs_last_error(void) { return last_error.c_str(); }  // cannot throw
 
 }  // extern "C"
 

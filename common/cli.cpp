@@ -1,5 +1,6 @@
 #include "cli.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -9,15 +10,22 @@ namespace fs {
 
 namespace {
 
-// Whole-string integer in [lo, hi], else an error naming the flag, the text and the range.
+bool all_digits(const std::string& text) {
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Whole-string decimal integer in [lo, hi] (digits only: no sign, no space, no overflow), else an
+// error naming the flag, the rule and the text. `rule` replaces "an integer between lo and hi".
 bool parse_int(const std::string& flag, const std::string& text, int64_t lo, int64_t hi, int64_t& out,
-               std::string& error) {
+               std::string& error, const std::string& rule = "") {
   errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+  const long long v = all_digits(text) ? std::strtoll(text.c_str(), nullptr, 10) : -1;
+  if (!all_digits(text) || errno == ERANGE || v < lo || v > hi) {
     std::ostringstream m;
-    m << flag << " expects an integer between " << lo << " and " << hi << ", got '" << text << "'";
+    m << flag << " expects ";
+    if (rule.empty()) m << "an integer between " << lo << " and " << hi;
+    else m << rule;
+    m << ", got '" << text << "'";
     error = m.str();
     return false;
   }
@@ -25,16 +33,46 @@ bool parse_int(const std::string& flag, const std::string& text, int64_t lo, int
   return true;
 }
 
+// A plain decimal number: digits with at most one '.', and an optional exponent (e.g. 0.125, 1e-3).
+// No sign, no space, no hexadecimal, no "inf" or "nan".
+bool plain_decimal(const std::string& text) {
+  size_t i = 0, digits = 0;
+  auto skip_digits = [&] {
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i, ++digits;
+  };
+  skip_digits();
+  if (i < text.size() && text[i] == '.') ++i, skip_digits();
+  if (digits == 0) return false;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    const size_t before = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    if (i == before) return false;
+  }
+  return i == text.size();
+}
+
 bool parse_float(const std::string& flag, const std::string& text, float& out, std::string& error) {
   errno = 0;
-  char* end = nullptr;
-  const float v = std::strtof(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v <= 0) {
+  const float v = plain_decimal(text) ? std::strtof(text.c_str(), nullptr) : 0.0f;
+  if (!plain_decimal(text) || errno == ERANGE || !std::isfinite(v) || v <= 0) {
     error = flag + " expects a finite number greater than 0, got '" + text + "'";
     return false;
   }
   out = v;
   return true;
+}
+
+// The flags that mean something for `command` besides its own. Every other flag is refused with it:
+// a flag is applied or refused, never ignored.
+bool applies_to(const std::string& flag, const std::string& command) {
+  if (command == "run") return true;
+  if (command == "explain" || command == "banks") return flag == "--step";
+  if (command == "resources")  // the problem, the steps and --json; nothing is timed or checked
+    return flag != "--iters" && flag != "--warmup" && flag != "--no-flush" && flag != "--no-baseline" &&
+           flag != "--seed" && flag != "--csv";
+  return false;  // list, help
 }
 
 }  // namespace
@@ -43,9 +81,13 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
   ParsedArgs r;
   RunnerOptions& o = r.options;
   size_t i = 0;
+  std::string command_word;  // how the command was given: "list", "--list", "--help", ...
   if (!args.empty() && (args[0] == "list" || args[0] == "run" || args[0] == "banks" || args[0] == "explain" ||
-                        args[0] == "resources"))
+                        args[0] == "resources")) {
     o.command = args[i++];
+    command_word = o.command;
+  }
+  std::vector<std::string> given;  // every option flag, to refuse those that do not apply to the command
   bool seqlen_q_set = false, seqlen_k_set = false;
   for (; i < args.size(); ++i) {
     std::string flag = args[i], value;
@@ -72,14 +114,21 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
       if (has_value) r.error = flag + " takes no value";
       return !has_value;
     };
+    auto set_command = [&](const char* command) {
+      if (!command_word.empty() && command_word != flag) {
+        r.error = "'" + command_word + "' and '" + flag + "' are two commands; give one";
+        return false;
+      }
+      o.command = command;
+      command_word = flag;
+      return no_value();
+    };
     int64_t n = 0;
     bool ok = true;
     if (flag == "--help" || flag == "-h") {
-      ok = no_value();
-      o.command = "help";
+      ok = set_command("help");
     } else if (flag == "--list") {
-      ok = no_value();
-      o.command = "list";
+      ok = set_command("list");
     } else if (flag == "--step") {
       ok = need_value();
       if (ok) {
@@ -111,7 +160,14 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
     } else if (flag == "--kv-heads") {
       ok = int_flag(1, INT32_MAX, o.kv_heads);
     } else if (flag == "--head-dim") {
-      ok = int_flag(1, 1 << 20, o.head_dim);
+      ok = need_value() && parse_int(flag, value, kHeadDimMultiple, kMaxHeadDim, o.head_dim, r.error,
+                                     "a multiple of " + std::to_string(kHeadDimMultiple) + " from " +
+                                         std::to_string(kHeadDimMultiple) + " to " + std::to_string(kMaxHeadDim));
+      if (ok && o.head_dim % kHeadDimMultiple != 0) {
+        r.error = "--head-dim expects a multiple of " + std::to_string(kHeadDimMultiple) + " from " +
+                  std::to_string(kHeadDimMultiple) + " to " + std::to_string(kMaxHeadDim) + ", got '" + value + "'";
+        ok = false;
+      }
     } else if (flag == "--dtype") {
       ok = need_value();
       if (ok) {
@@ -157,7 +213,14 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
       if (r.error.empty()) r.error = "bad argument '" + args[i] + "'";
       return r;
     }
+    if (flag != "--help" && flag != "-h" && flag != "--list") given.push_back(flag);
   }
+  for (const std::string& flag : given)
+    if (!applies_to(flag, o.command)) {
+      r.error = flag + " does not apply to '" + (command_word.empty() ? o.command : command_word) +
+                "' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)";
+      return r;
+    }
   return r;
 }
 
@@ -188,7 +251,7 @@ problem (defaults: batch 2, heads 16, seqlen 2048, head_dim 128, fp16, not causa
   --seqlen-k N         key/value length (overrides --seqlen)
   --heads N            query heads
   --kv-heads N         key/value heads (GQA/MQA; must divide --heads; default: --heads)
-  --head-dim N         head dimension (a multiple of 8, at most 256)
+  --head-dim N         head dimension (a multiple of 8 from 8 to 256)
   --dtype fp16|bf16    element type of Q, K, V, O
   --causal             causal mask, bottom-right aligned
   --scale X            softmax scale (default 1/sqrt(head_dim))
@@ -203,7 +266,11 @@ run:
   --json | --csv       machine-readable output on stdout instead of the table
   -h, --help           this text
 
-Exit status: 0 all checked steps pass, 1 a step failed or no GPU, 2 bad arguments.
+Numbers are plain decimals (digits only). Problem and run options apply to `run` only; given with
+--list, banks or --help they are refused. `explain` takes --step.
+
+Exit status: 0 every checked step passed; 1 a step failed, nothing was checked (every selected step
+refused the problem) or no GPU; 2 bad arguments.
 )";
 }
 

@@ -10,7 +10,19 @@ void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int l
   std::ostringstream m;
   m << file << ":" << line << ": " << expr << " failed: " << cudaGetErrorName(err) << " ("
     << cudaGetErrorString(err) << ")";
-  throw Error(m.str());
+  throw CudaError(m.str());
+}
+
+bool cuda_device_absent() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0)) return true;
+  if (err == cudaErrorInsufficientDriver) {
+    int driver = 0;
+    cudaDriverGetVersion(&driver);
+    return driver == 0;  // no driver loaded at all; a loaded but old driver is a broken machine
+  }
+  return false;
 }
 
 std::string cuda_unavailable_reason() {
@@ -62,7 +74,7 @@ DeviceInfo current_device() {
   static std::mutex mutex;
   static std::map<int, DeviceInfo> cache;
   static const std::string why = cuda_unavailable_reason();
-  if (!why.empty()) throw Error(why);
+  if (!why.empty()) throw CudaError(why);
   int ordinal = 0;
   CHECK_CUDA(cudaGetDevice(&ordinal));
   DeviceInfo d;

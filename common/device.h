@@ -15,7 +15,18 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Throws fs::Error("file:line: expr failed: cudaErrorName (message)").
+// A CUDA (or cuBLAS) call failed, or there is no usable device: the C ABI's FS_ERR_CUDA.
+struct CudaError : Error {
+  using Error::Error;
+};
+
+// Device memory could not be allocated: the C ABI's FS_ERR_OUT_OF_MEMORY. `bytes` is what was asked.
+struct OutOfMemory : Error {
+  OutOfMemory(const std::string& message, size_t bytes_asked) : Error(message), bytes(bytes_asked) {}
+  size_t bytes;
+};
+
+// Throws fs::CudaError("file:line: expr failed: cudaErrorName (message)").
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
 
 }  // namespace fs
@@ -49,7 +60,12 @@ struct DeviceInfo {
 // this runtime, or the error CUDA gave.
 std::string cuda_unavailable_reason();
 
-// The current device. Throws fs::Error with cuda_unavailable_reason() if there is none.
+// True when this machine has no CUDA device at all (no device, or no NVIDIA driver loaded): the GPU
+// tests skip. False when a device is usable, and when one is present but unusable (driver too old for
+// this runtime, a CUDA error): that is a failure, not a skip.
+bool cuda_device_absent();
+
+// The current device. Throws fs::CudaError with cuda_unavailable_reason() if there is none.
 DeviceInfo current_device();
 
 // Blocks for a grid-stride loop over n items, `threads` per block; at most 65535, the loop covers

@@ -10,6 +10,17 @@
  * in fp16 or bf16 (all four the same dtype), with element strides for the batch, row (seqlen) and
  * head dimensions and a contiguous head_dim. Every stride must be a multiple of 8 elements and
  * every pointer 16-byte aligned, so that any row can be moved with 16-byte accesses.
+ *
+ * Sizes: batch·heads_q <= 2^31 - 1, seqlens <= 2^31 - 1, head_dim a multiple of 8 from 8 to 256, and
+ * every tensor holds and spans at most 2^58 elements (its logical size and the extent of its strided
+ * view), so that every size derived from it fits in 64 bits. A larger problem is refused with a
+ * sentence naming the values, never wrapped.
+ *
+ * Aliasing: Q, K and V may alias each other and themselves (a batch or head stride of 0 broadcasts;
+ * a packed QKV buffer is three views of one allocation). O must not overlap itself: strides under
+ * which two elements of O share an address are refused (sorted by stride, each dimension of O must
+ * start past the span of the dimensions below it). O and LSE must not share memory with Q, K, V or
+ * each other; that is not checked.
  * LSE (optional, may be NULL) is fp32, contiguous (batch, heads_q, seqlen_q), natural log:
  *   LSE[b][h][i] = log(sum_j exp(scale * q_i . k_j)) over the keys j that row i may attend.
  *
@@ -20,7 +31,14 @@
  *
  * Semantics:
  *   - softmax_scale multiplies Q.K^T before the softmax; fs_problem_init sets it to 1/sqrt(head_dim).
- *     It must be finite and > 0.
+ *     It must be finite and > 0, and small enough that the kernels' logits stay finite in fp32: they
+ *     compute s·scale·log2(e), with s = q.k accumulated in fp32, and the harness bounds that by 2^126
+ *     (so every logit and the difference of any two are finite):
+ *       fp16: scale <= 2^126 / (log2(e)·head_dim·65504²), about 1.1e26 at head_dim 128: every input
+ *             fp16 can hold then gives finite logits (|q.k| <= head_dim·65504²).
+ *       bf16: scale <= 2^126 / log2(e), about 5.9e37 (scale·log2(e) finite). bf16 holds values up to
+ *             3.4e38, whose products overflow fp32 whatever the scale, so with bf16 the caller keeps
+ *             |q.k|·scale·log2(e) <= 2^126; any |q.k| <= 2^126 / (scale·log2(e)) is safe.
  *   - GQA / MQA: heads_q must be a multiple of heads_kv; query head h reads K/V head
  *     h / (heads_q / heads_kv).
  *   - causal is bottom-right aligned, as in FlashAttention >= 2.1: query i attends to key j iff
@@ -46,11 +64,15 @@ extern "C" {
 
 typedef enum fs_dtype { FS_FP16 = 0, FS_BF16 = 1 } fs_dtype;
 
+/* A refusal that needs no device (the harness's rules, a step's static limits such as head_dim) is
+ * FS_ERR_INVALID with or without a GPU; FS_ERR_CUDA is only ever a CUDA failure. */
 typedef enum fs_status {
   FS_OK = 0,
-  FS_ERR_INVALID = 1,      /* the problem or a pointer breaks a rule of the harness or of the step */
-  FS_ERR_UNKNOWN_STEP = 2, /* no step has this id */
-  FS_ERR_CUDA = 3          /* a CUDA call failed (no device, driver too old, launch failure, ...) */
+  FS_ERR_INVALID = 1,       /* the problem or a pointer breaks a rule of the harness or of the step */
+  FS_ERR_UNKNOWN_STEP = 2,  /* no step has this id */
+  FS_ERR_CUDA = 3,          /* a CUDA call failed (no device, driver too old, launch failure, ...) */
+  FS_ERR_OUT_OF_MEMORY = 4, /* an allocation failed; the message names the bytes asked */
+  FS_ERR_INTERNAL = 5       /* a bug in the library: an unexpected exception, described by the message */
 } fs_status;
 
 /* Element strides of one (batch, seqlen, heads, head_dim) tensor. `dim`, the stride of head_dim,
@@ -81,7 +103,7 @@ FS_API void fs_problem_init(fs_problem* p, int64_t batch, int64_t seqlen_q, int6
                             int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
                             int32_t causal);
 
-/* The registered steps, in order. Index out of range: NULL / -1. */
+/* The registered steps, in order. Index out of range: NULL / -1 (0 steps if the registry failed). */
 FS_API int fs_step_count(void);
 FS_API const char* fs_step_id(int index);     /* e.g. "01_naive" */
 FS_API const char* fs_step_name(int index);   /* e.g. "naive" */

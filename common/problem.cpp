@@ -1,8 +1,12 @@
 #include "problem.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
+#include <stdexcept>
+
+#include "checked.h"
 
 namespace fs {
 
@@ -15,7 +19,14 @@ const char* dtype_name(int32_t dtype) {
 }
 
 Strides contiguous_strides(int64_t seqlen, int64_t heads, int64_t head_dim) {
-  return Strides{seqlen * heads * head_dim, heads * head_dim, head_dim, 1};
+  auto or_invalid = [](std::optional<int64_t> x) { return x ? *x : int64_t(-1); };
+  return Strides{or_invalid(checked_product({seqlen, heads, head_dim})), or_invalid(checked_mul(heads, head_dim)),
+                 head_dim, 1};
+}
+
+double max_softmax_scale(int32_t dtype, int64_t head_dim) {
+  if (dtype == FS_FP16) return kMaxLogit / (kLog2e * double(head_dim) * kMaxAbsFp16 * kMaxAbsFp16);
+  return kMaxLogit / kLog2e;
 }
 
 Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
@@ -77,6 +88,52 @@ std::string check_strides(const char* name, const Strides& s, int64_t seqlen, in
   return "";
 }
 
+// "" when batch * seqlen * heads * head_dim is at most kMaxTensorElements.
+std::string check_size(const char* names, const char* seqlen_name, const char* heads_name, int64_t batch,
+                       int64_t seqlen, int64_t heads, int64_t head_dim) {
+  const auto n = checked_product({batch, seqlen, heads, head_dim});
+  if (n && *n <= kMaxTensorElements) return "";
+  std::ostringstream m;
+  m << names << " have batch * " << seqlen_name << " * " << heads_name << " * head_dim = " << batch << " * "
+    << seqlen << " * " << heads << " * " << head_dim;
+  if (n) m << " = " << *n;
+  m << " elements" << (n ? "" : ", which overflows 64 bits") << "; a tensor may hold at most 2^58 ("
+    << kMaxTensorElements << ")";
+  return m.str();
+}
+
+// "" when no two elements of O share an address. The rule: sorted by stride, every dimension of
+// extent > 1 starts at or past the span of the dimensions below it (the largest offset they reach,
+// plus 1). Every dense or padded layout, in any dimension order, follows it.
+std::string check_output_overlap(const Problem& p) {
+  struct Dim {
+    const char* what;
+    const char* size_name;
+    int64_t extent, stride;
+  };
+  Dim dims[] = {{"head_dim", "head_dim", p.head_dim, p.o.dim},
+                {"head", "heads_q", p.heads_q, p.o.head},
+                {"row", "seqlen_q", p.seqlen_q, p.o.row},
+                {"batch", "batch", p.batch, p.o.batch}};
+  if (std::any_of(std::begin(dims), std::end(dims), [](const Dim& d) { return d.extent == 0; })) return "";  // empty
+  std::stable_sort(std::begin(dims), std::end(dims), [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  int64_t span = 1;  // offsets reached by the dimensions below: 0 ... span - 1
+  std::string below;
+  for (const Dim& d : dims) {
+    if (d.extent <= 1) continue;
+    if (d.stride < span) {
+      std::ostringstream m;
+      m << "O's " << d.what << " stride is " << d.stride << " with " << d.size_name << " " << d.extent;
+      if (!below.empty()) m << ", less than the " << span << " elements spanned by its " << below << " dimensions";
+      m << ": two elements of O would share one address (O must not overlap itself; Q, K and V may)";
+      return m.str();
+    }
+    span += (d.extent - 1) * d.stride;  // no overflow: O's extent was checked first
+    below += below.empty() ? d.what : std::string(" and ") + d.what;
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string validate(const Problem& p) {
@@ -110,8 +167,11 @@ std::string validate(const Problem& p) {
       << "); GQA needs every K/V head shared by the same number of query heads";
     return m.str();
   }
-  if (p.batch * p.heads_q > kMaxBatchHeads) {
-    m << "batch * heads_q is " << p.batch * p.heads_q << "; it must be at most " << kMaxBatchHeads;
+  if (const auto bh = checked_mul(p.batch, p.heads_q); !bh || *bh > kMaxBatchHeads) {
+    m << "batch * heads_q is " << p.batch << " * " << p.heads_q;
+    if (bh) m << " = " << *bh;
+    else m << ", which overflows 64 bits";
+    m << "; it must be at most " << kMaxBatchHeads;
     return m.str();
   }
   if (p.head_dim < kHeadDimMultiple || p.head_dim > kMaxHeadDim || p.head_dim % kHeadDimMultiple != 0) {
@@ -127,12 +187,37 @@ std::string validate(const Problem& p) {
     m << "softmax_scale is " << p.softmax_scale << "; it must be finite and greater than 0";
     return m.str();
   }
+  if (const double bound = max_softmax_scale(p.dtype, p.head_dim); double(p.softmax_scale) > bound) {
+    m << "softmax_scale is " << p.softmax_scale << "; ";
+    if (p.dtype == FS_FP16)
+      m << "with fp16 inputs and head_dim " << p.head_dim << " it must be at most " << bound
+        << ", so that the largest possible logit, head_dim * 65504^2 * scale * log2(e), is at most 2^126 "
+           "(finite in fp32)";
+    else
+      m << "it must be at most " << bound << ", so that scale * log2(e) is at most 2^126 (finite in fp32)";
+    return m.str();
+  }
+  // Sizes, from the dimensions given, before any stride is read (contiguous strides are derived from them).
   std::string s;
-  if (!(s = check_strides("Q", p.q, p.seqlen_q, p.heads_q, p.head_dim)).empty()) return s;
-  if (!(s = check_strides("K", p.k, p.seqlen_k, p.heads_kv, p.head_dim)).empty()) return s;
-  if (!(s = check_strides("V", p.v, p.seqlen_k, p.heads_kv, p.head_dim)).empty()) return s;
-  if (!(s = check_strides("O", p.o, p.seqlen_q, p.heads_q, p.head_dim)).empty()) return s;
-  return "";
+  if (!(s = check_size("Q and O", "seqlen_q", "heads_q", p.batch, p.seqlen_q, p.heads_q, p.head_dim)).empty()) return s;
+  if (!(s = check_size("K and V", "seqlen_k", "heads_kv", p.batch, p.seqlen_k, p.heads_kv, p.head_dim)).empty()) return s;
+  const struct { const char* name; const Strides& st; int64_t seqlen, heads; const char* seqlen_name; const char* heads_name; } views[] = {
+      {"Q", p.q, p.seqlen_q, p.heads_q, "seqlen_q", "heads_q"}, {"K", p.k, p.seqlen_k, p.heads_kv, "seqlen_k", "heads_kv"},
+      {"V", p.v, p.seqlen_k, p.heads_kv, "seqlen_k", "heads_kv"}, {"O", p.o, p.seqlen_q, p.heads_q, "seqlen_q", "heads_q"}};
+  for (const auto& v : views) {
+    if (!(s = check_strides(v.name, v.st, v.seqlen, v.heads, p.head_dim)).empty()) return s;
+    const auto extent = checked_view_extent(v.st, p.batch, v.seqlen, v.heads, p.head_dim);
+    if (!extent || *extent > kMaxTensorElements) {
+      m << v.name << "'s strides (batch " << v.st.batch << ", row " << v.st.row << ", head " << v.st.head
+        << ") over batch " << p.batch << ", " << v.seqlen_name << " " << v.seqlen << ", " << v.heads_name << " "
+        << v.heads << " span ";
+      if (extent) m << *extent << " elements";
+      else m << "more than 2^63 elements";
+      m << "; a tensor may span at most 2^58 (" << kMaxTensorElements << ")";
+      return m.str();
+    }
+  }
+  return check_output_overlap(p);
 }
 
 std::string validate_tensors(const Problem& p, const Tensors& t) {
@@ -159,9 +244,21 @@ std::string validate_tensors(const Problem& p, const Tensors& t) {
   return "";
 }
 
-int64_t view_extent(const Strides& s, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
+std::optional<int64_t> checked_view_extent(const Strides& s, int64_t batch, int64_t seqlen, int64_t heads,
+                                           int64_t head_dim) {
   if (batch == 0 || seqlen == 0 || heads == 0 || head_dim == 0) return 0;
-  return (batch - 1) * s.batch + (seqlen - 1) * s.row + (heads - 1) * s.head + head_dim;
+  std::optional<int64_t> extent = head_dim;
+  for (const auto& [n, stride] : {std::pair{batch, s.batch}, std::pair{seqlen, s.row}, std::pair{heads, s.head}}) {
+    const auto term = checked_mul(n - 1, stride);
+    extent = term && extent ? checked_add(*extent, *term) : std::nullopt;
+  }
+  return extent;
+}
+
+int64_t view_extent(const Strides& s, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  const auto extent = checked_view_extent(s, batch, seqlen, heads, head_dim);
+  if (!extent) throw std::overflow_error("view_extent: the view spans more than 2^63 elements (validate the problem first)");
+  return *extent;
 }
 
 double attention_flops(const Problem& p) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "flash_steps.h"
@@ -26,10 +27,12 @@ inline DType dtype_of(const Problem& p) { return static_cast<DType>(p.dtype); }
 const char* dtype_name(int32_t dtype);  // "fp16", "bf16" or "dtype?"
 
 // A problem with contiguous (batch, seqlen, heads, head_dim) tensors and scale 1/sqrt(head_dim).
+// Any sizes may be given: validate() then judges them by the dimensions given (see contiguous_strides).
 Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                      int64_t heads_kv, int64_t head_dim, DType dtype, bool causal);
 
-// Contiguous strides of a (batch, seqlen, heads, head_dim) tensor.
+// Contiguous strides of a (batch, seqlen, heads, head_dim) tensor. A stride that does not fit in
+// int64_t is set to -1; validate() refuses the dimensions that cause it before it reads any stride.
 Strides contiguous_strides(int64_t seqlen, int64_t heads, int64_t head_dim);
 
 // Device pointers of one launch. `lse` may be null.
@@ -41,11 +44,25 @@ struct Tensors {
   float* lse = nullptr;
 };
 
-// The harness's limits. Steps add their own through Step::supports.
+// The harness's limits. Steps add their own through Step::limits and Step::plan.
 inline constexpr int64_t kMaxHeadDim = 256;
 inline constexpr int64_t kHeadDimMultiple = 8;     // 16-byte rows for fp16/bf16
 inline constexpr int64_t kMaxSeqlen = INT32_MAX;   // row indices are 32-bit inside kernels
 inline constexpr int64_t kMaxBatchHeads = INT32_MAX;
+// Elements one tensor may span (its logical size and its view's extent): 2^58, far beyond any device,
+// and small enough that every size derived from it (bytes as fp64 on the host, Q, K and V in one
+// buffer) fits in int64_t.
+inline constexpr int64_t kMaxTensorElements = int64_t(1) << 58;
+// The largest logit the kernels may form, |q·k|·softmax_scale·log2(e) in fp32: 2^126, so that every
+// logit and the difference of any two are finite (FLT_MAX is about 2^128). See flash_steps.h.
+inline constexpr double kMaxLogit = 85070591730234615865843651857942052864.0;  // 2^126
+inline constexpr double kLog2e = 1.4426950408889634;
+inline constexpr double kMaxAbsFp16 = 65504.0;
+
+// The largest softmax_scale validate() accepts. fp16: every input the dtype can hold gives logits
+// within kMaxLogit (|q·k| <= head_dim·65504²). bf16: scale·log2(e) <= kMaxLogit (a bf16 q·k can
+// itself exceed fp32's range, so no scale bounds every logit; see flash_steps.h).
+double max_softmax_scale(int32_t dtype, int64_t head_dim);
 
 // "" when the problem follows every rule of the harness, else one sentence naming the value and the
 // limit it breaks. Pointers are not looked at (see validate_tensors).
@@ -56,6 +73,10 @@ std::string validate(const Problem& p);
 std::string validate_tensors(const Problem& p, const Tensors& t);
 
 // Number of elements a tensor view spans from its base pointer (largest offset + 1); 0 if empty.
+// Nothing when it does not fit in int64_t (negative strides or sizes are not expected: validate first).
+std::optional<int64_t> checked_view_extent(const Strides& s, int64_t batch, int64_t seqlen, int64_t heads,
+                                           int64_t head_dim);
+// The same for a view validate() accepted; throws std::overflow_error when it does not fit.
 int64_t view_extent(const Strides& s, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim);
 
 // FLOPs of the forward pass as FlashAttention counts them: 4·B·Hq·Sq·Sk·d (two GEMMs, multiply-add

@@ -1,6 +1,8 @@
 #include <cmath>
+#include <optional>
 #include <sstream>
 
+#include "checked.h"
 #include "dtype.cuh"
 #include "reference.h"
 #include "workload.h"
@@ -14,7 +16,7 @@ void check_cublas(cublasStatus_t st, const char* expr, const char* file, int lin
   std::ostringstream m;
   m << file << ":" << line << ": " << expr << " failed: " << cublasGetStatusName(st) << " ("
     << cublasGetStatusString(st) << ")";
-  throw Error(m.str());
+  throw CudaError(m.str());
 }
 #define CHECK_CUBLAS(expr) check_cublas((expr), #expr, __FILE__, __LINE__)
 
@@ -105,15 +107,24 @@ void GpuReference::run(const Problem& p, const Tensors& t, float* o32, cudaStrea
     reserve(size_t(B * Sq * H * D) * sizeof(float), o32_);
     o32 = o32_.as<float>();
   }
-  // Query rows per chunk, so that S (group × rows × Sk fp32) fits the scratch budget.
-  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(Sq, int64_t(max_scratch_bytes_ / (sizeof(float) * group * Sk))));
-  reserve(size_t(group * rows * Sk) * sizeof(float), s_);
+  // Query rows per chunk, so that S (group × rows × Sk fp32) fits the scratch budget; at least one row.
+  const std::optional<int64_t> row_bytes = checked_product({int64_t(sizeof(float)), group, Sk});
+  if (!row_bytes) {
+    std::ostringstream m;
+    m << "reference: one query row of S for " << group << " query heads and seqlen_k " << Sk
+      << " needs more than 2^63 bytes";
+    throw Error(m.str());
+  }
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(Sq, int64_t(max_scratch_bytes_) / *row_bytes));
+  reserve(size_t(rows * *row_bytes), s_);  // rows · row_bytes <= max(budget, row_bytes)
   reserve(size_t(Sk * D) * sizeof(float), v32_);
   CHECK_CUBLAS(cublasSetStream(handle_, stream));
   const cudaDataType_t in_type = cuda_type(p.dtype);
   const int elem = 2;
   const float zero = 0.0f, one = 1.0f, scale = p.softmax_scale;
 
+  // The 64-bit cuBLAS API (_64): leading dimensions are the problem's row strides, which may exceed
+  // 2^31 elements (a strided view), and are passed as they are.
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
       const int64_t h0 = hk * group;  // the query heads that read this K/V head: h0 … h0+group-1
@@ -128,18 +139,17 @@ void GpuReference::run(const Problem& p, const Tensors& t, float* o32, cudaStrea
         const int64_t n = std::min(rows, Sq - i0);
         const char* q = static_cast<const char*>(t.q) + offset_of(p.q, b, i0, h0) * elem;
         // Column-major view (a leading dimension below D only happens with one row, where it is unused): S_cm (Sk × n) = K_cm(D × Sk)ᵀ · Q_cm(D × n), one batch entry per query head.
-        CHECK_CUBLAS(cublasGemmStridedBatchedEx(
-            handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(Sk), int(n), int(D), &scale, k, in_type, int(std::max(p.k.row, D)), 0,
-            q, in_type, int(std::max(p.q.row, D)), p.q.head, &zero, s_.get(), CUDA_R_32F, int(Sk), n * Sk, int(group),
-            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CHECK_CUBLAS(cublasGemmStridedBatchedEx_64(
+            handle_, CUBLAS_OP_T, CUBLAS_OP_N, Sk, n, D, &scale, k, in_type, std::max(p.k.row, D), 0, q, in_type,
+            std::max(p.q.row, D), p.q.head, &zero, s_.get(), CUDA_R_32F, Sk, n * Sk, group, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT));
         masked_softmax_kernel<<<unsigned(group * n), kSoftmaxThreads, 0, stream>>>(
             s_.as<float>(), n, Sq, Sk, i0, b, h0, H, p.causal != 0, t.lse);
         CHECK_LAUNCH();
         // O_cm (D × n) = V32_cm (D × Sk) · P_cm (Sk × n), written straight into (b, s, h, d) order.
         float* o = o32 + ((b * Sq + i0) * H + h0) * D;
-        CHECK_CUBLAS(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_N, int(D), int(n), int(Sk), &one,
-                                               v32_.as<float>(), int(D), 0, s_.as<float>(), int(Sk), n * Sk, &zero,
-                                               o, int(H * D), D, int(group)));
+        CHECK_CUBLAS(cublasSgemmStridedBatched_64(handle_, CUBLAS_OP_N, CUBLAS_OP_N, D, n, Sk, &one, v32_.as<float>(),
+                                                  D, 0, s_.as<float>(), Sk, n * Sk, &zero, o, H * D, D, group));
       }
     }
   if (t.o) {

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <string>
 
+#include "checked.h"
 #include "dtype.cuh"
 #include "registry.h"
 
@@ -74,6 +77,13 @@ int grid_for(int64_t n) { return grid_stride_blocks(n, kThreads); }
 
 int64_t align16(int64_t elems) { return (elems + 7) / 8 * 8; }  // 8 fp16/bf16 = 16 bytes
 
+// A size the workload computed, or fs::Error when it did not fit in 64 bits (validate() keeps every
+// tensor within 2^58 elements, so a validated problem never gets here).
+int64_t size_or_throw(std::optional<int64_t> n, const char* what) {
+  if (!n) throw Error(std::string("the workload's ") + what + " does not fit in 64 bits");
+  return *n;
+}
+
 }  // namespace
 
 void fill_empty_output(const Problem& p, const Tensors& t, cudaStream_t stream) {
@@ -100,13 +110,16 @@ Workload::Workload(const Problem& shape, uint64_t seed, Layout layout) : p_(shap
   } else {
     q_off_ = 0;
     k_off_ = align16(view_extent(p_.q, p_.batch, p_.seqlen_q, p_.heads_q, p_.head_dim));
-    v_off_ = k_off_ + align16(view_extent(p_.k, p_.batch, p_.seqlen_k, p_.heads_kv, p_.head_dim));
-    input_elems_ = v_off_ + view_extent(p_.v, p_.batch, p_.seqlen_k, p_.heads_kv, p_.head_dim);
+    v_off_ = size_or_throw(checked_add(k_off_, align16(view_extent(p_.k, p_.batch, p_.seqlen_k, p_.heads_kv, p_.head_dim))),
+                           "offset of V");
+    input_elems_ = size_or_throw(checked_add(v_off_, view_extent(p_.v, p_.batch, p_.seqlen_k, p_.heads_kv, p_.head_dim)),
+                                 "Q, K and V element count");
   }
   const int64_t o_elems = view_extent(p_.o, p_.batch, p_.seqlen_q, p_.heads_q, p_.head_dim);
-  inputs_ = DeviceBuffer(size_t(input_elems_) * 2);
-  out_ = DeviceBuffer(size_t(o_elems) * 2);
-  lse_ = DeviceBuffer(size_t(p_.batch * p_.heads_q * p_.seqlen_q) * sizeof(float));
+  inputs_ = DeviceBuffer(size_t(size_or_throw(checked_mul(input_elems_, 2), "Q, K and V size in bytes")));
+  out_ = DeviceBuffer(size_t(size_or_throw(checked_mul(o_elems, 2), "O size in bytes")));
+  lse_ = DeviceBuffer(size_t(size_or_throw(checked_product({p_.batch, p_.heads_q, p_.seqlen_q, int64_t(sizeof(float))}),
+                                           "LSE size in bytes")));
   randomize(seed);
 }
 

@@ -169,6 +169,18 @@ int prepare(const fs::RunnerOptions& o, fs::Problem& p, std::vector<const fs::St
   }
   if (o.steps.empty())
     for (const fs::Step& s : fs::steps()) selected.push_back(&s);
+  // A run that checks nothing is a failure, said before the GPU is looked at when no device is needed
+  // to know it: every selected step refuses the problem by its static limits.
+  std::vector<std::string> static_refusals;
+  for (const fs::Step* s : selected) {
+    const std::string refusal = fs::check_static(*s, p);
+    if (!refusal.empty()) static_refusals.push_back(s->id + ": " + refusal);
+  }
+  if (static_refusals.size() == selected.size()) {
+    for (const std::string& r : static_refusals) std::cerr << "  " << r << "\n";
+    std::cerr << "flash-steps: every selected step refuses " << fs::describe(p) << "; nothing was checked\n";
+    return 1;
+  }
   const std::string why = fs::cuda_unavailable_reason();
   if (!why.empty()) {
     std::cerr << "flash-steps: " << why << "; the kernels need an NVIDIA GPU (sm_80 or newer). "
@@ -260,6 +272,12 @@ int run(const fs::RunnerOptions& o) {
   }
   bool ok = true;
   for (const Row& r : rows) ok = ok && (r.status == "PASS" || r.status == "REFUSED");
+  const bool any_step_ran = std::any_of(rows.begin(), rows.begin() + std::ptrdiff_t(selected.size()),
+                                        [](const Row& r) { return r.status != "REFUSED"; });
+  if (!any_step_ran) {
+    std::cerr << "flash-steps: every selected step refused " << fs::describe(p) << " on this GPU; nothing was checked\n";
+    return 1;
+  }
   return ok ? 0 : 1;
 }
 

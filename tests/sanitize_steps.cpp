@@ -1,17 +1,23 @@
 // Runs every registered step on small shapes (ragged tails, causal with Sq ≠ Sk, GQA, both dtypes)
 // and checks each against the fp64 CPU reference. Small on purpose: tests/sanitize.sh runs it under
-// compute-sanitizer's four tools. Exit code: 0 all pass, 1 a mismatch or error, 77 no GPU.
+// compute-sanitizer's four tools. A step that refuses a shape it claims (Step::claims) fails.
+//   sanitize_steps [--device-only]   (--device-only: only look for a usable device)
+// Exit code: 0 all pass, 1 a mismatch, an error or a device that is present but unusable, 77 no
+// CUDA device.
 #include <iostream>
+#include <string>
 
 #include "common/check.h"
 #include "gpu_test_config.h"
 
-int main() {
+int main(int argc, char** argv) {
   const std::string why = fs::cuda_unavailable_reason();
   if (!why.empty()) {
-    std::cout << "SKIPPED: " << why << "\n";
-    return fs::test::kSkipCode;
+    const bool absent = fs::cuda_device_absent();
+    std::cout << (absent ? "SKIPPED: " : "FAILED: ") << why << "\n";
+    return absent ? fs::test::kSkipCode : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "--device-only") return 0;
   struct Shape {
     int64_t b, sq, sk, hq, hkv, d;
     fs::DType dtype;
@@ -30,7 +36,10 @@ int main() {
         const fs::Problem p = fs::make_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal);
         const fs::Plan plan = fs::plan_for(s, p, dev);
         if (!plan.accepted()) {
-          std::cout << s.id << " " << fs::describe(p) << ": refused (" << plan.refusal << ")\n";
+          const bool claimed = s.claims(p, dev);
+          std::cout << s.id << " " << fs::describe(p) << ": refused (" << plan.refusal << ")"
+                    << (claimed ? " although the step claims this problem: FAILED" : "") << "\n";
+          failures += claimed ? 1 : 0;
           continue;
         }
         fs::Workload w(p, 11);

@@ -1,9 +1,13 @@
 // The C ABI: listing steps and refusing bad input work without a GPU, and never throw.
 #include <cmath>
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "catch.h"
+#include "common/c_api_status.h"
+#include "common/device.h"
 #include "common/flash_steps.h"
 
 TEST_CASE("C ABI lists every registered step", "[c_api]") {
@@ -49,4 +53,75 @@ TEST_CASE("C ABI refuses bad problems before touching the GPU", "[c_api]") {
   alignas(16) static char mem[64];
   CHECK(fs_run("01_naive", &p, mem + 4, mem, mem, mem, nullptr, nullptr, 0, nullptr) == FS_ERR_INVALID);
   CHECK(std::string(fs_last_error()).find("Q pointer") != std::string::npos);
+}
+
+TEST_CASE("C ABI: a step's static limit is FS_ERR_INVALID with or without a GPU", "[c_api]") {
+  // Step 06 runs head_dim 64 and 128 only: that needs no device to know.
+  fs_problem p;
+  fs_problem_init(&p, 1, 64, 64, 2, 2, 40, FS_FP16, 0);
+  CHECK(fs_check("06_ldmatrix_mma", &p) == FS_ERR_INVALID);
+  CHECK(std::string(fs_last_error()).find("head_dim is 40") != std::string::npos);
+  uint64_t bytes = 7;
+  CHECK(fs_workspace_size("06_ldmatrix_mma", &p, &bytes) == FS_ERR_INVALID);
+  CHECK(bytes == 7);
+  alignas(16) static char mem[64];
+  CHECK(fs_run("06_ldmatrix_mma", &p, mem, mem, mem, mem, nullptr, nullptr, 0, nullptr) == FS_ERR_INVALID);
+  CHECK(std::string(fs_last_error()).find("head_dim is 40") != std::string::npos);
+
+  // Step 01's score matrix for b4 h1 sq = sk = 2^30 is 2^64 bytes: it wrapped to 0 and was accepted.
+  fs_problem_init(&p, 4, int64_t(1) << 30, int64_t(1) << 30, 1, 1, 64, FS_FP16, 0);
+  CHECK(fs_check("01_naive", &p) == FS_ERR_INVALID);
+  CHECK(std::string(fs_last_error()) ==
+        "the score matrix S would need batch·heads·seqlen_q·seqlen_k·4 = 4·1·1073741824·1073741824·4 bytes, which "
+        "overflows 64 bits");
+
+  // A problem every check without a device accepts: FS_OK on a GPU, FS_ERR_CUDA (with why) without one.
+  fs_problem_init(&p, 1, 64, 64, 2, 2, 64, FS_FP16, 0);
+  const std::string no_gpu = fs::cuda_unavailable_reason();
+  if (no_gpu.empty()) {
+    CHECK(fs_check("06_ldmatrix_mma", &p) == FS_OK);
+  } else {
+    CHECK(fs_check("06_ldmatrix_mma", &p) == FS_ERR_CUDA);
+    CHECK(std::string(fs_last_error()) == no_gpu);
+  }
+}
+
+TEST_CASE("C ABI: every exception has its status, out of memory its own", "[c_api]") {
+  auto status_of = [](auto thrower, std::string& message) {
+    try {
+      thrower();
+    } catch (...) {
+      return fs::status_of_current_exception(message);
+    }
+    return FS_OK;
+  };
+  std::string m;
+  CHECK(status_of([] { throw fs::OutOfMemory("out of device memory: cudaMalloc of 4096 bytes failed", 4096); }, m) ==
+        FS_ERR_OUT_OF_MEMORY);
+  CHECK(m == "out of device memory: cudaMalloc of 4096 bytes failed");
+  CHECK(status_of([] { throw std::bad_alloc(); }, m) == FS_ERR_OUT_OF_MEMORY);  // was FS_ERR_CUDA
+  CHECK(m == "out of host memory (std::bad_alloc)");
+  CHECK(status_of([] { throw fs::CudaError("cudaMemcpy failed"); }, m) == FS_ERR_CUDA);
+  CHECK(status_of([] { throw fs::Error("step 01_naive refused b1 ..."); }, m) == FS_ERR_INVALID);
+  CHECK(status_of([] { throw std::logic_error("a bug"); }, m) == FS_ERR_INTERNAL);
+  CHECK(m == "internal error: a bug");
+  CHECK(status_of([] { throw 42; }, m) == FS_ERR_INTERNAL);
+  CHECK(m == "internal error: an exception that is not a std::exception");
+}
+
+TEST_CASE("C ABI: every entry point answers out-of-range and null arguments without throwing", "[c_api]") {
+  for (int index : {-1, fs_step_count(), 1 << 30}) {
+    CHECK(fs_step_id(index) == nullptr);
+    CHECK(fs_step_name(index) == nullptr);
+    CHECK(fs_step_lesson(index) == nullptr);
+    CHECK(fs_step_dir(index) == nullptr);
+    CHECK(fs_step_min_compute_capability(index) == -1);
+  }
+  fs_problem_init(nullptr, 1, 1, 1, 1, 1, 8, FS_FP16, 0);  // nothing to fill
+  fs_problem p;
+  fs_problem_init(&p, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, 99, 7);
+  CHECK(fs_check("01_naive", &p) == FS_ERR_INVALID);
+  CHECK(std::string(fs_last_error()) == "dtype is 99; it must be 0 (fp16) or 1 (bf16)");
+  CHECK(fs_workspace_size("01_naive", &p, nullptr) == FS_ERR_INVALID);
+  CHECK(std::string(fs_last_error()) == "bytes is a null pointer");
 }

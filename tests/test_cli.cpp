@@ -66,7 +66,7 @@ TEST_CASE("cli: mistakes give one clear message", "[cli]") {
       {{"--batch", "0"}, "--batch expects an integer between 1 and 2147483647, got '0'"},
       {{"--seqlen", "12x"}, "--seqlen expects an integer between 0 and 2147483647, got '12x'"},
       {{"--seqlen", "99999999999"}, "--seqlen expects an integer between 0 and 2147483647, got '99999999999'"},
-      {{"--head-dim="}, "--head-dim expects an integer between 1 and 1048576, got ''"},
+      {{"--head-dim="}, "--head-dim expects a multiple of 8 from 8 to 256, got ''"},
       {{"--iters", "-1"}, "--iters expects an integer between 1 and 100000, got '-1'"},
       {{"--dtype", "fp32"}, "--dtype expects fp16 or bf16, got 'fp32'"},
       {{"--scale", "0"}, "--scale expects a finite number greater than 0, got '0'"},
@@ -74,11 +74,46 @@ TEST_CASE("cli: mistakes give one clear message", "[cli]") {
       {{"--scale", "inf"}, "--scale expects a finite number greater than 0, got 'inf'"},
       {{"--causal=1"}, "--causal takes no value"},
       {{"--step", ","}, "--step expects a step id (see --list), got ','"},
+      // Issue 11: numbers are digits only, and every message states the real rule.
+      {{"--seqlen", " 12"}, "--seqlen expects an integer between 0 and 2147483647, got ' 12'"},
+      {{"--seqlen", "+12"}, "--seqlen expects an integer between 0 and 2147483647, got '+12'"},
+      {{"--seqlen", "12 "}, "--seqlen expects an integer between 0 and 2147483647, got '12 '"},
+      {{"--batch", "-0"}, "--batch expects an integer between 1 and 2147483647, got '-0'"},
+      {{"--seed", "99999999999999999999"}, "--seed expects an integer between 0 and 9223372036854775807, got '99999999999999999999'"},
+      {{"--iters", "0x10"}, "--iters expects an integer between 1 and 100000, got '0x10'"},
+      {{"--head-dim", "0"}, "--head-dim expects a multiple of 8 from 8 to 256, got '0'"},
+      {{"--head-dim", "12"}, "--head-dim expects a multiple of 8 from 8 to 256, got '12'"},
+      {{"--head-dim", "264"}, "--head-dim expects a multiple of 8 from 8 to 256, got '264'"},
+      {{"--scale", " 0.5"}, "--scale expects a finite number greater than 0, got ' 0.5'"},
+      {{"--scale", "+0.5"}, "--scale expects a finite number greater than 0, got '+0.5'"},
+      {{"--scale", "0x1p-3"}, "--scale expects a finite number greater than 0, got '0x1p-3'"},
+      {{"--scale", "1e39"}, "--scale expects a finite number greater than 0, got '1e39'"},
+      {{"--scale", "."}, "--scale expects a finite number greater than 0, got '.'"},
+      // Problem and run options with a command they do not apply to: refused, not ignored.
+      {{"--list", "--head-dim", "64"}, "--head-dim does not apply to '--list' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
+      {{"list", "--causal"}, "--causal does not apply to 'list' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
+      {{"banks", "--seqlen", "64"}, "--seqlen does not apply to 'banks' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
+      {{"resources", "--iters", "3"}, "--iters does not apply to 'resources' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
+      {{"explain", "--seqlen", "64"}, "--seqlen does not apply to 'explain' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
+      {{"--json", "--help"}, "--json does not apply to '--help' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
+      {{"explain", "--list"}, "'explain' and '--list' are two commands; give one"},
   };
   for (const Case& c : cases) {
     const fs::ParsedArgs a = parse(c.args);
-    CAPTURE(c.args[0]);
+    CAPTURE(c.args[0], c.args.size() > 1 ? c.args[1] : "");
     CHECK(a.error == c.message);
+  }
+}
+
+TEST_CASE("cli: a flag that applies is applied, and numbers in every plain form are read", "[cli]") {
+  CHECK(parse({"explain", "--step", "03_smem_tiling"}).options.steps == std::vector<std::string>{"03_smem_tiling"});
+  CHECK(parse({"run", "--head-dim", "256", "--seqlen", "0"}).error.empty());
+  CHECK(parse({"--seqlen", "007"}).options.seqlen_q == 7);  // leading zeros are still digits
+  for (const char* scale : {"0.5", ".5", "5e-1", "5E-1", "0.05e+1", "05.e-1"}) {
+    CAPTURE(scale);
+    const fs::ParsedArgs a = parse({"--scale", scale});
+    CHECK(a.error.empty());
+    CHECK(a.options.scale == 0.5f);
   }
 }
 

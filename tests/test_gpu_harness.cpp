@@ -58,7 +58,7 @@ TEST_CASE("poisoned outputs that a step never writes fail the check", "[harness]
                       [](const fs::Problem&) { return std::string(); },
                       [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
                       [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
-                      [](const fs::Problem&, const fs::DeviceInfo&) { return true; }};
+                      [](const fs::Problem&, const fs::DeviceInfo&) { return true; }, nullptr};
   const fs::Problem p = fs::make_problem(1, 16, 16, 1, 1, 64, fs::DType::fp16, false);
   fs::Workload w(p, 3);
   const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
@@ -95,12 +95,17 @@ TEST_CASE("C ABI runs every step on device pointers", "[harness]") {
   fs::Workload w(shape, 9);
   const fs::Problem& p = w.problem();
   const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
+  const fs::DeviceInfo dev = fs::current_device();
+  int ran = 0;
   for (const fs::Step& s : fs::steps()) {
     CAPTURE(s.id);
     if (fs_check(s.id.c_str(), &p) != FS_OK) {
+      INFO("refusal: " << fs_last_error());
       CHECK(std::string(fs_last_error()).size() > 0);
+      CHECK_FALSE(s.claims(p, dev));  // no step passes by refusing what it documents
       continue;
     }
+    ++ran;
     w.poison();
     const fs::Tensors t = w.tensors();
     uint64_t bytes = 0;
@@ -112,4 +117,29 @@ TEST_CASE("C ABI runs every step on device pointers", "[harness]") {
     INFO(c.summary());
     CHECK(c.pass());
   }
+  CHECK(ran > 0);
+}
+
+TEST_CASE("an allocation larger than the device is fs::OutOfMemory, naming the bytes", "[harness]") {
+  const size_t bytes = size_t(1) << 50;  // 1 PiB
+  try {
+    fs::DeviceBuffer huge(bytes);
+    FAIL("a 1 PiB cudaMalloc succeeded");
+  } catch (const fs::OutOfMemory& e) {
+    CHECK(e.bytes == bytes);
+    CHECK(std::string(e.what()).find("1125899906842624 bytes") != std::string::npos);
+  }
+  // The failed allocation leaves no error behind for the next checked call.
+  fs::DeviceBuffer small(256);
+  CHECK_CUDA(cudaMemset(small.get(), 0, small.bytes()));
+  CHECK_CUDA(cudaGetLastError());
+}
+
+TEST_CASE("C ABI: refusals that need no device are FS_ERR_INVALID on a GPU too", "[harness]") {
+  fs_problem p;
+  fs_problem_init(&p, 1, 64, 64, 2, 2, 40, FS_FP16, 0);
+  CHECK(fs_check("06_ldmatrix_mma", &p) == FS_ERR_INVALID);
+  CHECK(std::string(fs_last_error()).find("head_dim is 40") != std::string::npos);
+  fs_problem_init(&p, 1, 64, 64, 2, 2, 64, FS_FP16, 0);
+  CHECK(fs_check("06_ldmatrix_mma", &p) == FS_OK);
 }

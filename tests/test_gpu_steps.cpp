@@ -1,6 +1,10 @@
 // The registry × shape matrix: every registered step on every shape, against the reference.
 // A new step is covered by registering it; nothing here names a step.
+#include <algorithm>
 #include <cstring>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -67,8 +71,9 @@ bool all_nan(const std::vector<float>& x) {
   return true;
 }
 
-// Runs every selected step on one case and compares with the reference; a step that refuses must
-// say why and leave O untouched.
+// Runs every selected step on one case and compares with the reference. A step may refuse only what
+// it does not claim (Step::claims, its documented support), and must then say why and leave O
+// untouched: no step passes by refusing.
 void check_all_steps(const Case& c) {
   const fs::DeviceInfo dev = fs::current_device();
   fs::Workload w(c.problem, c.seed, c.layout);
@@ -80,6 +85,8 @@ void check_all_steps(const Case& c) {
     INFO("step " << s.id << " on " << fs::describe(w.problem()) << (c.layout == fs::Layout::packed_qkv ? " packed QKV" : ""));
     const fs::Plan plan = fs::plan_for(s, w.problem(), dev);
     if (!plan.accepted()) {
+      INFO("refusal: " << plan.refusal);
+      CHECK_FALSE(s.claims(w.problem(), dev));  // the step documents that it runs this problem
       // A refusal is a sentence, and nothing is launched: O keeps its poison.
       CHECK(plan.refusal.size() > 10);
       w.poison();
@@ -144,8 +151,13 @@ TEST_CASE("numerics: huge and equal scores stay finite, and runs are bitwise ide
       fs::Workload w(p, 77);
       const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
       for (const fs::Step& s : fs::steps()) {
-        if (!fs::test::step_selected(s.id) || !fs::plan_for(s, p, dev).accepted()) continue;
+        if (!fs::test::step_selected(s.id)) continue;
         INFO("step " << s.id << ", " << v.what << (causal ? ", causal" : ""));
+        if (const fs::Plan plan = fs::plan_for(s, p, dev); !plan.accepted()) {
+          INFO("refusal: " << plan.refusal);
+          CHECK_FALSE(s.claims(p, dev));
+          continue;
+        }
         const fs::Comparison c = fs::run_and_compare(s, w, ref, dev);
         INFO(c.summary());
         CHECK(c.nonfinite == 0);
@@ -156,8 +168,13 @@ TEST_CASE("numerics: huge and equal scores stay finite, and runs are bitwise ide
   const fs::Problem p = fs::make_problem(2, 300, 301, 4, 2, 128, fs::DType::bf16, true);
   fs::Workload w(p, 78);
   for (const fs::Step& s : fs::steps()) {
-    if (!fs::test::step_selected(s.id) || !fs::plan_for(s, p, dev).accepted()) continue;
+    if (!fs::test::step_selected(s.id)) continue;
     CAPTURE(s.id);
+    if (const fs::Plan plan = fs::plan_for(s, p, dev); !plan.accepted()) {
+      INFO("refusal: " << plan.refusal);
+      CHECK_FALSE(s.claims(p, dev));
+      continue;
+    }
     std::vector<float> o[2], lse[2];
     const fs::PreparedStep prepared(s, p, dev);
     for (int run = 0; run < 2; ++run) {
@@ -172,53 +189,132 @@ TEST_CASE("numerics: huge and equal scores stay finite, and runs are bitwise ide
   }
 }
 
-TEST_CASE("tensors of more than 2^31 elements use 64-bit offsets", "[large]") {
-  // Q and O hold 32·129·4096·128 = 2,164,260,864 elements (> 2^31 = 2,147,483,648). Each step runs
-  // the whole problem; its output is then checked on the first and the last batch, whose elements
-  // sit at offsets below and beyond 2^31, against the reference run on that batch alone.
-  const fs::Problem p = fs::make_problem(32, 129, 129, 4096, 64, 128, fs::DType::fp16, false);
-  REQUIRE(p.batch * p.seqlen_q * p.heads_q * p.head_dim > (int64_t(1) << 31));
-  const fs::DeviceInfo dev = fs::current_device();
-  fs::Workload w(p, 99);
-  fs::GpuReference gpu;
+namespace {
+
+// Checks batch `b` of O and LSE, as a step wrote them, against the GPU reference run on that batch alone.
+void check_batch(const fs::Problem& p, const fs::Tensors& t, int64_t b, float max_abs_v, fs::GpuReference& gpu) {
+  CAPTURE(b);
   fs::Problem one = p;  // one batch of p, same strides
   one.batch = 1;
   const int64_t o_elems = one.seqlen_q * one.heads_q * one.head_dim, lse_elems = one.heads_q * one.seqlen_q;
+  auto at = [&](const void* base, const fs::Strides& st) {
+    return static_cast<const char*>(base) + b * st.batch * 2;  // 2-byte elements
+  };
+  const fs::Tensors slice{at(t.q, p.q), at(t.k, p.k), at(t.v, p.v), const_cast<char*>(at(t.o, p.o)),
+                          t.lse + b * lse_elems};
+  fs::DeviceBuffer o32(size_t(o_elems) * sizeof(float)), lse32(size_t(lse_elems) * sizeof(float));
+  fs::Tensors ref_in = slice;
+  ref_in.o = nullptr;
+  ref_in.lse = lse32.as<float>();
+  gpu.run(one, ref_in, o32.as<float>(), nullptr);
+  std::vector<float> ref_o(static_cast<size_t>(o_elems)), ref_lse(static_cast<size_t>(lse_elems)),
+      lse(static_cast<size_t>(lse_elems));
+  CHECK_CUDA(cudaMemcpy(ref_o.data(), o32.get(), o32.bytes(), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(ref_lse.data(), lse32.get(), lse32.bytes(), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(lse.data(), slice.lse, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  const fs::Reference ref{std::vector<double>(ref_o.begin(), ref_o.end()),
+                          std::vector<double>(ref_lse.begin(), ref_lse.end())};
+  const std::vector<float> o =
+      fs::download_as_float(slice.o, fs::view_extent(one.o, 1, one.seqlen_q, one.heads_q, one.head_dim), p.dtype);
+  const fs::Comparison c = fs::compare(one, o, lse, ref, max_abs_v);
+  INFO(c.summary());
+  CHECK(c.pass());
+}
+
+constexpr double kGiB = double(1 << 30);
+
+}  // namespace
+
+TEST_CASE("tensors of more than 2^32 elements use 64-bit offsets", "[large]") {
+  // Q and O hold 32·129·8448·128 = 4,463,788,032 elements (2^32 = 4,294,967,296), K and V
+  // 32·129·4224·128 = 2,231,894,016 (2^31 = 2,147,483,648). The last batch starts past 2^32 elements in
+  // Q and O and past 2^31 in K and V, so its every offset needs more than 32 bits. Each step runs the
+  // whole problem; its output is checked on the first and the last batch against the reference run
+  // on that batch alone. A step that claims the problem (Step::claims) must run it.
+  const fs::Problem p = fs::make_problem(32, 129, 129, 8448, 4224, 128, fs::DType::fp16, false);
+  REQUIRE(fs::validate(p).empty());
+  const int64_t q_elems = p.batch * p.seqlen_q * p.heads_q * p.head_dim;
+  const int64_t kv_elems = p.batch * p.seqlen_k * p.heads_kv * p.head_dim;
+  REQUIRE((p.batch - 1) * p.q.batch > (int64_t(1) << 32));
+  REQUIRE((p.batch - 1) * p.k.batch > (int64_t(1) << 31));
+  const fs::DeviceInfo dev = fs::current_device();
+
+  // Device memory: Q, K, V, O, LSE; the largest workspace a step asks; the reference on one batch
+  // (its fp32 O, its scratch S of at most 1 GiB, V as fp32) and a downloaded batch of O as fp32; 1 GiB
+  // of headroom.
+  size_t workspace = 0;
+  for (const fs::Step& s : fs::steps())
+    if (fs::test::step_selected(s.id))
+      if (const fs::Plan plan = fs::plan_for(s, p, dev); plan.accepted()) workspace = std::max(workspace, plan.workspace_bytes);
+  const double batch_o32 = double(p.seqlen_q * p.heads_q * p.head_dim) * 4;
+  const double needed = double(2 * q_elems + 2 * kv_elems) * 2 + double(p.batch * p.heads_q * p.seqlen_q) * 4 +
+                        double(workspace) + 2 * batch_o32 + double(p.seqlen_k * p.head_dim) * 4 + 2 * kGiB;
+  if (double(dev.free_bytes) < needed) {
+    std::ostringstream m;
+    m << "the 2^32-element test needs " << std::fixed << std::setprecision(1) << needed / kGiB
+      << " GiB of free device memory; this GPU has " << double(dev.free_bytes) / kGiB << " GiB free";
+    fs::test::skip(m.str());
+    return;
+  }
+
+  fs::Workload w(p, 99);
+  fs::GpuReference gpu;
   for (const fs::Step& s : fs::steps()) {
     if (!fs::test::step_selected(s.id)) continue;
     INFO("step " << s.id);
     const fs::Plan plan = fs::plan_for(s, p, dev);
     if (!plan.accepted()) {
-      WARN("step " << s.id << " refuses the large problem: " << plan.refusal);
+      INFO("refusal: " << plan.refusal);
+      CHECK_FALSE(s.claims(p, dev));  // a step that claims the problem must run it
+      std::cout << "step " << s.id << " does not claim the 2^32-element problem and refuses it: " << plan.refusal << "\n";
       continue;
     }
     w.poison();
     const fs::Tensors t = w.tensors();
     fs::PreparedStep(s, p, plan).launch(t, nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
-    for (int64_t b : {int64_t(0), p.batch - 1}) {
-      CAPTURE(b);
-      auto at = [&](const void* base, const fs::Strides& st) {
-        return static_cast<const char*>(base) + b * st.batch * 2;  // 2-byte elements
-      };
-      const fs::Tensors slice{at(t.q, p.q), at(t.k, p.k), at(t.v, p.v), const_cast<char*>(at(t.o, p.o)),
-                              t.lse + b * lse_elems};
-      fs::DeviceBuffer o32(size_t(o_elems) * sizeof(float)), lse32(size_t(lse_elems) * sizeof(float));
-      fs::Tensors ref_in = slice;
-      ref_in.o = nullptr;
-      ref_in.lse = lse32.as<float>();
-      gpu.run(one, ref_in, o32.as<float>(), nullptr);
-      std::vector<float> ref_o(static_cast<size_t>(o_elems)), ref_lse(static_cast<size_t>(lse_elems)),
-          lse(static_cast<size_t>(lse_elems));
-      CHECK_CUDA(cudaMemcpy(ref_o.data(), o32.get(), o32.bytes(), cudaMemcpyDeviceToHost));
-      CHECK_CUDA(cudaMemcpy(ref_lse.data(), lse32.get(), lse32.bytes(), cudaMemcpyDeviceToHost));
-      CHECK_CUDA(cudaMemcpy(lse.data(), slice.lse, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      const fs::Reference ref{std::vector<double>(ref_o.begin(), ref_o.end()),
-                              std::vector<double>(ref_lse.begin(), ref_lse.end())};
-      const std::vector<float> o = fs::download_as_float(slice.o, fs::view_extent(one.o, 1, one.seqlen_q, one.heads_q, one.head_dim), p.dtype);
-      const fs::Comparison c = fs::compare(one, o, lse, ref, w.max_abs_v());
-      INFO(c.summary());
-      CHECK(c.pass());
-    }
+    for (int64_t b : {int64_t(0), p.batch - 1}) check_batch(p, t, b, w.max_abs_v(), gpu);
   }
+}
+
+TEST_CASE("the cuBLAS reference takes row strides above 2^31 elements", "[large]") {
+  // Q, K and V are views whose row stride is 2^31 + 64 elements (4 GiB apart): two rows each, so the
+  // GEMMs' leading dimensions exceed 32 bits and are used. The same rows, gathered into a contiguous
+  // problem, give the fp64 CPU reference. Two query heads share the K/V head (the batched GEMM's stride).
+  const int64_t row = (int64_t(1) << 31) + 64, B = 1, S = 2, H = 2, HKV = 1, D = 64;
+  fs::Problem p = fs::make_problem(B, S, S, H, HKV, D, fs::DType::bf16, true);
+  p.q.row = p.k.row = p.v.row = row;
+  p.q.batch = p.k.batch = p.v.batch = S * row;
+  REQUIRE(fs::validate(p).empty());
+  const fs::DeviceInfo dev = fs::current_device();
+  const double needed = 3.0 * double(fs::view_extent(p.q, B, S, H, D)) * 2 + 2 * kGiB;
+  if (double(dev.free_bytes) < needed) {
+    std::ostringstream m;
+    m << "the 2^31-row-stride test needs " << std::fixed << std::setprecision(1) << needed / kGiB
+      << " GiB of free device memory; this GPU has " << double(dev.free_bytes) / kGiB << " GiB free";
+    fs::test::skip(m.str());
+    return;
+  }
+  fs::Workload w(p, 123);
+  const fs::Tensors t = w.tensors();
+  // The rows of Q, K, V, gathered into one contiguous (Q, K, V) host buffer, as floats.
+  const fs::Problem dense = fs::make_problem(B, S, S, H, HKV, D, fs::DType::bf16, true);
+  fs::HostInputs in;
+  in.q = 0;
+  in.k = S * H * D;
+  in.v = in.k + S * HKV * D;
+  for (auto [base, heads] : {std::pair{t.q, H}, std::pair{t.k, HKV}, std::pair{t.v, HKV}})
+    for (int64_t i = 0; i < S; ++i) {
+      const std::vector<float> r =
+          fs::download_as_float(static_cast<const char*>(base) + i * row * 2, heads * D, p.dtype);
+      in.data.insert(in.data.end(), r.begin(), r.end());
+    }
+  const fs::Reference cpu = fs::reference_cpu(dense, in);
+  w.poison();
+  fs::GpuReference gpu;
+  gpu.run(p, t, nullptr, nullptr);  // O in the problem's dtype, contiguous (O's strides are dense)
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const fs::Comparison c = fs::compare(p, w.download_o(), w.download_lse(), cpu, w.max_abs_v());
+  INFO(c.summary());
+  CHECK(c.pass());
 }

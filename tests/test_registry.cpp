@@ -43,7 +43,7 @@ TEST_CASE("registry: adding a broken or duplicate step is refused", "[registry]"
   fs::Step s{"90_test", "test", "a test step", "", 80, 0, [](const fs::Problem&) { return std::string(); },
              [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
              [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
-             [](const fs::Problem&, const fs::DeviceInfo&) { return true; }};
+             [](const fs::Problem&, const fs::DeviceInfo&) { return true; }, nullptr};
   r.add(s);
   CHECK_THROWS_AS(r.add(s), fs::Error);
   fs::Step no_launch = s;
@@ -74,6 +74,54 @@ TEST_CASE("step 01 refuses a score matrix larger than free memory", "[registry]"
   const fs::Plan ok = fs::plan_for(*s, p, fake_device(90, size_t(200) << 30));
   CHECK(ok.accepted());
   CHECK(ok.workspace_bytes == size_t(1) << 37);  // S is the workspace: 8·16·16384²·4 bytes
+}
+
+TEST_CASE("step 01 refuses a score matrix whose size overflows, without a device", "[registry]") {
+  const fs::Step* s = fs::find_step("01_naive");
+  REQUIRE(s != nullptr);
+  // b4 h1 sq = sk = 2^30: S = 2^64 bytes wrapped to 0, and the step accepted the problem.
+  const fs::Problem p = fs::make_problem(4, int64_t(1) << 30, int64_t(1) << 30, 1, 1, 64, fs::DType::fp16, false);
+  REQUIRE(fs::validate(p).empty());
+  const std::string why = fs::check_static(*s, p);
+  CHECK(why == "the score matrix S would need batch·heads·seqlen_q·seqlen_k·4 = 4·1·1073741824·1073741824·4 bytes, "
+               "which overflows 64 bits");
+  CHECK(fs::plan_for(*s, p, fake_device(90, size_t(1) << 62)).refusal == why);
+  CHECK_FALSE(s->claims(p, fake_device(90, size_t(1) << 62)));
+}
+
+// What each step documents it runs (Step::claims), it accepts: on every kind of GPU the project
+// supports, for a spread of shapes. The GPU tests then fail on any refusal of a claimed problem.
+TEST_CASE("registry: every step plans every problem it claims", "[registry]") {
+  struct Gpu {
+    int cc;
+    size_t smem_optin;
+  };
+  const Gpu gpus[] = {{80, 163 * 1024}, {86, 99 * 1024}, {89, 99 * 1024}, {90, 227 * 1024}, {100, 227 * 1024}};
+  int claimed = 0;
+  for (const Gpu& g : gpus) {
+    fs::DeviceInfo dev = fake_device(g.cc, size_t(80) << 30);
+    dev.smem_per_block_optin = g.smem_optin;
+    for (int64_t sq : {0, 1, 65, 1000})
+      for (int64_t sk : {0, 1, 65, 1000})
+        for (int64_t d = 8; d <= 256; d += 8)
+          for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{1, 1}, {8, 2}, {32, 1}})
+            for (bool causal : {false, true})
+              for (fs::DType dt : {fs::DType::fp16, fs::DType::bf16}) {
+                const fs::Problem p = fs::make_problem(2, sq, sk, hq, hkv, d, dt, causal);
+                for (const fs::Step& s : fs::steps()) {
+                  if (s.min_compute_capability > g.cc || (s.arch_specific && s.arch_specific != g.cc)) continue;
+                  if (!s.claims(p, dev)) continue;
+                  ++claimed;
+                  const fs::Plan plan = fs::plan_for(s, p, dev);
+                  if (!plan.accepted()) {
+                    INFO(s.id << " on sm_" << g.cc << " with " << g.smem_optin << " bytes of shared memory, "
+                              << fs::describe(p) << ": " << plan.refusal);
+                    CHECK(plan.accepted());
+                  }
+                }
+              }
+  }
+  CHECK(claimed > 0);
 }
 
 TEST_CASE("registry: every step knows its directory", "[registry]") {

@@ -2,9 +2,13 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "catch.h"
+#include "common/checked.h"
+#include "common/cli.h"
 #include "common/problem.h"
 
 namespace {
@@ -46,7 +50,7 @@ TEST_CASE("validate names the value and the limit", "[validation]") {
       {[](fs::Problem& p) { p.heads_q = 0; }, "heads_q is 0; it must be at least 1"},
       {[](fs::Problem& p) { p.heads_kv = 0; }, "heads_kv is 0; it must be at least 1"},
       {[](fs::Problem& p) { p.heads_kv = 3; }, "heads_q (8) is not a multiple of heads_kv (3)"},
-      {[](fs::Problem& p) { p.batch = int64_t(1) << 29; }, "batch * heads_q is 4294967296; it must be at most 2147483647"},
+      {[](fs::Problem& p) { p.batch = int64_t(1) << 29; }, "batch * heads_q is 536870912 * 8 = 4294967296; it must be at most 2147483647"},
       {[](fs::Problem& p) { p.head_dim = 0; }, "head_dim is 0; it must be a multiple of 8 between 8 and 256"},
       {[](fs::Problem& p) { p.head_dim = 60; }, "head_dim is 60; it must be a multiple of 8 between 8 and 256"},
       {[](fs::Problem& p) { p.head_dim = 264; }, "head_dim is 264; it must be a multiple of 8 between 8 and 256"},
@@ -107,4 +111,117 @@ TEST_CASE("FLOP count and view extents", "[validation]") {
   CHECK(fs::view_extent(fs::Strides{1000, 80, 16, 1}, 2, 3, 4, 8) == 1000 + 2 * 80 + 3 * 16 + 8);
   CHECK(fs::view_extent(p.q, 2, 0, 16, 128) == 0);
   CHECK(fs::describe(p) == "b2 h16/16 sq2048 sk2048 d128 fp16 causal");
+}
+
+TEST_CASE("checked arithmetic refuses what does not fit in 64 bits", "[validation]") {
+  CHECK(fs::checked_mul(INT64_MAX, 1) == INT64_MAX);
+  CHECK_FALSE(fs::checked_mul(INT64_MAX, 2));
+  CHECK_FALSE(fs::checked_mul(int64_t(1) << 32, int64_t(1) << 31));
+  CHECK(fs::checked_add(INT64_MAX - 1, 1) == INT64_MAX);
+  CHECK_FALSE(fs::checked_add(INT64_MAX, 1));
+  CHECK(fs::checked_product({2, 3, 7}) == 42);
+  CHECK(fs::checked_product({INT64_MAX, INT64_MAX, 0}) == 0);  // a zero factor: 0, whatever the others
+  CHECK_FALSE(fs::checked_product({int64_t(1) << 30, int64_t(1) << 30, int64_t(1) << 4}));
+}
+
+// Issue 11, as a new user found it: sizes whose products overflow were accepted or refused with a
+// stride the user never gave.
+TEST_CASE("the runner's sizes are judged by the dimensions given, not by wrapped strides", "[validation]") {
+  auto refusal = [](std::vector<std::string> args) {
+    const fs::ParsedArgs a = fs::parse_runner_args(args);
+    REQUIRE(a.error.empty());
+    return fs::validate(fs::problem_from(a.options));
+  };
+  // The contiguous batch stride seqlen·heads·head_dim = 2^64 wrapped to 0: accepted before.
+  const std::string m1 = refusal({"--seqlen", "1073741824", "--heads", "67108864", "--head-dim", "256"});
+  CHECK(m1 == "Q and O have batch * seqlen_q * heads_q * head_dim = 2 * 1073741824 * 67108864 * 256 elements, "
+              "which overflows 64 bits; a tensor may hold at most 2^58 (288230376151711744)");
+  // Refused before with "Q's batch stride is -824633720576", a stride the user never gave.
+  const std::string m2 = refusal({"--seqlen", "2147483647", "--heads", "1073741823", "--head-dim", "256"});
+  CHECK(contains(m2, "2 * 2147483647 * 1073741823 * 256 elements"));
+  CHECK_FALSE(contains(m2, "stride"));
+}
+
+TEST_CASE("products of sizes from the C ABI never wrap", "[validation]") {
+  fs::Problem p = good();
+  p.batch = p.heads_q = p.heads_kv = INT64_MAX;  // batch·heads_q wrapped to 1: accepted before
+  CHECK(fs::validate(p) == "batch * heads_q is 9223372036854775807 * 9223372036854775807, which overflows 64 bits; "
+                           "it must be at most 2147483647");
+  p = good();
+  p.batch = (int64_t(1) << 32) + 1;  // batch·heads_q = 2^64 - 1 wrapped to -1: accepted before
+  p.heads_q = p.heads_kv = (int64_t(1) << 32) - 1;
+  CHECK(contains(fs::validate(p), "batch * heads_q is 4294967297 * 4294967295, which overflows 64 bits"));
+
+  // A view whose extent overflows: the strides are named.
+  p = good();
+  p.k.batch = INT64_MAX - 7;  // a multiple of 8
+  CHECK(fs::validate(p) == "K's strides (batch 9223372036854775800, row 128, head 64) over batch 2, seqlen_k 96, "
+                           "heads_kv 2 span more than 2^63 elements; a tensor may span at most 2^58 (288230376151711744)");
+  CHECK_FALSE(fs::checked_view_extent(p.k, p.batch, p.seqlen_k, p.heads_kv, p.head_dim));
+  CHECK_THROWS_AS(fs::view_extent(p.k, p.batch, p.seqlen_k, p.heads_kv, p.head_dim), std::overflow_error);
+  p.k.batch = int64_t(1) << 58;  // fits in 64 bits, but spans more than 2^58 elements
+  CHECK(contains(fs::validate(p), "span 288230376151724032 elements; a tensor may span at most 2^58"));
+
+  // make_problem marks strides that do not fit (-1) and validate names the sizes instead.
+  const fs::Strides s = fs::contiguous_strides(INT64_MAX, 2, 8);
+  CHECK(s.batch == -1);
+  CHECK(s.row == 16);
+  CHECK(contains(fs::validate(fs::make_problem(1, 0, 1, INT64_MAX / 4, 1, 8, fs::DType::fp16, false)),
+                 "batch * heads_q is 1 * 2305843009213693951 = 2305843009213693951"));
+}
+
+TEST_CASE("O never overlaps itself; Q, K and V may alias", "[validation]") {
+  fs::Problem p = fs::make_problem(2, 16, 16, 4, 4, 64, fs::DType::fp16, false);
+  REQUIRE(fs::validate(p).empty());
+  fs::Problem bad = p;
+  bad.o.batch = 0;  // both batches write the same O: accepted before
+  CHECK(fs::validate(bad) == "O's batch stride is 0 with batch 2: two elements of O would share one address "
+                             "(O must not overlap itself; Q, K and V may)");
+  bad = p;
+  bad.o.row = bad.o.head = 64;  // row i+1 of head h is row i of head h+1: accepted before
+  CHECK(fs::validate(bad) == "O's row stride is 64 with seqlen_q 16, less than the 256 elements spanned by its "
+                             "head_dim and head dimensions: two elements of O would share one address "
+                             "(O must not overlap itself; Q, K and V may)");
+  bad = p;
+  bad.o.head = 64 * 16, bad.o.row = 64 * 8;  // heads interleaved with rows, overlapping
+  CHECK(contains(fs::validate(bad), "O's head stride is 1024 with heads_q 4, less than the 7744 elements"));
+
+  // Layouts that do not overlap pass, in any order: (batch, heads, seqlen, head_dim), padded rows,
+  // and a dimension of size 1, whose stride is never used.
+  fs::Problem ok = p;
+  ok.o = fs::Strides{4 * 16 * 64, 64, 16 * 64, 1};
+  CHECK(fs::validate(ok).empty());
+  ok.o = fs::Strides{4 * 16 * 72 + 8, 72, 16 * 72, 1};
+  CHECK(fs::validate(ok).empty());
+  ok = fs::make_problem(1, 1, 16, 1, 1, 64, fs::DType::fp16, false);
+  ok.o = fs::Strides{0, 0, 0, 1};
+  CHECK(fs::validate(ok).empty());
+
+  // Inputs may alias: K and V are one tensor, broadcast over the batch.
+  ok = p;
+  ok.k.batch = ok.v.batch = 0;
+  ok.v = ok.k;
+  CHECK(fs::validate(ok).empty());
+}
+
+TEST_CASE("softmax_scale is bounded so that the kernels' logits are finite in fp32", "[validation]") {
+  // 06/07 compute s·scale·log2(e) in fp32: scale = 3.4e38 made scale·log2(e) = inf, accepted before.
+  fs::Problem p = fs::make_problem(1, 16, 16, 1, 1, 128, fs::DType::fp16, false);
+  p.softmax_scale = 3.4e38f;
+  CHECK(contains(fs::validate(p), "softmax_scale is 3.4e+38; with fp16 inputs and head_dim 128 it must be at most 1.07"));
+  CHECK(contains(fs::validate(p), "the largest possible logit, head_dim * 65504^2 * scale * log2(e), is at most 2^126"));
+  p.softmax_scale = 1e26f;  // the bound at head_dim 128 is about 1.07e26
+  CHECK(fs::validate(p).empty());
+  // fp16: the largest logit any input can give, at the bound, is finite in fp32.
+  const double bound = fs::max_softmax_scale(FS_FP16, 256);
+  const float logit = float(256.0 * 65504.0 * 65504.0) * (float(bound) * float(fs::kLog2e));
+  CHECK(std::isfinite(logit));
+
+  p.dtype = FS_BF16;
+  p.softmax_scale = 3.4e38f;
+  CHECK(contains(fs::validate(p), "softmax_scale is 3.4e+38; it must be at most 5.89"));
+  CHECK(contains(fs::validate(p), "so that scale * log2(e) is at most 2^126 (finite in fp32)"));
+  p.softmax_scale = 5.8e37f;
+  CHECK(fs::validate(p).empty());
+  CHECK(std::isfinite(p.softmax_scale * float(fs::kLog2e)));
 }

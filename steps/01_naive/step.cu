@@ -1,9 +1,11 @@
 // Step 01 — naive attention: what it accepts (limits, plan, claims), how it launches its three
 // kernels (kernel.cuh), and its registration.
 #include <algorithm>
+#include <optional>
 #include <sstream>
 #include <vector>
 
+#include "common/checked.h"
 #include "common/registry.h"
 #include "steps/01_naive/kernel.cuh"
 
@@ -21,22 +23,32 @@ Grids grids_for(const Problem& p) {
   return {blocks_for(score_elements(p)), blocks_for(score_rows(p)), blocks_for(output_elements(p))};
 }
 
-int64_t score_bytes(const Problem& p) { return score_elements(p) * int64_t(sizeof(float)); }
+// Bytes of S, B·H·Sq·Sk·4; nothing when that does not fit in 64 bits (limits() refuses those problems).
+std::optional<int64_t> score_bytes(const Problem& p) {
+  return checked_product({p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, int64_t(sizeof(float))});
+}
 
-std::string limits(const Problem&) { return ""; }
+std::string limits(const Problem& p) {
+  if (score_bytes(p)) return "";
+  std::ostringstream m;
+  m << "the score matrix S would need batch·heads·seqlen_q·seqlen_k·4 = " << p.batch << "·" << p.heads_q << "·"
+    << p.seqlen_q << "·" << p.seqlen_k << "·4 bytes, which overflows 64 bits";
+  return m.str();
+}
 
 // S is the launch's workspace: B·H·Sq·Sk fp32, which must fit in device memory with 10 % left.
 Plan plan(const Problem& p, const DeviceInfo& dev) {
   Plan pl;
+  const int64_t bytes = *score_bytes(p);  // limits() passed
   const double free_budget = 0.9 * double(dev.free_bytes);
-  if (double(score_bytes(p)) > free_budget) {
+  if (double(bytes) > free_budget) {
     std::ostringstream m;
-    m << "the score matrix S needs " << score_bytes(p) / (1 << 20) << " MiB (batch·heads·seqlen_q·seqlen_k·4 bytes)"
+    m << "the score matrix S needs " << bytes / (1 << 20) << " MiB (batch·heads·seqlen_q·seqlen_k·4 bytes)"
       << " but only " << int64_t(free_budget) / (1 << 20) << " MiB (90 % of free device memory) is available";
     pl.refusal = m.str();
     return pl;
   }
-  pl.workspace_bytes = size_t(score_bytes(p));
+  pl.workspace_bytes = size_t(bytes);
   const Grids g = grids_for(p);
   pl.kernels = dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -48,7 +60,10 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
 }
 
 // Documented support: every problem whose S takes at most half of the free device memory.
-bool claims(const Problem& p, const DeviceInfo& dev) { return double(score_bytes(p)) <= 0.5 * double(dev.free_bytes); }
+bool claims(const Problem& p, const DeviceInfo& dev) {
+  const std::optional<int64_t> bytes = score_bytes(p);
+  return bytes && double(*bytes) <= 0.5 * double(dev.free_bytes);
+}
 
 void launch(const Problem& p, const Tensors& t, const Plan&, void* workspace, cudaStream_t stream) {
   float* s = static_cast<float*>(workspace);

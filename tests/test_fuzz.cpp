@@ -1,0 +1,284 @@
+// Seeded random problems and command lines, drawn to hit the extremes: 0, 1, powers of two ± 1,
+// INT32/INT64 limits, negatives, NaN and infinite scales, odd strides, output strides that overlap.
+// The invariant: a problem that validate() accepts has every size representable (checked here with
+// 128-bit arithmetic, independently of common/checked.h) and an output that never overlaps itself;
+// every refusal is a sentence. CI runs this file in the AddressSanitizer + UBSan build too, where any
+// overflow or bad access aborts the run (FLASH_STEPS_SANITIZE, .ci/run).
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "common/cli.h"
+#include "common/registry.h"
+
+namespace {
+
+using i128 = __int128;
+constexpr i128 kInt64Max = INT64_MAX;
+constexpr i128 kMaxElements = i128(1) << 58;
+
+class Draw {
+ public:
+  explicit Draw(uint64_t seed) : rng_(seed) {}
+  uint64_t next() { return rng_(); }
+  bool coin(int one_in) { return rng_() % uint64_t(one_in) == 0; }
+  template <typename T>
+  const T& pick(const std::vector<T>& v) { return v[rng_() % v.size()]; }
+
+  // An integer near the edges: 0, 1, 2^k - 1, 2^k, 2^k + 1, the int32/int64 limits, negatives, or
+  // a small value.
+  int64_t extreme() {
+    static const std::vector<int64_t> edges = {0,        1,         -1,        -8,        2,        7,        8,
+                                               9,        INT32_MAX, int64_t(INT32_MAX) + 1, UINT32_MAX,
+                                               int64_t(UINT32_MAX) + 1, INT64_MAX, INT64_MAX - 7, INT64_MIN,
+                                               INT64_MIN + 8};
+    switch (rng_() % 4) {
+      case 0: return pick(edges);
+      case 1: {
+        const int64_t power = int64_t(1) << (rng_() % 63);
+        return power + int64_t(rng_() % 3) - 1;
+      }
+      case 2: return int64_t(rng_() % 300) - 2;
+      default: return int64_t(rng_() % 64) * 8;
+    }
+  }
+  // A size for one dimension: mostly sensible, sometimes extreme.
+  int64_t size(int64_t typical) { return coin(8) ? extreme() : int64_t(rng_() % uint64_t(typical)) + 1; }
+
+ private:
+  std::mt19937_64 rng_;  // its output sequence is fixed by the C++ standard, so the draws are the same everywhere
+};
+
+// x, or the nearest int64_t: the test's own arithmetic must not overflow either (UBSan would stop it).
+int64_t clamp64(i128 x) { return int64_t(std::max<i128>(INT64_MIN, std::min<i128>(INT64_MAX, x))); }
+
+float draw_scale(Draw& d, int32_t dtype, int64_t head_dim) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const double bound = head_dim > 0 && head_dim <= 256 ? fs::max_softmax_scale(dtype, head_dim) : 1.0;
+  switch (d.next() % 6) {
+    case 0: return d.pick(std::vector<float>{nan, inf, -inf, 0.0f, -0.0f, FLT_MAX, -FLT_MAX, FLT_MIN,
+                                             std::numeric_limits<float>::denorm_min(), 1.0f, -1.0f});
+    case 1: return float(bound);
+    case 2: return std::nextafter(float(bound), inf);
+    case 3: return std::nextafter(float(bound), 0.0f);
+    default: return std::pow(10.0f, float(int(d.next() % 80)) - 40.0f);  // 1e-40 ... 1e39 (inf beyond)
+  }
+}
+
+fs::Strides draw_strides(Draw& d, const fs::Strides& contiguous, int64_t head_dim) {
+  fs::Strides s = contiguous;
+  switch (d.next() % 5) {
+    case 0: return s;                                                         // contiguous
+    case 1: s.batch = d.extreme(); break;                                     // one extreme stride
+    case 2: s.row = d.extreme(); break;
+    case 3: s.head = d.extreme(); break;
+    default: {                                                                // a permuted or aliasing layout
+      const std::vector<int64_t> choices = {0, 8, head_dim, clamp64(i128(2) * head_dim), contiguous.row,
+                                            contiguous.batch, clamp64(i128(contiguous.row) + 8), contiguous.batch / 2,
+                                            d.extreme()};
+      s.batch = d.pick(choices);
+      s.row = d.pick(choices);
+      s.head = d.pick(choices);
+    }
+  }
+  if (d.coin(20)) s.dim = d.extreme();
+  return s;
+}
+
+// A problem; `strides_drawn` says whether any stride differs from make_problem's contiguous ones.
+fs::Problem draw_problem(Draw& d, bool& strides_drawn) {
+  const int64_t b = d.size(4), sq = d.size(d.coin(2) ? 8 : 300), sk = d.size(300), hkv = d.size(4);
+  int64_t hq = d.size(16);
+  if (d.coin(3) && __builtin_mul_overflow(hkv, d.size(4), &hq)) hq = hkv;  // a GQA group, when it fits
+  const int64_t head_dim = d.coin(4) ? d.extreme() : 8 * (int64_t(d.next() % 32) + 1);
+  const fs::DType dt = d.coin(2) ? fs::DType::fp16 : fs::DType::bf16;
+  fs::Problem p = fs::make_problem(b, sq, sk, hq, hkv, head_dim, dt, d.coin(2));
+  if (d.coin(20)) p.dtype = int32_t(d.extreme());
+  if (d.coin(20)) p.causal = int32_t(d.extreme());
+  if (d.coin(3)) p.softmax_scale = draw_scale(d, p.dtype, p.head_dim);
+  strides_drawn = false;
+  for (fs::Strides* s : {&p.q, &p.k, &p.v, &p.o})
+    if (d.coin(3)) {
+      *s = draw_strides(d, *s, p.head_dim);
+      strides_drawn = true;
+    }
+  return p;
+}
+
+// The largest offset + 1 of a view, in 128 bits (0 when empty).
+i128 extent128(const fs::Strides& s, int64_t b, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  if (b == 0 || seqlen == 0 || heads == 0 || head_dim == 0) return 0;
+  return i128(b - 1) * s.batch + i128(seqlen - 1) * s.row + i128(heads - 1) * s.head + head_dim;
+}
+
+// Every element of O at its own address, by enumeration (small problems only).
+bool output_is_injective(const fs::Problem& p) {
+  std::vector<int64_t> offsets;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.seqlen_q; ++i)
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        for (int64_t c = 0; c < p.head_dim; ++c) offsets.push_back(b * p.o.batch + i * p.o.row + h * p.o.head + c);
+  std::sort(offsets.begin(), offsets.end());
+  return std::adjacent_find(offsets.begin(), offsets.end()) == offsets.end();
+}
+
+// The invariant of an accepted problem, each part checked in 128 bits.
+void check_accepted(const fs::Problem& p, int64_t& enumerated) {
+  REQUIRE((p.dtype == FS_FP16 || p.dtype == FS_BF16));
+  REQUIRE((p.causal == 0 || p.causal == 1));
+  REQUIRE(p.batch >= 1);
+  REQUIRE((p.seqlen_q >= 0 && p.seqlen_q <= INT32_MAX && p.seqlen_k >= 0 && p.seqlen_k <= INT32_MAX));
+  REQUIRE((p.heads_kv >= 1 && p.heads_q >= p.heads_kv && p.heads_q % p.heads_kv == 0));
+  REQUIRE(i128(p.batch) * p.heads_q <= INT32_MAX);
+  REQUIRE((p.head_dim >= 8 && p.head_dim <= 256 && p.head_dim % 8 == 0));
+  REQUIRE((std::isfinite(p.softmax_scale) && p.softmax_scale > 0));
+  // The kernels' scale·log2(e) is finite, and for fp16 so is the largest logit any input can give.
+  REQUIRE(std::isfinite(p.softmax_scale * float(fs::kLog2e)));
+  if (p.dtype == FS_FP16)
+    REQUIRE(std::isfinite(float(double(p.head_dim) * 65504.0 * 65504.0) * (p.softmax_scale * float(fs::kLog2e))));
+
+  struct View {
+    const fs::Strides& s;
+    int64_t seqlen, heads;
+  };
+  const View views[] = {{p.q, p.seqlen_q, p.heads_q}, {p.k, p.seqlen_k, p.heads_kv}, {p.v, p.seqlen_k, p.heads_kv},
+                        {p.o, p.seqlen_q, p.heads_q}};
+  i128 inputs = 0;
+  for (const View& v : views) {
+    const i128 logical = i128(p.batch) * v.seqlen * v.heads * p.head_dim;
+    const i128 extent = extent128(v.s, p.batch, v.seqlen, v.heads, p.head_dim);
+    REQUIRE(logical <= kMaxElements);
+    REQUIRE((extent >= 0 && extent <= kMaxElements));
+    REQUIRE(i128(fs::view_extent(v.s, p.batch, v.seqlen, v.heads, p.head_dim)) == extent);
+    REQUIRE(extent * 8 <= kInt64Max);  // bytes as fp64
+    REQUIRE(logical * 8 <= kInt64Max);
+    if (&v.s != &p.o) inputs += (extent + 7) / 8 * 8;
+  }
+  REQUIRE(inputs * 8 <= kInt64Max);  // Q, K and V in one buffer, even as fp64
+  REQUIRE(i128(p.batch) * p.heads_q * p.seqlen_q * 8 <= kInt64Max);  // LSE
+
+  const i128 o_elems = i128(p.batch) * p.seqlen_q * p.heads_q * p.head_dim;
+  if (o_elems > 0 && o_elems <= (1 << 15)) {
+    ++enumerated;
+    REQUIRE(output_is_injective(p));
+  }
+}
+
+fs::DeviceInfo fake_h100() {
+  fs::DeviceInfo d;
+  d.name = "fake";
+  d.compute_capability = 90;
+  d.sm_count = 132;
+  d.smem_per_block_optin = 227 * 1024;
+  d.l2_bytes = 50 << 20;
+  d.free_bytes = d.total_bytes = size_t(80) << 30;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("fuzz: every accepted problem has representable sizes and a non-overlapping output", "[fuzz]") {
+  constexpr int kProblems = 200000;
+  Draw d(20240611);
+  const fs::DeviceInfo dev = fake_h100();
+  int64_t accepted = 0, refused = 0, enumerated = 0, planned = 0, step_refusals = 0;
+  for (int n = 0; n < kProblems; ++n) {
+    bool strides_drawn = false;
+    const fs::Problem p = draw_problem(d, strides_drawn);
+    const std::string why = fs::validate(p);
+    if (!why.empty()) {
+      INFO(why);
+      REQUIRE(why.size() > 15);  // a sentence, naming the value
+      // Contiguous strides are derived from the sizes: a refusal then speaks of the sizes given.
+      if (!strides_drawn) REQUIRE(why.find("stride") == std::string::npos);
+      ++refused;
+      continue;
+    }
+    ++accepted;
+    CAPTURE(fs::describe(p), p.softmax_scale, p.q.batch, p.q.row, p.q.head, p.o.batch, p.o.row, p.o.head);
+    check_accepted(p, enumerated);
+    // Every step's device-free limits and its plan, on a made-up H100, on every accepted problem.
+    for (const fs::Step& s : fs::steps()) {
+      const fs::Plan plan = fs::plan_for(s, p, dev);
+      ++planned;
+      if (!plan.accepted()) {
+        REQUIRE(plan.refusal.size() > 15);
+        ++step_refusals;
+      } else if (s.id == "01_naive") {
+        REQUIRE(i128(plan.workspace_bytes) == i128(p.batch) * p.heads_q * p.seqlen_q * p.seqlen_k * 4);
+      }
+    }
+  }
+  std::cout << "fuzz: " << kProblems << " problems drawn: " << accepted << " accepted (invariants hold; " << enumerated
+            << " outputs enumerated element by element), " << refused << " refused by validate() with a sentence; "
+            << planned << " step plans, " << step_refusals << " of them refusals with a sentence\n";
+  CHECK(accepted > kProblems / 10);
+  CHECK(refused > kProblems / 10);
+  CHECK(enumerated > 1000);
+}
+
+TEST_CASE("fuzz: random command lines are parsed or refused with a sentence", "[fuzz]") {
+  constexpr int kCommandLines = 100000;
+  const std::vector<std::string> flags = {
+      "--batch", "--seqlen", "--seqlen-q", "--seqlen-k", "--heads", "--kv-heads", "--head-dim", "--dtype", "--causal",
+      "--scale", "--iters", "--warmup", "--seed", "--no-flush", "--no-baseline", "--json", "--csv", "--step",
+      "--list", "--help", "-h", "list", "run", "banks", "explain", "resources", "--bacth", "-", "--", "=", ""};
+  const std::vector<std::string> values = {
+      "", " ", "0", "1", "-1", "+1", " 12", "12 ", "007", "8", "40", "64", "256", "264", "2147483647", "2147483648",
+      "4294967296", "9223372036854775807", "9223372036854775808", "99999999999999999999", "0x10", "1e3", "nan", "inf",
+      "-inf", "0.5", ".5", "5.", "1e-50", "1e39", "3.4e38", "fp16", "bf16", "fp32", "01_naive", "03_smem_tiling,07_flash_attention2",
+      ",", "=", "--batch", "1,2", "\t8"};
+  Draw d(77);
+  int64_t parsed = 0, refused = 0, valid_problems = 0;
+  for (int n = 0; n < kCommandLines; ++n) {
+    std::vector<std::string> args;
+    const int count = int(d.next() % 9);
+    for (int i = 0; i < count; ++i) {
+      std::string a = d.pick(d.coin(2) ? flags : values);
+      if (d.coin(4) && a.rfind("--", 0) == 0) a += "=" + d.pick(values);
+      if (d.coin(50)) a.push_back(char(d.next() % 256));  // a stray byte
+      args.push_back(a);
+    }
+    const fs::ParsedArgs r = fs::parse_runner_args(args);
+    if (!r.error.empty()) {
+      ++refused;
+      continue;
+    }
+    ++parsed;
+    const fs::RunnerOptions& o = r.options;
+    CAPTURE(args);
+    // Every value that got through is within its flag's documented rule.
+    REQUIRE((o.batch >= 1 && o.batch <= INT32_MAX));
+    REQUIRE((o.seqlen_q >= 0 && o.seqlen_q <= INT32_MAX && o.seqlen_k >= 0 && o.seqlen_k <= INT32_MAX));
+    REQUIRE((o.heads >= 1 && o.heads <= INT32_MAX && o.kv_heads >= 0 && o.kv_heads <= INT32_MAX));
+    REQUIRE((o.head_dim >= 8 && o.head_dim <= 256 && o.head_dim % 8 == 0));
+    REQUIRE((o.iters >= 1 && o.iters <= 100000 && o.warmup >= 0 && o.warmup <= 100000));
+    if (o.scale_given) REQUIRE((std::isfinite(o.scale) && o.scale > 0));
+    // A command other than run took no option that does not apply to it: resources takes the
+    // problem, --step and --json; explain and banks --step only; list and help nothing.
+    const fs::RunnerOptions defaults;
+    if (o.command != "run") {
+      REQUIRE(o.iters == defaults.iters);
+      REQUIRE(o.flush_l2 == defaults.flush_l2);
+    }
+    if (o.command != "run" && o.command != "resources") {
+      REQUIRE(o.batch == defaults.batch);
+      REQUIRE(o.head_dim == defaults.head_dim);
+      REQUIRE(o.causal == defaults.causal);
+      if (o.command != "explain" && o.command != "banks") REQUIRE(o.steps.empty());
+    }
+    const std::string why = fs::validate(fs::problem_from(o));
+    valid_problems += why.empty() ? 1 : 0;
+  }
+  std::cout << "fuzz: " << kCommandLines << " command lines drawn: " << parsed << " parsed (" << valid_problems
+            << " of them valid problems), " << refused << " refused with a message\n";
+  CHECK(parsed > 100);
+  CHECK(refused > kCommandLines / 2);
+}
