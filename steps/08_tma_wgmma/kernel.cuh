@@ -2,7 +2,8 @@
 //
 // Extends step 07 (FlashAttention-2 on mma.sync). The one idea: let the hardware move and feed the
 // tiles. On the H200, step 07's threads spend issue slots on cp.async addresses and on ldmatrix, and
-// no mma.sync kernel can pass 645 TFLOP/s there (notes/07_flash_attention2.md, "Where it stops").
+// no mma.sync kernel can pass about 650 TFLOP/s there, the mma.sync peak the project measures
+// (flash_steps_ceilings, bench/results/ceilings-*.json); wgmma's measured peak is about 835 at fp16.
 // Hopper has two engines that take that work off the threads:
 //
 //   * the Tensor Memory Accelerator (TMA) copies a whole box of a tensor from global to shared
