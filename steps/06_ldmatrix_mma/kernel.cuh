@@ -20,8 +20,9 @@
 //
 // Expected speed-up over step 05: an order of magnitude (the tensor cores do a 16×8×16 product per
 // warp instruction; the CUDA cores of step 05 do one FMA per lane). With 16 query rows per warp
-// every K/V byte read from shared memory serves only 16 rows: shared-memory traffic, not the tensor
-// cores, sets the pace; step 07 gives each warp more rows. notes/06_ldmatrix_mma.md has the counts.
+// every K/V byte read from shared memory serves only 16 rows, and at 252 registers an SM holds two
+// blocks, 8 warps, to hide the latencies; step 07 gives each warp more rows.
+// notes/06_ldmatrix_mma.md has the counts and what Nsight Compute measured.
 #pragma once
 
 #include <algorithm>
@@ -119,9 +120,8 @@ __device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
 // All threads start copying rows row0 .. row0 + 63 of one head into a shared tile, 16 bytes at a
 // time, and return without waiting; rows at or past `rows_valid` become zeros (finite, and masked
 // out later) through src_bytes = 0, their source address being row row0, which always exists.
-// Not unrolled on purpose: unrolled, the global and shared addresses of every chunk (they do not
-// change from tile to tile) stay in registers across the whole K/V loop and push the FMA loop past
-// its 128 registers into spills; rolled, they are recomputed at each call for a few instructions.
+// Not unrolled, as in step 05 (where unrolling kept every chunk's addresses in registers across the
+// K/V loop and pushed the FMA loop past its 128 registers into spills); step 07's copy is unrolled.
 template <class Tr, class Layout, typename T>
 __device__ void copy_tile_async(T* tile, const T* head, int64_t row_stride, int row0, int64_t rows_valid) {
 #pragma unroll 1
