@@ -151,3 +151,23 @@ TEST_CASE("speed-ups: x prev is over the fastest row of the previous step key", 
   CHECK(x[7].x_prev == 0.0);
   CHECK(x[8].x_step01 == 0.0);              // not timed: nothing
 }
+
+TEST_CASE("workspace: a plan's workspace is refused, in a sentence, when it is missing, short or misaligned", "[registry]") {
+  fs::Plan none;
+  CHECK(fs::check_workspace(none, nullptr, 0).empty());  // no workspace needed: NULL is fine
+  fs::Plan plan;
+  plan.workspace_bytes = 4096;
+  alignas(16) static unsigned char mem[4096 + 16];
+  CHECK(fs::check_workspace(plan, mem, 4096).empty());
+  CHECK(fs::check_workspace(plan, mem, 8192).empty());
+  CHECK(fs::check_workspace(plan, nullptr, 4096) ==
+        "the workspace is a null pointer; this problem needs 4096 bytes of workspace (see fs_workspace_size)");
+  CHECK(fs::check_workspace(plan, mem, 4095) == "the workspace is 4095 bytes; this problem needs 4096 (see fs_workspace_size)");
+  CHECK(fs::check_workspace(plan, mem + 8, 4096).find("is not 16-byte aligned") != std::string::npos);
+  // fs::run refuses before anything is launched (no GPU needed to see it).
+  const fs::Step* s = fs::find_step("01_naive");
+  REQUIRE(s != nullptr);
+  const fs::Problem p = fs::make_problem(1, 8, 8, 1, 1, 64, fs::DType::fp16, false);
+  fs::Tensors t{mem, mem, mem, mem, nullptr};
+  CHECK_THROWS_AS(fs::run(*s, p, plan, t, nullptr, 0, nullptr), fs::Error);
+}
