@@ -13,11 +13,12 @@
 //                          as wide as the registers allow; K is read two n8 tiles at a time
 //                          (ldmatrix.x4), as V is, and each lane's ldmatrix addresses are one lane
 //                          offset plus a compile-time constant (Traits::origin).
-//   07b kWorkOrder         a 1-D grid keeps the query tiles of a head together (their K/V stays in L2)
-//                          and starts the longest (causal) tiles first; K/V tiles are visited from the
-//                          last to the first, so the tiles that straddle the causal diagonal or the end
-//                          of K come first and are the only ones that build a mask (a separate
-//                          instantiation of the loop body). Before it, every tile is masked.
+//   07b kWorkOrder         K/V tiles are visited from the last to the first, so the tiles that
+//                          straddle the causal diagonal or the end of K come first and are the only
+//                          ones that build a mask (a separate instantiation of the loop body); before
+//                          it, every tile is masked. And a 1-D grid instead of step 06's 2-D one: the
+//                          same block order (a head's query tiles together, the longest first), with
+//                          no 65535 limit on batch·heads and no loop over them.
 //   07c kLdmatrixPipeline  ldmatrix is double-buffered in registers: the next fragment is requested
 //                          before the mma instructions of the current one are issued.
 //   07d kSmemEpilogue      O goes through shared memory (Q's space, which each warp no longer needs)

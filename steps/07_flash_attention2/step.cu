@@ -127,8 +127,8 @@ void register_step_07_flash_attention2(Registry& r) {
                           "step 06 with 32 query rows per warp (two m16 tiles): each K/V fragment read from "
                           "shared memory feeds two mma"));
   r.add(sub_step<kWorkOrder>("07b_work_order", "FlashAttention-2: work order",
-                             "+ a 1-D grid keeping a head's query tiles together, longest first; K/V tiles from "
-                             "the diagonal down, only the masked ones build a mask"));
+                             "+ masked tiles apart: K/V tiles from the diagonal down, only the masked ones build "
+                             "a mask; a 1-D grid"));
   r.add(sub_step<kLdmatrixPipeline>("07c_ldmatrix_pipeline", "FlashAttention-2: ldmatrix pipeline",
                                     "+ ldmatrix double-buffered in registers: the next fragment requested before "
                                     "the current one's mma"));

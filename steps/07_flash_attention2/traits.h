@@ -103,8 +103,8 @@ FS_HD constexpr Coord ldmatrix_x4_quadrants(int lane) {
 // own (the kernel's IDEAS parameter), so the runner's "x prev" column is what each idea buys.
 enum Idea : int {
   kRows32 = 1,            // 07a  32 query rows per warp: every K/V fragment read feeds two mma, not one
-  kWorkOrder = 2,         // 07b  1-D grid (a head's query tiles together, longest first); K/V tiles visited
-                          //      from the diagonal down, so only the first (masked) ones build a mask
+  kWorkOrder = 2,         // 07b  K/V tiles visited from the diagonal down, so only the first (masked) ones
+                          //      build a mask; a 1-D grid (no loop over batch·heads past 65535)
   kLdmatrixPipeline = 3,  // 07c  the next ldmatrix is issued before the mma of the current fragment
   kSmemEpilogue = 4,      // 07d  O staged through shared memory, stored in 16-byte coalesced chunks
   kRescaleSkip = 5,       // 07e  no O rescale in a warp whose row maxima did not grow
