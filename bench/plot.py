@@ -2,7 +2,7 @@
 """Plots and the README results table, generated from the files in bench/results/.
 
     python3 bench/plot.py                      the newest compare_torch-*.json and runner-*.json there:
-                                               bench/results/sweep.png, bench/results/ladder.png, and
+                                               bench/results/ladder.png, roofline.png, sweep.png, and
                                                README.md rewritten between its results markers
     python3 bench/plot.py --compare FILE [--runner FILE] [--ceilings FILE] [--readme README.md] [--out-dir DIR]
     python3 bench/plot.py --table-only         print the table (no matplotlib needed)
@@ -18,7 +18,13 @@ empty. Every number is read from the files: FLOPs, TFLOP/s and the speed-ups "×
 Ceilings (the rates this GPU reaches, measured by flash_steps_ceilings): the newest
 bench/results/ceilings-*.json, or --ceilings FILE. They give the plots their ceiling lines and the
 table its "% of mma.sync" / "% of wgmma" columns; without a ceilings file for the GPU of the
-results, plot.py says so and draws no line and no column.
+results, plot.py says so and draws no line, no column and no roofline.
+
+The roofline (roofline.png, and a table under the results table) puts every step of the ladder at
+its arithmetic intensity: the FLOPs of the results file over the minimum DRAM bytes of the shape
+(minimum_bytes: Q, K, V read once, O written once, and step 01's stored S), under the HBM roof
+(hbm_read × FLOP/byte) and the ceiling of the unit the step computes on (COMPUTE_UNITS: FP32 FMA for
+01-05, mma.sync for 06-07, wgmma for 08).
 
 The table is text between the markers below in README.md; everything else in README.md is left as
 it is. The output depends only on the input files, so running this twice gives the same bytes.
@@ -26,6 +32,7 @@ it is. The output depends only on the input files, so running this twice gives t
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -187,10 +194,89 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
         lines.append(f"`flash-steps --json` ({describe_shape(r_shape)}, commit `{runner.get('commit', '?')}`): " +
                      ("**failed** for " + ", ".join(f"`{i}`" for i in r_fail) if r_fail else
                       "every step that ran passed its check against the reference") + ".")
-    alt = {"ladder": "TFLOP/s of every step at this shape", "sweep": "TFLOP/s against seqlen, every step and backend"}
+    lines += roofline_table(ladder, ceilings)
+    alt = {"ladder": "TFLOP/s of every step at this shape", "sweep": "TFLOP/s against seqlen, every step and backend",
+           "roofline": "every step against the roofline of the measured ceilings"}
     for img in images:
         lines += ["", f"![{alt.get(Path(img).stem, Path(img).stem)}]({img})"]
     return "\n".join(lines) + "\n"
+
+
+# ---- the roofline --------------------------------------------------------------------------------
+# Which unit each step computes on, by its number (01-05: FP32 FMA on the CUDA cores; 06-07:
+# mma.sync; 08: wgmma), and so which measured ceiling it is compared with. A step not listed gets
+# no compute ceiling.
+COMPUTE_UNITS = {"01": "fma_f32", "02": "fma_f32", "03": "fma_f32", "04": "fma_f32", "05": "fma_f32",
+                 "06": "mma_sync", "07": "mma_sync", "08": "wgmma"}
+ELEMENT_BYTES = {"fp16": 2, "bf16": 2}
+S_PASSES_01 = 6  # note 01: S written by kernel 1, read 3 times and written once by kernel 2, read by kernel 3
+
+
+def minimum_bytes(shape: dict, step_id: str) -> float:
+    """The DRAM bytes a step cannot avoid at this shape: Q, K and V read once and O written once (the
+    LSE, 4 bytes per row, is left out: under 0.5 % of them at head_dim >= 64), plus, for step 01, the
+    fp32 S matrix it stores, S_PASSES_01 times over. A model, not a measurement."""
+    e = ELEMENT_BYTES[shape["dtype"]]
+    b, n, h, d = shape["batch"], shape["seqlen"], shape["heads"], shape["head_dim"]
+    h_kv = shape.get("heads_kv", h)
+    n_k = shape.get("seqlen_k", n)
+    total = e * d * (2 * b * n * h + 2 * b * n_k * h_kv)
+    if step_id.startswith("01"):
+        total += S_PASSES_01 * b * h * n * n_k * 4
+    return float(total)
+
+
+def compute_ceiling(ceilings: dict | None, step_id: str, dtype: str) -> tuple[str, float] | None:
+    """(label, TFLOP/s) of the unit the step computes on, from the ceilings file, or None."""
+    unit = COMPUTE_UNITS.get(step_id[:2])
+    if not ceilings or not unit:
+        return None
+    suffix = {"fp16": "f16", "bf16": "bf16"}.get(dtype, dtype)
+    cid = unit if unit == "fma_f32" else f"{unit}_{suffix}"
+    c = ceilings["values"].get(cid)
+    return (CEILING_LABELS.get(cid, cid), c["value"]) if c else None
+
+
+def roofline_rows(ladder: dict, ceilings: dict | None) -> list[dict]:
+    """Per timed step: FLOPs (the results file's), minimum bytes, FLOP per byte, TFLOP/s, the HBM
+    roof at that intensity (hbm_read × FLOP/byte), the compute ceiling of its unit, the lower of the
+    two (the roof) and the step's share of it. Empty without an hbm_read ceiling."""
+    hbm = (ceilings or {}).get("values", {}).get("hbm_read")
+    flops = ladder.get("flops")
+    if not hbm or not flops:
+        return []
+    out = []
+    for s in ladder["steps"]:
+        if not _timed(s):
+            continue
+        nbytes = minimum_bytes(ladder["shape"], s["id"])
+        ai = flops / nbytes
+        memory_roof = ai * hbm["value"]  # TB/s × FLOP/byte = TFLOP/s
+        compute = compute_ceiling(ceilings, s["id"], ladder["shape"]["dtype"])
+        roof = min(memory_roof, compute[1]) if compute else memory_roof
+        out.append({"id": s["id"], "flops": flops, "bytes": nbytes, "intensity": ai, "tflops": s["tflops"],
+                    "memory_roof": memory_roof, "compute": compute, "roof": roof,
+                    "bound": "memory" if roof == memory_roof else "compute", "pct_roof": 100 * s["tflops"] / roof})
+    return out
+
+
+def roofline_table(ladder: dict, ceilings: dict | None) -> list[str]:
+    rows = roofline_rows(ladder, ceilings)
+    if not rows:
+        return []
+    hbm = ceilings["values"]["hbm_read"]["value"]
+    lines = ["", "Roofline (`bench/results/roofline.png`): each step against the ceiling of the unit it computes on "
+             f"and the HBM roof, {hbm:.2f} TB/s (`hbm_read`) × its FLOP per byte. Bytes: the minimum DRAM traffic, "
+             "Q, K, V read once and O written once; step 01 also moves its fp32 S "
+             f"{S_PASSES_01} times (written, read 3 times and written by the softmax, read by P·V). "
+             "A model, not a measured byte count.", "",
+             "| step | GB moved (model) | FLOP / byte | HBM roof TFLOP/s | compute ceiling | % of the lower |",
+             "| --- | ---: | ---: | ---: | --- | ---: |"]
+    for r in rows:
+        compute = f"{r['compute'][0]} {r['compute'][1]:.1f}" if r["compute"] else "–"
+        lines.append(f"| `{r['id']}` | {r['bytes'] / 1e9:.3f} | {r['intensity']:.0f} | {r['memory_roof']:.0f} | "
+                     f"{compute} | {r['pct_roof']:.1f} % |")
+    return lines
 
 
 # ---- plots (matplotlib is imported only here) ---------------------------------------------------
@@ -310,6 +396,65 @@ def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = No
     plt.close(fig)
 
 
+def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = None) -> None:
+    """Log-log roofline: the HBM roof and the compute ceilings of the ceilings file, and every timed
+    step at its FLOP per byte (minimum_bytes), numbered, with a legend of the numbers."""
+    plt = _pyplot()
+    rows = roofline_rows(ladder, ceilings)
+    if not rows:
+        raise ValueError("no hbm_read ceiling or no timed step: nothing to draw a roofline with")
+    hbm = ceilings["values"]["hbm_read"]["value"]
+    fig, ax = plt.subplots(figsize=(11, 6.5))
+    xs = [2.0 ** (k / 8) for k in range(0, 8 * 14 + 1)]  # 1 ... 16384 FLOP/byte
+    units = [("fma_f32", "tab:green"), ("mma_sync", "tab:blue"), ("wgmma", "tab:purple")]
+    suffix = {"fp16": "f16", "bf16": "bf16"}.get(ladder["shape"]["dtype"], "")
+    for unit, color in units:
+        cid = unit if unit == "fma_f32" else f"{unit}_{suffix}"
+        c = ceilings["values"].get(cid)
+        if c:
+            ax.plot(xs, [min(c["value"], x * hbm) for x in xs], color=color, linewidth=1.5,
+                    label=f"{CEILING_LABELS.get(cid, cid)} {c['value']:.1f} TFLOP/s, HBM {hbm:.2f} TB/s")
+    ax.plot(xs, [x * hbm for x in xs], color="0.6", linestyle=":", linewidth=1)
+    colors = {"fma_f32": "tab:green", "mma_sync": "tab:blue", "wgmma": "tab:purple"}
+    groups: dict[float, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(round(r["intensity"], 6), []).append(r)
+    gap = 0.075  # decades between two labels of one column
+    for column in groups.values():
+        column = sorted(column, key=lambda r: r["tflops"])
+        placed = []
+        for r in column:  # labels at the points' heights, pushed up just enough not to overlap
+            y = math.log10(r["tflops"])
+            placed.append(max(y, placed[-1] + gap) if placed else y)
+        shift = (placed[-1] - math.log10(column[-1]["tflops"])) / 2  # centre the list on the points
+        for r, y in zip(column, placed):
+            color = colors.get(COMPUTE_UNITS.get(r["id"][:2], ""), "black")
+            x = r["intensity"]
+            ax.plot([x], [r["tflops"]], marker="o", color=color, markersize=5, linestyle="none")
+            ax.annotate(f"{r['id']}: {r['tflops']:.1f} ({r['pct_roof']:.1f} % of its roof)",
+                        (x, r["tflops"]), xytext=(x * 2.2, 10 ** (y - shift)), textcoords="data", fontsize=7,
+                        va="center", color=color, bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5},
+                        arrowprops={"arrowstyle": "-", "color": color, "linewidth": 0.5, "shrinkA": 0, "shrinkB": 2})
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlim(xs[0], xs[-1])
+    ax.set_ylim(0.3, 2000)
+    ax.set_xlabel("arithmetic intensity: FLOPs over the minimum DRAM bytes (Q, K, V read once, O written once; "
+                  "step 01 also its S)", fontsize=8)
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7.5, loc="upper left", frameon=False)
+    env = meta.get("environment", {})
+    s = ladder["shape"]
+    ax.set_title(f"Roofline: b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}"
+                 f"{' causal' if s['causal'] else ''} — {env.get('gpu', meta.get('device', ''))}, "
+                 f"{meta.get('date', '')[:10]}, {meta.get('commit', '')}; ceilings {ceilings.get('source', '')}",
+                 fontsize=8.5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+
+
 # ---- command line ------------------------------------------------------------------------------
 
 def repo_relative(path: Path) -> str:
@@ -396,13 +541,15 @@ def main(argv=None) -> int:
             return str(p)
 
     images = []
+    names = ("ladder.png", "roofline.png", "sweep.png")  # in the README's order
     if args.no_plots:  # link the plots already drawn from these files, where they are
-        images = [p for p in (out_dir / "sweep.png", out_dir / "ladder.png") if p.exists()]
+        images = [out_dir / n for n in names if (out_dir / n).exists()]
     elif not args.table_only:
         out_dir.mkdir(parents=True, exist_ok=True)
-        jobs = [(plot_ladder, (ladder, meta), out_dir / "ladder.png")]
+        jobs = [(plot_ladder, (ladder, meta), out_dir / "ladder.png"),
+                (plot_roofline, (ladder, meta), out_dir / "roofline.png")]
         if compare is not None:
-            jobs.insert(0, (plot_sweep, (compare,), out_dir / "sweep.png"))
+            jobs.append((plot_sweep, (compare,), out_dir / "sweep.png"))
         for fn, fn_args, path in jobs:
             try:
                 fn(*fn_args, path, ceilings)
@@ -412,7 +559,7 @@ def main(argv=None) -> int:
             images.append(path)
             print(f"plot.py: wrote {path}", file=sys.stderr)
     table = ladder_table(ladder, meta, repo_relative(source), runner if compare is not None else None,
-                         tuple(rel(p) for p in reversed(images)), ceilings)
+                         tuple(rel(p) for p in images), ceilings)
     print(table, end="")
     if args.table_only or args.no_readme:
         return 0

@@ -19,7 +19,8 @@
 #   runner-<date>.json          flash-steps --json at the ladder shape (batch 8, seqlen 2048, 16 heads, d 128)
 #   compare_torch-<date>.json   every step and PyTorch SDPA (flash, cuDNN, memory-efficient, math) ...
 #   compare_torch-<date>.csv    ... over the sweep, with GPU, driver, versions, date and commit
-#   sweep.png, ladder.png       the plots, and README.md's results table rewritten between its markers
+#   sweep.png, ladder.png,      the plots (roofline.png: every step against the measured ceilings), and
+#   roofline.png                README.md's results table rewritten between its markers
 #   run_all-<date>.log          everything printed
 # If $OUT is set, copies there (flat, at most 8 files): the plots, the log, the table, the runner,
 # compare and ceilings JSON, and results.tar.gz holding every file above with its path (tar xzf
@@ -156,7 +157,7 @@ plot_args=()
 [[ -n "$compare_json" ]] && plot_args+=(--compare "$compare_json")
 table="$results/results_table-$stamp.md"
 if ((${#plot_args[@]})) && python3 bench/plot.py "${plot_args[@]}" > "$table"; then
-  made+=("$table" "$results/sweep.png" "$results/ladder.png" README.md)
+  made+=("$table" "$results/sweep.png" "$results/ladder.png" "$results/roofline.png" README.md)
   cat "$table"
 else
   rm -f "$table"

@@ -134,6 +134,54 @@ class LadderColumns(unittest.TestCase):
         self.assertEqual(a, b)
 
 
+class Roofline(unittest.TestCase):
+    def setUp(self):
+        LadderColumns.setUp(self)  # the same ladder, step 01 timed too
+
+    def ceilings(self, **extra):
+        data = synthetic.ceilings_result()
+        data["ceilings"] += [{"id": cid, "value": v, "unit": "TFLOP/s", "available": True} for cid, v in extra.items()]
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        path = Path(tmp.name) / "ceilings-20261130-110000.json"
+        path.write_text(json.dumps(data))
+        return dict(fs_results.load_ceilings(path), source="bench/results/ceilings-x.json")
+
+    def test_byte_model(self):
+        shape = self.ladder["shape"]  # b8 h16 n2048 d128 fp16
+        qkvo = 4 * 8 * 2048 * 16 * 128 * 2
+        self.assertEqual(plot.minimum_bytes(shape, "02_tiled"), qkvo)
+        self.assertEqual(plot.minimum_bytes(shape, "01_naive"), qkvo + 6 * 8 * 16 * 2048 * 2048 * 4)
+        self.assertEqual(plot.minimum_bytes(dict(shape, heads_kv=4), "02_tiled"), qkvo // 2 + qkvo // 8)
+
+    def test_rows_use_the_unit_of_each_step(self):
+        rows = {r["id"]: r for r in plot.roofline_rows(self.ladder, self.ceilings(fma_f32=60.0))}
+        self.assertEqual(sorted(rows), ["01_naive", "02_tiled", "03_online"])  # the refuser is not timed
+        r = rows["02_tiled"]
+        self.assertAlmostEqual(r["intensity"], self.ladder["flops"] / (4 * 8 * 2048 * 16 * 128 * 2))
+        self.assertAlmostEqual(r["memory_roof"], r["intensity"] * 4.5)
+        self.assertEqual(r["compute"], ("fp32 FMA", 60.0))
+        self.assertEqual(r["bound"], "compute")
+        self.assertAlmostEqual(r["pct_roof"], 100 * 20.0 / 60.0)
+        one = rows["01_naive"]
+        self.assertLess(one["intensity"], 25)
+        self.assertAlmostEqual(one["pct_roof"], 100 * 2.0 / min(60.0, one["intensity"] * 4.5))
+
+    def test_table_and_its_absence(self):
+        text = plot.ladder_table(self.ladder, self.compare, "x.json", ceilings=self.ceilings(fma_f32=60.0))
+        self.assertIn("Roofline (`bench/results/roofline.png`)", text)
+        self.assertIn("| `02_tiled` | 0.268 | 1024 | 4608 | fp32 FMA 60.0 | 33.3 % |", text)
+        data = synthetic.ceilings_result()
+        data["ceilings"] = [c for c in data["ceilings"] if c["id"] != "hbm_read"]
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        path = Path(tmp.name) / "ceilings-20261130-110000.json"
+        path.write_text(json.dumps(data))
+        no_hbm = dict(fs_results.load_ceilings(path), source="x")
+        self.assertEqual(plot.roofline_rows(self.ladder, no_hbm), [])
+        self.assertNotIn("Roofline", plot.ladder_table(self.ladder, self.compare, "x.json", ceilings=no_hbm))
+
+
 class RunnerFallback(unittest.TestCase):
     def test_runner_only(self):
         ladder = plot.ladder_from_runner(synthetic.runner_result())
@@ -228,6 +276,20 @@ class CommandLine(unittest.TestCase):
             data = (out_dir / name).read_bytes()
             self.assertTrue(data.startswith(b"\x89PNG"), name)
         self.assertIn("](png/ladder.png)", self.readme.read_text())
+        self.assertFalse((out_dir / "roofline.png").exists())  # no ceilings file: no roofline
+
+    @unittest.skipUnless(has_matplotlib(), "matplotlib is not installed")
+    def test_roofline_plot(self):
+        data = synthetic.ceilings_result()
+        data["ceilings"].append({"id": "fma_f32", "value": 60.0, "unit": "TFLOP/s", "available": True})
+        (self.results / "ceilings-20261130-110000.json").write_text(json.dumps(data))
+        out_dir = Path(self.tmp.name) / "png"
+        rc, out, _ = run_main(["--results", str(self.results), "--readme", str(self.readme), "--out-dir", str(out_dir)])
+        self.assertEqual(rc, 0)
+        self.assertTrue((out_dir / "roofline.png").read_bytes().startswith(b"\x89PNG"))
+        text = self.readme.read_text()
+        self.assertLess(text.index("](png/ladder.png)"), text.index("](png/roofline.png)"))
+        self.assertLess(text.index("](png/roofline.png)"), text.index("](png/sweep.png)"))
 
 
 if __name__ == "__main__":
