@@ -1,0 +1,646 @@
+#!/usr/bin/env python3
+"""The pictures of the notes, drawn from the steps' own index math: notes/figures/*.png.
+
+    python3 bench/figures.py                  every figure, into notes/figures/
+    python3 bench/figures.py --out-dir DIR    somewhere else
+    python3 bench/figures.py --only 04 06     the figures of some notes
+
+No GPU and no build needed: the maps are the functions of the steps' traits.h files, written again
+here in Python under the same names (each function below says which traits.h it copies), because a
+drawing script cannot include C++. tests/python/test_figures.py checks that they are the same
+functions: it compares them with what `flash-steps banks` and `flash-steps explain --step
+06_ldmatrix_mma` print from the C++ (when the runner is built), and with the tables of the notes.
+No figure shows a measured number: the schematic ones (the cp.async timeline, the TMA ring) say so
+in their titles.
+
+The functions that compute what is drawn (maps, bank groups, wavefronts, tile classes, the online
+softmax) need only Python; matplotlib is imported only to draw. The output depends only on this
+file, so running it twice writes the same bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "notes" / "figures"
+
+# ---- causal alignment (common/flash_steps.h; PyTorch's is_causal=True) ---------------------------
+
+
+def sees(i: int, j: int, seqlen_q: int, seqlen_k: int, align: str) -> bool:
+    """Whether query row i may attend to key j. "bottom-right": this project, FlashAttention >= 2.1
+    (j <= i + seqlen_k - seqlen_q); "top-left": PyTorch SDPA's is_causal=True and the CuTe-DSL
+    FlashAttention-2 example (j <= i)."""
+    return j <= (i + seqlen_k - seqlen_q if align == "bottom-right" else i)
+
+
+# ---- the online softmax (notes/02) --------------------------------------------------------------
+
+
+def online_states(scores, values):
+    """The state (m, l, o) after each key of the recurrence of note 02, one scalar value per key."""
+    m, l, o, out = -math.inf, 0.0, 0.0, []
+    for s, v in zip(scores, values):
+        m_new = max(m, s)
+        c = math.exp(m - m_new)  # exp(-inf) = 0 at the first key
+        l = l * c + math.exp(s - m_new)
+        o = o * c + math.exp(s - m_new) * v
+        m = m_new
+        out.append((m, l, o))
+    return out
+
+
+def merge(a, b):
+    """The state of the union of two disjoint sets of keys (note 02's exercise)."""
+    m = max(a[0], b[0])
+    ca, cb = math.exp(a[0] - m), math.exp(b[0] - m)
+    return m, a[1] * ca + b[1] * cb, a[2] * ca + b[2] * cb
+
+
+ELL = r"$\ell$"  # DejaVu Sans has no ℓ; mathtext draws it
+EXAMPLE_SCORES = [0.5, 2.0, 1.0, 3.0, 0.2, 2.5, 3.5, 1.5]
+EXAMPLE_VALUES = [1.0, -1.0, 2.0, 0.0, 3.0, 1.0, -2.0, 1.0]
+
+
+# ---- step 03's thread grid (steps/03_smem_tiling/traits.h, Traits<128>) --------------------------
+
+
+class Step03:
+    HEAD_DIM, BLOCK_Q, BLOCK_KV, NUM_THREADS, GROUP = 128, 64, 64, 256, 16
+    ROW_GROUPS = NUM_THREADS // GROUP        # 16
+    THREAD_ROWS = BLOCK_Q // ROW_GROUPS      # 4
+    THREAD_KEYS = BLOCK_KV // GROUP          # 4
+    THREAD_COLS = HEAD_DIM // GROUP          # 8
+
+    @classmethod
+    def q_row(cls, t, i):
+        return t // cls.GROUP + cls.ROW_GROUPS * i
+
+    @classmethod
+    def key(cls, t, j):
+        return t % cls.GROUP + cls.GROUP * j
+
+    @classmethod
+    def o_col(cls, t):
+        return t % cls.GROUP * cls.THREAD_COLS
+
+
+def s_owner_map():
+    """[64][64]: the thread that computes each element of the block's S tile (q_row x key)."""
+    owner = [[-1] * Step03.BLOCK_KV for _ in range(Step03.BLOCK_Q)]
+    for t in range(Step03.NUM_THREADS):
+        for i in range(Step03.THREAD_ROWS):
+            for j in range(Step03.THREAD_KEYS):
+                owner[Step03.q_row(t, i)][Step03.key(t, j)] = t
+    return owner
+
+
+def o_owner_map():
+    """[64][HEAD_DIM]: the thread that accumulates each element of the block's O tile."""
+    owner = [[-1] * Step03.HEAD_DIM for _ in range(Step03.BLOCK_Q)]
+    for t in range(Step03.NUM_THREADS):
+        for i in range(Step03.THREAD_ROWS):
+            for c in range(Step03.THREAD_COLS):
+                owner[Step03.q_row(t, i)][Step03.o_col(t) + c] = t
+    return owner
+
+
+# ---- shared-memory layouts and banks (steps/03 and 04 traits.h; common/bank_model.h) -------------
+
+LAYOUTS = ("row-major", "padded", "swizzled")
+
+
+def layout_offset(layout: str, row: int, col: int, cols: int = 128) -> int:
+    """Element offset of (row, col) in a [rows, cols] tile of 2-byte elements: RowMajorLayout
+    (steps/03_smem_tiling/traits.h), Padded16Layout = PaddedLayout<COLS, 8> and Swizzled128Layout
+    (steps/04_bank_conflicts/traits.h)."""
+    if layout == "row-major":
+        return row * cols + col
+    if layout == "padded":
+        return row * (cols + 8) + col
+    if layout == "swizzled":
+        chunk = col // 8
+        return row * cols + ((chunk ^ (row % 8)) * 8) + col % 8
+    raise ValueError(layout)
+
+
+def bank_of(byte_address: int) -> int:
+    return byte_address // 4 % 32
+
+
+def bank_map(layout: str, rows: int = 8, cols: int = 128):
+    """[rows][cols/8]: the first bank of each 16-byte chunk, as `flash-steps banks` prints it."""
+    return [[bank_of(layout_offset(layout, r, 8 * c, cols) * 2) for c in range(cols // 8)] for r in range(rows)]
+
+
+def wavefronts(byte_addresses, width: int) -> int:
+    """common/bank_model.h's rule for one warp instruction: lanes are served in phases of 128 bytes
+    (32, 16 or 8 lanes for 4-, 8- or 16-byte accesses); a phase takes as many wavefronts as the
+    most distinct 4-byte words any one bank must deliver."""
+    per_phase = 128 // width
+    total = 0
+    for p in range(0, len(byte_addresses), per_phase):
+        words = {}
+        for a in byte_addresses[p:p + per_phase]:
+            for w in range(a // 4, (a + width) // 4):
+                words.setdefault(w % 32, set()).add(w)
+        total += max(len(s) for s in words.values())
+    return total
+
+
+def k_read_wavefronts(layout: str, chunk: int = 0) -> int:
+    """Step 03/04's read of K in S = Q·Kᵀ by one warp: lane l reads 16 bytes of key key(l, 0) at
+    column 8·chunk (lanes l and l + 16 read the same address)."""
+    return wavefronts([layout_offset(layout, Step03.key(l, 0), 8 * chunk) * 2 for l in range(32)], 16)
+
+
+# ---- mma.sync.m16n8k16 fragments and ldmatrix (steps/06_ldmatrix_mma/traits.h, frag::) -----------
+
+
+def mma_a(lane, reg, half):
+    g, t = lane // 4, lane % 4
+    return g + 8 * (reg % 2), 8 * (reg // 2) + 2 * t + half
+
+
+def mma_b(lane, reg, half):
+    g, t = lane // 4, lane % 4
+    return 8 * reg + 2 * t + half, g
+
+
+def mma_c(lane, i):
+    g, t = lane // 4, lane % 4
+    return g + 8 * (i // 2), 2 * t + i % 2
+
+
+def ldmatrix_x4_quadrants(lane):
+    m = lane // 8
+    return 8 * (m % 2) + lane % 8, 8 * (m // 2)
+
+
+def lane_grid(rows, cols, cells):
+    """[rows][cols] of (lane, label) from an iterable of (lane, label, (row, col))."""
+    grid = [[None] * cols for _ in range(rows)]
+    for lane, label, (r, c) in cells:
+        grid[r][c] = (lane, label)
+    return grid
+
+
+def c_fragment():
+    return lane_grid(16, 8, ((l, f"d{i}", mma_c(l, i)) for l in range(32) for i in range(4)))
+
+
+def a_fragment():
+    return lane_grid(16, 16, ((l, f"a{r}", mma_a(l, r, h)) for l in range(32) for r in range(4) for h in range(2)))
+
+
+def b_fragment():
+    return lane_grid(16, 8, ((l, f"b{r}", mma_b(l, r, h)) for l in range(32) for r in range(2) for h in range(2)))
+
+
+# ---- step 07's work split (steps/07_flash_attention2/traits.h) -----------------------------------
+
+
+def kv_tiles_for(q0, q_rows, block_kv, seqlen_q, seqlen_k, causal):
+    """(count, unmasked): tiles [0, count) hold a key some row of the query tile may see, tiles
+    [0, unmasked) only keys every row sees."""
+    end = full = seqlen_k
+    if causal:
+        diagonal = seqlen_k - seqlen_q
+        last_row_end, first_row_end = q0 + q_rows + diagonal, q0 + 1 + diagonal
+        end = min(max(last_row_end, 0), seqlen_k)
+        full = min(max(first_row_end, 0), seqlen_k)
+    return (end + block_kv - 1) // block_kv, full // block_kv
+
+
+def block_tile(block, q_tiles):
+    """(head, query tile) of block x of the 1-D grid (07b on): a head's tiles together, the last first."""
+    return block // q_tiles, q_tiles - 1 - block % q_tiles
+
+
+def tile_classes(seqlen_q, seqlen_k, block_q, block_kv, causal):
+    """[query tile][kv tile] -> ("skipped" | "masked" | "full", visit number or None), 07b's order:
+    a query tile visits kv tiles count - 1 down to 0, the masked ones first."""
+    q_tiles = (seqlen_q + block_q - 1) // block_q
+    k_tiles = (seqlen_k + block_kv - 1) // block_kv
+    out = []
+    for qt in range(q_tiles):
+        q0 = qt * block_q
+        count, unmasked = kv_tiles_for(q0, min(block_q, seqlen_q - q0), block_kv, seqlen_q, seqlen_k, causal)
+        row = []
+        for kt in range(k_tiles):
+            if kt >= count:
+                row.append(("skipped", None))
+            else:
+                row.append(("masked" if kt >= unmasked else "full", count - 1 - kt))
+        out.append(row)
+    return out
+
+
+# ---- drawing (matplotlib is imported only here) ---------------------------------------------------
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path: Path):
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def _grid_axes(ax, rows, cols, xlabel, ylabel, step_x=1, step_y=1):
+    ax.set_xlim(0, cols)
+    ax.set_ylim(rows, 0)
+    ax.set_aspect("equal")
+    ax.set_xticks([c + 0.5 for c in range(0, cols, step_x)])
+    ax.set_xticklabels([str(c) for c in range(0, cols, step_x)], fontsize=7)
+    ax.set_yticks([r + 0.5 for r in range(0, rows, step_y)])
+    ax.set_yticklabels([str(r) for r in range(0, rows, step_y)], fontsize=7)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(length=0)
+
+
+def fig_01(out: Path):
+    """Causal alignment when seqlen_q != seqlen_k."""
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+    fig, axes = plt.subplots(2, 2, figsize=(9.5, 6.8))
+    cases = [(3, 5, "bottom-right"), (3, 5, "top-left"), (5, 3, "bottom-right"), (5, 3, "top-left")]
+    names = {"bottom-right": "this project, FlashAttention ≥ 2.1:\nbottom-right, j ≤ i + Sk − Sq",
+             "top-left": "PyTorch SDPA is_causal=True, CuTe-DSL example:\ntop-left, j ≤ i"}
+    for ax, (sq, sk, align) in zip(axes.flat, cases):
+        for i in range(sq):
+            visible = [sees(i, j, sq, sk, align) for j in range(sk)]
+            for j in range(sk):
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="tab:blue" if visible[j] else "0.9",
+                                       edgecolor="white", linewidth=2))
+            if not any(visible):
+                ax.text(sk / 2, i + 0.5, "no key: O = 0, LSE = −inf", ha="center", va="center", fontsize=8,
+                        color="tab:red")
+        _grid_axes(ax, sq, sk, "key j", "query i")
+        ax.set_title(f"Sq = {sq}, Sk = {sk} — {names[align]}", fontsize=8.5)
+    fig.suptitle("Causal masks with seqlen_q ≠ seqlen_k: blue = query row i sees key j", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    _save(fig, out / "01_causal_alignment.png")
+
+
+def fig_02(out: Path):
+    """The online-softmax state key by key, and the merge of two states."""
+    plt = _pyplot()
+    s, v = EXAMPLE_SCORES, EXAMPLE_VALUES
+    states = online_states(s, v)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.2), gridspec_kw={"width_ratios": [1.25, 1]})
+    xs = list(range(len(s)))
+    ax1.bar(xs, s, color="0.75", label="score sⱼ (already scaled)")
+    ms = [st[0] for st in states]
+    ax1.step(xs, ms, where="mid", color="tab:red", linewidth=2, label="running max mⱼ")
+    prev = -math.inf
+    for j, m in enumerate(ms):
+        if m > prev and j > 0:
+            ax1.annotate(f"rescale ×e^({prev:g}−{m:g})\n= {math.exp(prev - m):.3f}", (j, m), xytext=(0, 14),
+                         textcoords="offset points", ha="center", fontsize=7, color="tab:red")
+        prev = m
+    for j, (m, l, o) in enumerate(states):
+        ax1.text(j, -0.55, f"{ELL}={l:.3f}\nõ={o:.3f}", ha="center", va="top", fontsize=6.5)
+    ax1.set_xticks(xs)
+    ax1.set_xticklabels([f"key {j}" for j in xs], fontsize=7)
+    ax1.set_ylim(-1.6, 5.0)
+    ax1.axhline(0, color="black", linewidth=0.5)
+    ax1.set_title(f"One pass over the keys: the state (mⱼ, {ELL}ⱼ, õⱼ) after each key\n"
+                  "(the factor is exactly 1 wherever the max did not grow)", fontsize=9)
+    ax1.legend(fontsize=7, loc="upper left", frameon=False)
+
+    a = online_states(s[:4], v[:4])[-1]
+    b = online_states(s[4:], v[4:])[-1]
+    merged = merge(a, b)
+    whole = states[-1]
+    ax2.axis("off")
+    lines = [
+        ("keys 0–3 → state A", f"m_a = {a[0]:g}   {ELL}_a = {a[1]:.4f}   õ_a = {a[2]:.4f}", "tab:blue"),
+        ("keys 4–7 → state B", f"m_b = {b[0]:g}   {ELL}_b = {b[1]:.4f}   õ_b = {b[2]:.4f}", "tab:green"),
+        ("merge", f"m = max(m_a, m_b)\n{ELL} = {ELL}_a·e^(m_a−m) + {ELL}_b·e^(m_b−m)\nõ = õ_a·e^(m_a−m) + õ_b·e^(m_b−m)", "black"),
+        ("merged", f"m = {merged[0]:g}   {ELL} = {merged[1]:.4f}   õ = {merged[2]:.4f}", "tab:purple"),
+        ("one pass, keys 0–7", f"m = {whole[0]:g}   {ELL} = {whole[1]:.4f}   õ = {whole[2]:.4f}", "tab:red"),
+        ("result", f"O = õ / {ELL} = {whole[2] / whole[1]:.4f},   LSE = m + log {ELL} = {whole[0] + math.log(whole[1]):.4f}",
+         "black"),
+    ]
+    y = 0.95
+    for head, body, color in lines:
+        ax2.text(0.0, y, head, fontsize=8.5, fontweight="bold", color=color, va="top", transform=ax2.transAxes)
+        ax2.text(0.0, y - 0.06, body, fontsize=8, family="monospace", va="top", transform=ax2.transAxes)
+        y -= 0.13 + 0.045 * body.count("\n")
+    ax2.set_title("Two disjoint sets of keys, merged: the same state as one pass\n"
+                  "(vⱼ = " + ", ".join(f"{x:g}" for x in v) + ")", fontsize=9)
+    fig.tight_layout()
+    _save(fig, out / "02_online_softmax.png")
+
+
+def fig_03(out: Path):
+    """Step 03's 16 x 16 thread grid over S and O."""
+    plt = _pyplot()
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Rectangle
+    s_owner, o_owner = s_owner_map(), o_owner_map()
+    cmap = ListedColormap(plt.get_cmap("Pastel2").colors[:8])
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 5.8), gridspec_kw={"width_ratios": [1, 1, 2]})
+    highlight = ((0, "tab:red"), (17, "tab:blue"))
+    for ax, owner, cols, xlabel in ((ax1, s_owner, Step03.BLOCK_KV, "key (column of S)"),
+                                    (ax3, o_owner, Step03.HEAD_DIM, "head dim (column of O)")):
+        warps = [[t // 32 for t in row] for row in owner]
+        ax.imshow(warps, cmap=cmap, vmin=-0.5, vmax=7.5, extent=(0, cols, Step03.BLOCK_Q, 0), interpolation="nearest")
+        for t, color in highlight:
+            for r, row in enumerate(owner):
+                for c, who in enumerate(row):
+                    if who == t:
+                        ax.add_patch(Rectangle((c, r), 1, 1, facecolor=color, edgecolor="none"))
+        _grid_axes(ax, Step03.BLOCK_Q, cols, xlabel, "query row", step_x=8 if cols == 64 else 16, step_y=8)
+    ax2.imshow([[t // 32 for t in row[:16]] for row in s_owner[:16]], cmap=cmap, vmin=-0.5, vmax=7.5,
+               extent=(0, 16, 16, 0), interpolation="nearest")
+    for r in range(16):
+        for c in range(16):
+            t = s_owner[r][c]
+            color = dict(highlight).get(t)
+            if color:
+                ax2.add_patch(Rectangle((c, r), 1, 1, facecolor=color, edgecolor="none"))
+            ax2.text(c + 0.5, r + 0.5, str(t), ha="center", va="center", fontsize=5.5,
+                     color="white" if color else "black")
+    _grid_axes(ax2, 16, 16, "key", "query row")
+    ax1.set_title("S [64 × 64]: thread t computes rows t/16 + 16i\nand keys t%16 + 16j, i, j = 0..3\n"
+                  "(red: thread 0, blue: thread 17; colour: warp)", fontsize=8.5)
+    ax2.set_title("S, rows 0–15 × keys 0–15: the thread of each\nelement; a row belongs to one half-warp,\n"
+                  "a key to one thread of each half-warp", fontsize=8.5)
+    ax3.set_title("O [64 × 128] (head_dim 128): thread t accumulates its 4 rows ×\ncolumns 8·(t%16) … +7: "
+                  "a half-warp covers whole rows of O", fontsize=8.5)
+    fig.suptitle("Step 03: the block's 256 threads as a 16 × 16 grid (q_row, key and o_col of "
+                 "steps/03_smem_tiling/traits.h)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    _save(fig, out / "03_thread_grid.png")
+
+
+def fig_04(out: Path):
+    """Bank groups of a K tile under the three layouts, and the K read of one phase."""
+    plt = _pyplot()
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Rectangle
+    cmap = ListedColormap(plt.get_cmap("tab10").colors[:8])
+    fig, axes = plt.subplots(1, 3, figsize=(13, 5.0))
+    titles = {"row-major": "03: row-major [64][128]", "padded": "04_pad: rows 16 bytes longer",
+              "swizzled": "04_swizzle: chunk c at c ⊕ (row % 8)"}
+    for ax, layout in zip(axes, LAYOUTS):
+        banks = bank_map(layout, rows=8)
+        groups = [[b // 4 for b in row[:8]] for row in banks]
+        ax.imshow(groups, cmap=cmap, vmin=-0.5, vmax=7.5, extent=(0, 8, 8, 0), interpolation="nearest")
+        for r in range(8):
+            for c in range(8):
+                ax.text(c + 0.5, r + 0.5, str(banks[r][c]), ha="center", va="center", fontsize=8)
+        ax.add_patch(Rectangle((0, 0), 1, 8, fill=False, edgecolor="black", linewidth=2.5))
+        _grid_axes(ax, 8, 8, "16-byte chunk of the row (8 head dims)", "key row")
+        w = k_read_wavefronts(layout)
+        ax.set_title(f"{titles[layout]}\nthe K read (boxed: one phase): {w // 4} wavefront{'s' if w > 4 else ''} "
+                     f"per phase,\n{w} per warp instruction (ideal 4)", fontsize=8.5)
+    fig.suptitle("First bank of each 16-byte chunk of a K tile at head_dim 128 (colour: its group of 4 banks; "
+                 "chunks 8–15 repeat 0–7).\nThe K read of S = Q·Kᵀ: 8 lanes read the same chunk of 8 keys "
+                 "(common/bank_model.h's rule)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    _save(fig, out / "04_bank_maps.png")
+
+
+def _gantt(ax, rows, spans, title, until):
+    """rows: labels top to bottom; spans: (row, start, length, colour, text, hatch)."""
+    from matplotlib.patches import Rectangle
+    for row, start, length, color, text, hatch in spans:
+        y = rows.index(row)
+        ax.add_patch(Rectangle((start, y + 0.15), length, 0.7, facecolor=color, edgecolor="black", linewidth=0.6,
+                               hatch=hatch))
+        if text:
+            ax.text(start + length / 2, y + 0.5, text, ha="center", va="center", fontsize=7,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1} if hatch else None)
+    ax.set_ylim(len(rows), 0)
+    ax.set_xlim(0, until)
+    ax.set_yticks([i + 0.5 for i in range(len(rows))])
+    ax.set_yticklabels(rows, fontsize=8)
+    ax.set_xticks([])
+    ax.set_xlabel("time →", fontsize=8)
+    ax.set_title(title, fontsize=9)
+
+
+def fig_05(out: Path):
+    """cp.async double buffering as a timeline (schematic)."""
+    plt = _pyplot()
+    load, wait, compute, sync = 3.0, 0.0, 4.0, 0.3
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 5.2))
+    spans, t = [], 0.0
+    for n in range(4):
+        spans.append(("warps", t, sync, "0.3", "", None))
+        t += sync
+        spans.append(("global → registers", t, load, "tab:orange", f"LDG tile {n}", None))
+        spans.append(("warps", t, load, "white", "wait for LDG", "//"))
+        t += load
+        spans.append(("shared buffer", t, 0.4, "tab:orange", "", None))
+        spans.append(("warps", t, 0.4, "tab:orange", "", None))
+        t += 0.4 + wait
+        spans.append(("warps", t, sync, "0.3", "", None))
+        t += sync
+        spans.append(("warps", t, compute, "tab:blue", f"compute tile {n}", None))
+        spans.append(("shared buffer", t, compute, "lightsteelblue", f"read tile {n}", None))
+        t += compute
+    end1 = t
+    _gantt(ax1, ["global → registers", "shared buffer", "warps"], spans,
+           "step 04: load (LDG), wait, store (STS), barrier, compute — the next tile is asked for only "
+           "after this one (schematic, not to scale)", end1 + 0.5)
+
+    spans, t = [], 0.0
+    spans.append(("copies in flight (cp.async)", t, load, "tab:orange", "Q, K₀, V₀ → buf 0", None))
+    t += load
+    for n in range(4):
+        spans.append(("warps", t, sync, "0.3", "", None))  # wait_group 0 + __syncthreads
+        t += sync
+        buf = n % 2
+        if n + 1 < 4:
+            spans.append(("copies in flight (cp.async)", t, load, "tab:orange",
+                          f"K{n + 1}, V{n + 1} → buf {(n + 1) % 2}", None))
+            spans.append((f"buffer {(n + 1) % 2}", t, load, "tab:orange", "being written", None))
+        spans.append(("warps", t, compute, "tab:blue", f"compute tile {n}", None))
+        spans.append((f"buffer {buf}", t, compute, "lightsteelblue", f"read tile {n}", None))
+        t += compute
+    _gantt(ax2, ["copies in flight (cp.async)", "buffer 0", "buffer 1", "warps"], spans,
+           "step 05: wait_group 0 + one barrier (grey), then tile n+1 is copied into the other buffer while "
+           "tile n is computed (schematic)", end1 + 0.5)
+    fig.tight_layout()
+    _save(fig, out / "05_cp_async_timeline.png")
+
+
+def _fragment(ax, grid, title, rows, cols, color_of, label_of):
+    from matplotlib.patches import Rectangle
+    for r in range(rows):
+        for c in range(cols):
+            lane, reg = grid[r][c]
+            ax.add_patch(Rectangle((c, r), 1, 1, facecolor=color_of(lane, reg), edgecolor="white", linewidth=0.8))
+            ax.text(c + 0.5, r + 0.5, label_of(lane, reg), ha="center", va="center", fontsize=5.5)
+    _grid_axes(ax, rows, cols, "column", "row")
+    ax.set_title(title, fontsize=8.5)
+
+
+def fig_06(out: Path):
+    """mma.sync.m16n8k16 fragments and the ldmatrix.x4 addresses."""
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+    colors = plt.get_cmap("tab10").colors
+    reg_color = {"a0": colors[0], "a1": colors[1], "a2": colors[2], "a3": colors[3],
+                 "b0": colors[0], "b1": colors[1], "d0": colors[0], "d1": colors[0], "d2": colors[1], "d3": colors[1]}
+
+    def light(c, k=0.55):
+        return tuple(1 - (1 - x) * (1 - k) for x in c)
+
+    fig, axes = plt.subplots(1, 4, figsize=(16, 5.6), gridspec_kw={"width_ratios": [8, 16, 8, 5]})
+    _fragment(axes[0], c_fragment(), "C / D, 16 × 8 fp32 (S, O)\nlane T, register d0–d3", 16, 8,
+              lambda lane, reg: light(reg_color[reg]), lambda lane, reg: f"T{lane}\n{reg}")
+    _fragment(axes[1], a_fragment(), "A, 16 × 16 (Q; P = two C tiles side by side)\nlane T, register a0–a3 "
+              "(two 16-bit halves each)", 16, 16, lambda lane, reg: light(reg_color[reg]),
+              lambda lane, reg: f"T{lane}\n{reg}")
+    _fragment(axes[2], b_fragment(), "B, 16 × 8 (rows = k): Kᵀ, V\nlane T, register b0–b1", 16, 8,
+              lambda lane, reg: light(reg_color[reg]), lambda lane, reg: f"T{lane}\n{reg}")
+    ax = axes[3]
+    for r in range(16):
+        for half in range(2):
+            lane = next(l for l in range(32) if ldmatrix_x4_quadrants(l) == (r, 8 * half))
+            m = lane // 8
+            ax.add_patch(Rectangle((half * 2.5, r), 2.5, 1, facecolor=light(colors[m]), edgecolor="white"))
+            ax.text(half * 2.5 + 1.25, r + 0.5, f"lane {lane} → r{m}", ha="center", va="center", fontsize=6)
+    ax.set_xlim(0, 5)
+    ax.set_ylim(16, 0)
+    ax.set_xticks([1.25, 3.75])
+    ax.set_xticklabels(["cols 0–7", "cols 8–15"], fontsize=7)
+    ax.set_yticks([r + 0.5 for r in range(16)])
+    ax.set_yticklabels([str(r) for r in range(16)], fontsize=7)
+    ax.tick_params(length=0)
+    ax.set_title("ldmatrix.x4 over 16 × 16: the lane\nthat gives each 16-byte row's address\n"
+                 "→ the register it fills (= a0–a3)", fontsize=8.5)
+    fig.suptitle("mma.sync.aligned.m16n8k16 fragments (PTX ISA; frag:: of steps/06_ldmatrix_mma/traits.h): "
+                 "g = lane / 4 picks the row, lane % 4 the column pair", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    _save(fig, out / "06_fragments.png")
+
+
+def fig_07(out: Path):
+    """FlashAttention-2's block/warp partition, and the skipped, masked and full tiles."""
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+    colors = plt.get_cmap("Pastel1").colors
+    fig = plt.figure(figsize=(15, 6.2))
+    gs = fig.add_gridspec(1, 3, width_ratios=[1.05, 1.4, 1.4])
+    ax = fig.add_subplot(gs[0])
+    block_q, block_kv, head_dim, warps = 128, 48, 128, 4
+    # Q tile (rows x head dims), K tile as columns of S, S and O per warp.
+    for w in range(warps):
+        for mi in range(2):
+            y = 32 * w + 16 * mi
+            ax.add_patch(Rectangle((0, y), 40, 16, facecolor=colors[w], edgecolor="white"))
+            ax.add_patch(Rectangle((50, y), 24, 16, facecolor=colors[w], edgecolor="white"))
+            ax.add_patch(Rectangle((84, y), 40, 16, facecolor=colors[w], edgecolor="white"))
+        ax.text(20, 32 * w + 16, f"warp {w}\nrows {32 * w}–{32 * w + 31}\n(m16 tiles 0, 1)", ha="center",
+                va="center", fontsize=7)
+    ax.add_patch(Rectangle((50, -30), 24, 26, facecolor="0.85", edgecolor="black"))
+    ax.text(62, -17, f"K tile t\n{block_kv} keys", ha="center", va="center", fontsize=7)
+    ax.text(20, -6, f"Q tile [{block_q} × {head_dim}]\nin q_smem", ha="center", va="bottom", fontsize=7.5)
+    ax.text(62, block_q + 4, f"S = Q·Kᵀ\n[32 × {block_kv}] per warp\nin registers", ha="center", va="top",
+            fontsize=7.5)
+    ax.text(104, block_q + 4, f"O [32 × {head_dim}] per warp\nin registers (o_acc)", ha="center", va="top",
+            fontsize=7.5)
+    ax.text(104, -17, "V tile t\nread by P·V", ha="center", va="center", fontsize=7)
+    ax.add_patch(Rectangle((84, -30), 40, 26, facecolor="0.85", edgecolor="black"))
+    ax.set_xlim(-2, 126)
+    ax.set_ylim(block_q + 26, -34)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title("07g at head_dim 128 (kD128_S2): one block = 128 query rows,\n4 warps × 32 rows; K/V tiles of 48 keys "
+                 "stream past", fontsize=8.5)
+
+    cases = [(fig.add_subplot(gs[1]), 1024, 1024, True), (fig.add_subplot(gs[2]), 1024, 1024, False)]
+    face = {"skipped": "white", "masked": "tab:orange", "full": "tab:blue"}
+    for ax, sq, sk, causal in cases:
+        classes = tile_classes(sq, sk, block_q, block_kv, causal)
+        q_tiles, k_tiles = len(classes), len(classes[0])
+        for qt, row in enumerate(classes):
+            for kt, (kind, visit) in enumerate(row):
+                ax.add_patch(Rectangle((kt, qt), 1, 1, facecolor=face[kind], edgecolor="0.6", linewidth=0.5))
+                if visit is not None:
+                    ax.text(kt + 0.5, qt + 0.5, str(visit), ha="center", va="center", fontsize=5.5,
+                            color="white" if kind == "full" else "black")
+        launch = {block_tile(x, q_tiles)[1]: x for x in range(q_tiles)}
+        ax.set_xlim(0, k_tiles)
+        ax.set_ylim(q_tiles, 0)
+        ax.set_xticks([kt + 0.5 for kt in range(0, k_tiles, 3)])
+        ax.set_xticklabels([str(kt) for kt in range(0, k_tiles, 3)], fontsize=7)
+        ax.set_yticks([qt + 0.5 for qt in range(q_tiles)])
+        ax.set_yticklabels([f"q tile {qt} (block {launch[qt]})" for qt in range(q_tiles)], fontsize=7)
+        ax.tick_params(length=0)
+        ax.set_xlabel(f"K/V tile ({block_kv} keys; the last holds {sk - (k_tiles - 1) * block_kv} real keys)",
+                      fontsize=8)
+        ax.set_title(f"Sq = Sk = {sq}, {'causal' if causal else 'not causal'}, 128 × {block_kv} tiles: "
+                     "blue full,\norange masked, white never loaded; the number is the visit order (07b on)",
+                     fontsize=8.5)
+    fig.tight_layout()
+    _save(fig, out / "07_partition_and_tiles.png")
+
+
+def fig_08(out: Path):
+    """Step 08's two-stage K/V ring: which stage and barrier parity each visit uses (schematic)."""
+    plt = _pyplot()
+    stages, visits, length = 2, 6, 4.0
+    fig, ax = plt.subplots(figsize=(12, 3.0))
+    t = 2.0  # the prologue: Q and the first two K/V tiles in flight before anyone waits
+    spans = [("TMA (thread 0)", 0.0, t, "tab:orange", "Q, K0 V0, K1 V1", None),
+             ("stage 0", 0.0, t, "tab:orange", "landing: K0, V0", None),
+             ("stage 1", 0.0, t + length, "tab:orange", "landing: K1, V1", None)]
+    for v in range(visits):
+        stage, parity = v % stages, (v // stages) % 2
+        spans.append(("warpgroups", t, length, "tab:blue", f"visit {v}: wait parity {parity}", None))
+        spans.append((f"stage {stage}", t, length, "lightsteelblue", f"read: K{v}, V{v} (fill {v // stages})", None))
+        if v + stages < visits:
+            # released by the block barrier at the end of the visit, refilled with visit v + stages
+            spans.append(("TMA (thread 0)", t + length, 0.9, "tab:orange", f"K{v + stages} V{v + stages}", None))
+            spans.append((f"stage {stage}", t + length, length, "tab:orange",
+                          f"landing: K{v + stages}, V{v + stages}", None))
+        t += length
+    _gantt(ax, ["TMA (thread 0)", "stage 0", "stage 1", "warpgroups"], spans,
+           "Step 08: visit t reads stage t % 2 and waits for phase parity (t / 2) % 2; the barrier at its end "
+           "frees the stage for visit t + 2 (schematic)", t + 0.5)
+    fig.tight_layout()
+    _save(fig, out / "08_tma_ring.png")
+
+
+FIGURES = {"01": fig_01, "02": fig_02, "03": fig_03, "04": fig_04, "05": fig_05, "06": fig_06, "07": fig_07,
+           "08": fig_08}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--out-dir", default=str(OUT), help="where the PNGs go (default: notes/figures)")
+    ap.add_argument("--only", nargs="+", choices=sorted(FIGURES), help="the notes whose figures to draw")
+    args = ap.parse_args(argv)
+    try:
+        _pyplot()
+    except ImportError:
+        print("figures.py: matplotlib is not installed (Debian: apt-get install python3-matplotlib)", file=sys.stderr)
+        return 1
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for key in args.only or sorted(FIGURES):
+        before = set(out.glob("*.png"))
+        FIGURES[key](out)
+        for path in sorted(set(out.glob(f"{key}_*.png")) | (set(out.glob("*.png")) - before)):
+            print(f"figures.py: wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

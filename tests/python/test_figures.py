@@ -1,0 +1,214 @@
+"""bench/figures.py: the maps it draws are the steps' own (checked against the notes' tables, the PTX
+ISA's rules and, when the runner is built, against what the C++ prints), and every figure is drawn.
+The drawing test needs matplotlib (its own ctest entry, python.plots); the C++ comparison needs the
+flash-steps runner ($FLASH_STEPS_RUNNER, which ctest sets, or build/flash-steps)."""
+import importlib
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import figures  # noqa: E402
+
+
+def has_matplotlib():
+    try:
+        importlib.import_module("matplotlib")
+        return True
+    except ImportError:
+        return False
+
+
+def runner_path():
+    path = Path(os.environ.get("FLASH_STEPS_RUNNER") or REPO / "build" / "flash-steps")
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+class Causal(unittest.TestCase):
+    def test_the_drawn_example(self):
+        # Sq = 3, Sk = 5: bottom-right lets row i see keys 0 .. i + 2; top-left keys 0 .. i
+        br = [[figures.sees(i, j, 3, 5, "bottom-right") for j in range(5)] for i in range(3)]
+        tl = [[figures.sees(i, j, 3, 5, "top-left") for j in range(5)] for i in range(3)]
+        self.assertEqual([sum(r) for r in br], [3, 4, 5])
+        self.assertEqual([sum(r) for r in tl], [1, 2, 3])
+        # Sq = 5, Sk = 3: bottom-right leaves rows 0 and 1 without a key
+        self.assertEqual([sum(figures.sees(i, j, 5, 3, "bottom-right") for j in range(3)) for i in range(5)],
+                         [0, 0, 1, 2, 3])
+
+    def test_square_problems_agree(self):
+        for n in (1, 4, 7):
+            for i in range(n):
+                for j in range(n):
+                    self.assertEqual(figures.sees(i, j, n, n, "bottom-right"), figures.sees(i, j, n, n, "top-left"))
+
+
+class OnlineSoftmax(unittest.TestCase):
+    def two_pass(self, s, v):
+        m = max(s)
+        l = sum(math.exp(x - m) for x in s)
+        return m, l, sum(math.exp(x - m) * y for x, y in zip(s, v))
+
+    def test_one_pass_is_the_two_pass_answer(self):
+        m, l, o = figures.online_states(figures.EXAMPLE_SCORES, figures.EXAMPLE_VALUES)[-1]
+        m2, l2, o2 = self.two_pass(figures.EXAMPLE_SCORES, figures.EXAMPLE_VALUES)
+        self.assertEqual(m, m2)
+        self.assertAlmostEqual(l, l2, places=12)
+        self.assertAlmostEqual(o, o2, places=12)
+
+    def test_merge_of_two_halves_is_one_pass(self):
+        s, v = figures.EXAMPLE_SCORES, figures.EXAMPLE_VALUES
+        for cut in range(1, len(s)):
+            a = figures.online_states(s[:cut], v[:cut])[-1]
+            b = figures.online_states(s[cut:], v[cut:])[-1]
+            merged, whole = figures.merge(a, b), figures.online_states(s, v)[-1]
+            for x, y in zip(merged, whole):
+                self.assertAlmostEqual(x, y, places=12)
+
+    def test_merge_with_one_key_is_the_recurrence(self):
+        s, v = figures.EXAMPLE_SCORES, figures.EXAMPLE_VALUES
+        states = figures.online_states(s, v)
+        for j in range(1, len(s)):
+            step = figures.merge(states[j - 1], (s[j], 1.0, v[j]))  # a single key: m = s, l = 1, o = v
+            for x, y in zip(step, states[j]):
+                self.assertAlmostEqual(x, y, places=12)
+
+
+class ThreadGrid(unittest.TestCase):
+    def test_every_element_has_one_thread(self):
+        s, o = figures.s_owner_map(), figures.o_owner_map()
+        self.assertNotIn(-1, [t for row in s for t in row])
+        self.assertNotIn(-1, [t for row in o for t in row])
+        counts = {}
+        for row in s:
+            for t in row:
+                counts[t] = counts.get(t, 0) + 1
+        self.assertEqual(set(counts.values()), {16})  # a 4 × 4 register tile each
+
+    def test_note03_table(self):
+        # note 03: q_row(t, i) = t/16 + 16·i, key(t, j) = t%16 + 16·j, o_col(t) = (t%16)·HEAD_DIM/16
+        s = figures.s_owner_map()
+        self.assertEqual(s[0][0], 0)
+        self.assertEqual(s[17][33], 16 * 1 + 1)
+        self.assertEqual(figures.o_owner_map()[48][127], 15)
+
+
+class Banks(unittest.TestCase):
+    def test_note04_tables(self):
+        for r in range(8):
+            for c in range(8):
+                self.assertEqual(figures.bank_map("row-major")[r][c], 4 * c)
+                self.assertEqual(figures.bank_map("padded")[r][c], 4 * ((r + c) % 8))
+                self.assertEqual(figures.bank_map("swizzled")[r][c], 4 * (c ^ r))
+
+    def test_the_k_read(self):
+        # note 03: "S: read K ... 32 (4) — 8-way in every phase"; both layouts of step 04: 4
+        self.assertEqual(figures.k_read_wavefronts("row-major"), 32)
+        self.assertEqual(figures.k_read_wavefronts("padded"), 4)
+        self.assertEqual(figures.k_read_wavefronts("swizzled"), 4)
+
+    def test_textbook_cases_of_the_model(self):
+        # tests/test_bank_model.cpp's cases: 32 consecutive words, a column of 128-byte rows, a broadcast
+        self.assertEqual(figures.wavefronts([4 * l for l in range(32)], 4), 1)
+        self.assertEqual(figures.wavefronts([128 * l for l in range(32)], 4), 32)
+        self.assertEqual(figures.wavefronts([0] * 32, 4), 1)
+        self.assertEqual(figures.wavefronts([16 * l for l in range(32)], 16), 4)
+
+
+class Fragments(unittest.TestCase):
+    def test_each_lane_holds_its_share(self):
+        for grid, per_lane in ((figures.c_fragment(), 4), (figures.a_fragment(), 8), (figures.b_fragment(), 4)):
+            counts = {}
+            for row in grid:
+                for lane, _ in row:
+                    counts[lane] = counts.get(lane, 0) + 1
+            self.assertEqual(counts, {lane: per_lane for lane in range(32)})
+
+    def test_s_accumulators_are_p_fragments(self):
+        # note 06: two n8 tiles of C side by side hold the A fragment, lane for lane
+        c, a = figures.c_fragment(), figures.a_fragment()
+        for r in range(16):
+            for col in range(16):
+                self.assertEqual(a[r][col][0], c[r][col % 8][0])
+
+
+class Tiles(unittest.TestCase):
+    def test_note07_counts(self):
+        # 43 tiles of 48 keys at N = 2048 (note 07, Masking); the last one ragged, so masked
+        self.assertEqual(figures.kv_tiles_for(0, 128, 48, 2048, 2048, False), (43, 42))
+        classes = figures.tile_classes(1024, 1024, 128, 48, causal=True)
+        self.assertEqual(len(classes), 8)
+        self.assertEqual([sum(k != "skipped" for k, _ in row) for row in classes], [3, 6, 8, 11, 14, 16, 19, 22])
+        for row in classes:  # visits count down from the last tile; masked ones first
+            visited = [(k, v) for k, v in row if k != "skipped"]
+            self.assertEqual([v for _, v in visited], list(range(len(visited) - 1, -1, -1)))
+            kinds = [k for k, _ in sorted(visited, key=lambda kv: kv[1])]
+            self.assertEqual(kinds, sorted(kinds, key=lambda k: k != "masked"))
+
+    def test_launch_order(self):
+        self.assertEqual([figures.block_tile(x, 8) for x in range(3)], [(0, 7), (0, 6), (0, 5)])
+        self.assertEqual(figures.block_tile(8, 8), (1, 7))
+
+
+@unittest.skipUnless(runner_path(), "the flash-steps runner is not built (set FLASH_STEPS_RUNNER)")
+class AgainstTheCpp(unittest.TestCase):
+    """The Python maps against what the C++ of the steps prints: the same functions."""
+
+    def run_runner(self, *args):
+        return subprocess.run([str(runner_path()), *args], check=True, capture_output=True, text=True).stdout
+
+    def test_bank_maps_and_the_k_read(self):
+        text = self.run_runner("banks")
+        for step, layout in (("03_smem_tiling", "row-major"), ("04_pad", "padded"), ("04_swizzle", "swizzled")):
+            section = text.split(f"== {step}:")[1].split("\n== ")[0]
+            rows = re.findall(r"^\s+(\d+)\s+((?:\s*\d+){16})\s*$", section.split("key \\ chunk")[1].split("\n", 1)[1], re.M)
+            printed = [[int(x) for x in cells.split()] for _, cells in rows[:10]]
+            self.assertEqual(printed, figures.bank_map(layout, rows=10), step)
+            worst = re.search(r"S = Q·Kᵀ: read K\s+16\s+\d+\s+\d+\s+\d+\s+\d+\s+(\d+)", section)
+            self.assertEqual(int(worst.group(1)), figures.k_read_wavefronts(layout), step)
+
+    def test_fragment_maps(self):
+        text = self.run_runner("explain", "--step", "06_ldmatrix_mma")
+
+        def grid(title, rows):
+            body = text.split(title)[1].split("\n\n")[0]
+            return [[int(x) for x in line.split("|")[1].split()] for line in body.splitlines()[2:2 + rows]]
+
+        for title, mine in (("C/D (16 x 8", figures.c_fragment()), ("A (16 x 16)", figures.a_fragment()),
+                            ("B (16 x 8, k x n)", figures.b_fragment())):
+            self.assertEqual(grid(title, 16), [[lane for lane, _ in row] for row in mine], title)
+        lanes = re.findall(r"cols 0-7: lane (\d+)\s+cols 8-15: lane (\d+)", text)
+        self.assertEqual(len(lanes), 16)
+        for r, (left, right) in enumerate(lanes):
+            self.assertEqual(figures.ldmatrix_x4_quadrants(int(left)), (r, 0))
+            self.assertEqual(figures.ldmatrix_x4_quadrants(int(right)), (r, 8))
+
+
+@unittest.skipUnless(has_matplotlib(), "matplotlib is not installed")
+class Draw(unittest.TestCase):
+    def test_every_figure(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            self.assertEqual(figures.main(["--out-dir", tmp]), 0)
+            names = sorted(p.name for p in Path(tmp).glob("*.png"))
+            self.assertEqual([n[:2] for n in names], sorted(figures.FIGURES))
+            for n in names:
+                self.assertTrue((Path(tmp) / n).read_bytes().startswith(b"\x89PNG"), n)
+            first = (Path(tmp) / names[3]).read_bytes()
+            self.assertEqual(figures.main(["--out-dir", tmp, "--only", names[3][:2]]), 0)
+            self.assertEqual((Path(tmp) / names[3]).read_bytes(), first)  # the same bytes again
+
+    def test_committed_figures_are_these(self):
+        # notes/figures/ holds what this script draws (regenerate: python3 bench/figures.py)
+        committed = sorted(p.name for p in figures.OUT.glob("*.png"))
+        self.assertEqual([n[:2] for n in committed], sorted(figures.FIGURES))
+
+
+if __name__ == "__main__":
+    unittest.main()
