@@ -40,6 +40,11 @@ __device__ inline void cp_async_16(void* smem, const void* gmem, int src_bytes) 
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are still in flight. It waits for the
 // thread's own copies only: a __syncthreads() must follow before other threads read the tile.
+// None of the three asm statements has a "memory" clobber, so the compiler may move ordinary loads
+// and stores across them. That is safe here because a __syncthreads(), which the compiler never moves
+// memory accesses across, stands between every copy and every access it could race with: the reads of
+// a tile come after its wait and a barrier, the reads of a buffer's old tile before the barrier that
+// precedes the copy overwriting it.
 template <int N>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

@@ -53,6 +53,8 @@ __device__ inline void cp_async_16(void* smem, const void* gmem, int src_bytes) 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
 }
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// No "memory" clobber, as in step 05: a __syncthreads() stands between every copy and every shared
+// access it could race with (see the visit loop), and the compiler moves no memory access across one.
 template <int N>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

@@ -140,7 +140,7 @@ void register_step_07_flash_attention2(Registry& r) {
                             "+ ex2.approx.ftz (one MUFU instruction) instead of IEEE exp2f"));
   r.add(sub_step<kHeadDimTable>("07g_flash_attention2", "FlashAttention-2",
                                 "+ every head_dim and GPU (tile table): the FlashAttention-2 forward on mma.sync "
-                                "(no varlen, dropout, window, paged KV or backward)"));
+                                "(no varlen, dropout, sliding window, paged KV, split-KV or backward)"));
 }
 
 }  // namespace fs
