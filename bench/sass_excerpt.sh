@@ -12,6 +12,11 @@
 #   FLASH_STEPS_BUILD  the build directory (default: build)
 #   CUOBJDUMP          the cuobjdump to use (default: cuobjdump on PATH, else beside nvcc)
 #   SASS_CONTEXT       lines of context around each excerpted instruction (default: 2)
+#   SASS_SHOW          the instructions the excerpt shows, an extended regex on the opcode
+#                      (default: the Hopper and barrier instructions, DEPBAR, LDL, STL)
+#   SASS_LOOPS=1       also, for the excerpt's kernel, every innermost loop (a backward branch whose
+#                      range holds no other one): its address range, its instruction count and the
+#                      count of every opcode in it, the static instructions of one iteration
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -34,7 +39,7 @@ mapfile -t objects < <(find "$build/steps/" -path "*step_${prefix}_*" -name '*.o
 
 # Counted in every kernel; the excerpt shows all but the exponentials (too many to read).
 counted='HGMMA[.A-Za-z0-9x]*|HMMA[.A-Za-z0-9]*|LDSM[.A-Za-z0-9]*|UTMALDG[.A-Za-z0-9]*|UTMASTG[.A-Za-z0-9]*|UTMACMDFLUSH|SYNCS[.A-Za-z0-9]*|WARPGROUP[.A-Za-z0-9]*|BAR\.SYNC[.A-Za-z_]*|MUFU\.EX2|LDGSTS[.A-Za-z0-9]*|LDL[.A-Za-z0-9]*|STL[.A-Za-z0-9]*'
-shown='HGMMA|UTMALDG|UTMASTG|UTMACMDFLUSH|SYNCS|WARPGROUP|BAR\.SYNC|DEPBAR|LDL|STL'
+shown="${SASS_SHOW:-HGMMA|UTMALDG|UTMASTG|UTMACMDFLUSH|SYNCS|WARPGROUP|BAR\.SYNC|DEPBAR|LDL|STL}"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -64,10 +69,38 @@ done
 # The excerpt: one kernel, addresses and encodings dropped.
 for k in "${kernels[@]}"; do
   [[ "$k" =~ $pick ]] || continue
+  awk -v k="$k" '$0 ~ "Function : " k "$" {f = 1; next} /Function : / {f = 0} f' "$work/sass" |
+    grep -E '^\s+/\*[0-9a-f]{4,}\*/' | sed -E 's@^\s+/\*([0-9a-f]+)\*/\s+@\1  @; s@\s*/\* 0x[0-9a-f]+ \*/\s*$@@; s@\s+;\s*$@ ;@' \
+    > "$work/listing"
   echo
   echo "== excerpt of $(echo "$k" | c++filt): lines with ${shown//\\/}, $context lines of context"
-  awk -v k="$k" '$0 ~ "Function : " k "$" {f = 1; next} /Function : / {f = 0} f' "$work/sass" |
-    grep -E '^\s+/\*[0-9a-f]{4,}\*/' | sed -E 's@^\s+/\*([0-9a-f]+)\*/\s+@\1  @; s@\s*/\* 0x[0-9a-f]+ \*/\s*$@@; s@\s+;\s*$@ ;@' |
-    grep -E -C "$context" "$shown"
+  grep -E -C "$context" "$shown" "$work/listing" || echo "   (none)"
+  if [[ "${SASS_LOOPS:-0}" == 1 ]]; then
+    echo
+    echo "== innermost loops of $(echo "$k" | c++filt): a backward branch and the instructions from its"
+    echo "   target to it, one iteration's static instructions; every opcode counted (modifiers dropped)"
+    awk '
+      function hex(x,   v, i) { v = 0; sub(/^0x/, "", x)
+        for (i = 1; i <= length(x); i++) v = 16 * v + index("0123456789abcdef", substr(x, i, 1)) - 1
+        return v }
+      { addr = hex($1); text = $0; sub(/^[0-9a-f]+  +/, "", text); sub(/^@!?U?P[T0-9]+ +/, "", text)
+        n++; at[n] = addr; op[n] = text; sub(/[ .].*/, "", op[n])
+        if (op[n] == "BRA" && match(text, /0x[0-9a-f]+/)) { target = hex(substr(text, RSTART, RLENGTH))
+          if (target <= addr) { loops++; from[loops] = target; to[loops] = addr } } }
+      END {
+        for (i = 1; i <= loops; i++) {
+          inner = 1
+          for (j = 1; j <= loops; j++)
+            if (j != i && from[j] >= from[i] && to[j] <= to[i] && (from[j] > from[i] || to[j] < to[i])) inner = 0
+          if (!inner || from[i] == to[i]) continue  # not the BRA-to-itself after EXIT
+          delete count; total = 0; list = ""
+          for (m = 1; m <= n; m++) if (at[m] >= from[i] && at[m] <= to[i]) { count[op[m]]++; total++ }
+          printf "   loop %04x-%04x: %d instructions\n", from[i], to[i], total
+          cmd = "sort -k1,1nr -k2"
+          for (o in count) printf "      %5d %s\n", count[o], o | cmd
+          close(cmd)
+        }
+      }' "$work/listing"
+  fi
   break
 done
