@@ -37,8 +37,9 @@ prefix="${step%%_*}"
 mapfile -t objects < <(find "$build/steps/" -path "*step_${prefix}_*" -name '*.o' 2>/dev/null | sort)
 ((${#objects[@]})) || { echo "sass_excerpt.sh: no object files of step $prefix under $build/steps" >&2; exit 1; }
 
-# Counted in every kernel; the excerpt shows all but the exponentials (too many to read).
-counted='HGMMA[.A-Za-z0-9x]*|HMMA[.A-Za-z0-9]*|LDSM[.A-Za-z0-9]*|UTMALDG[.A-Za-z0-9]*|UTMASTG[.A-Za-z0-9]*|UTMACMDFLUSH|SYNCS[.A-Za-z0-9]*|WARPGROUP[.A-Za-z0-9]*|BAR\.SYNC[.A-Za-z_]*|MUFU\.EX2|LDGSTS[.A-Za-z0-9]*|LDL[.A-Za-z0-9]*|STL[.A-Za-z0-9]*'
+# Counted in every kernel (not the never-executed "@!PT" instructions the compiler pads with, such as
+# the "@!PT LDS RZ, [RZ]" before each LDGSTS); the excerpt shows all but the exponentials by default.
+counted='HGMMA[.A-Za-z0-9x]*|HMMA[.A-Za-z0-9]*|LDSM[.A-Za-z0-9]*|UTMALDG[.A-Za-z0-9]*|UTMASTG[.A-Za-z0-9]*|UTMACMDFLUSH|SYNCS[.A-Za-z0-9]*|WARPGROUP[.A-Za-z0-9]*|BAR\.SYNC[.A-Za-z_]*|MUFU\.EX2|LDGSTS[.A-Za-z0-9]*|LDGDEPBAR|DEPBAR[.A-Za-z0-9]*|LDL[.A-Za-z0-9]*|STL[.A-Za-z0-9]*|LDG\.[.A-Za-z0-9]*|STG\.[.A-Za-z0-9]*|LDS\.[.A-Za-z0-9]*|STS\.[.A-Za-z0-9]*|LDS |STS '
 shown="${SASS_SHOW:-HGMMA|UTMALDG|UTMASTG|UTMACMDFLUSH|SYNCS|WARPGROUP|BAR\.SYNC|DEPBAR|LDL|STL}"
 
 work="$(mktemp -d)"
@@ -62,7 +63,7 @@ for k in "${kernels[@]}"; do
   echo "== $(echo "$k" | c++filt)"
   grep -A1 "Function $k:" "$work/usage" | tail -1 | sed 's/^ */   /'
   awk -v k="$k" '$0 ~ "Function : " k "$" {f = 1; next} /Function : / {f = 0} f' "$work/sass" > "$work/one"
-  grep -oE "$counted" "$work/one" | sort | uniq -c | awk '{printf "   %5d %s\n", $1, $2}'
+  grep -v '@!PT ' "$work/one" | grep -oE "$counted" | sort | uniq -c | awk '{printf "   %5d %s\n", $1, $2}'
   grep -qE '\b(LDL|STL)\b' "$work/one" || echo "   no local memory (no LDL/STL)"
 done
 
@@ -83,6 +84,7 @@ for k in "${kernels[@]}"; do
       function hex(x,   v, i) { v = 0; sub(/^0x/, "", x)
         for (i = 1; i <= length(x); i++) v = 16 * v + index("0123456789abcdef", substr(x, i, 1)) - 1
         return v }
+      / @!PT / { next }  # never executed (the predicate is false): padding the compiler inserts
       { addr = hex($1); text = $0; sub(/^[0-9a-f]+  +/, "", text); sub(/^@!?U?P[T0-9]+ +/, "", text)
         n++; at[n] = addr; op[n] = text; sub(/[ .].*/, "", op[n])
         if (op[n] == "BRA" && match(text, /0x[0-9a-f]+/)) { target = hex(substr(text, RSTART, RLENGTH))
