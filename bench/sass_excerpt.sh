@@ -50,7 +50,13 @@ for o in "${objects[@]}"; do "$cuobjdump" --dump-resource-usage "$o" 2>/dev/null
 
 commit="$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
 git -C "$root" diff --quiet HEAD -- "steps/$step" 2>/dev/null || commit="$commit (steps/$step modified)"
-echo "# bench/sass_excerpt.sh $step, commit $commit"
+# The command line that wrote this, with the settings that change the output, so the file can be
+# regenerated from its first line.
+settings=""
+for v in SASS_SHOW SASS_CONTEXT SASS_LOOPS; do
+  [[ -n "${!v:-}" ]] && settings+="$v='${!v}' "
+done
+echo "# ${settings}bench/sass_excerpt.sh $step${2:+ '$2'}, commit $commit"
 nvcc_used="$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)"
 [[ -x "$nvcc_used" ]] && echo "# compiled by $nvcc_used: $("$nvcc_used" --version | tail -2 | head -1)"
 echo "# disassembled by $cuobjdump: $("$cuobjdump" --version | tail -2 | head -1)"
