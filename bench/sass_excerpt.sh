@@ -33,8 +33,8 @@ mapfile -t objects < <(find "$build/steps/" -path "*step_${prefix}_*" -name '*.o
 ((${#objects[@]})) || { echo "sass_excerpt.sh: no object files of step $prefix under $build/steps" >&2; exit 1; }
 
 # Counted in every kernel; the excerpt shows all but the exponentials (too many to read).
-counted='HGMMA[.A-Za-z0-9x]*|HMMA[.A-Za-z0-9]*|LDSM[.A-Za-z0-9]*|UTMALDG[.A-Za-z0-9]*|UTMASTG[.A-Za-z0-9]*|UTMACMDFLUSH|SYNCS[.A-Za-z0-9]*|WARPGROUP[.A-Za-z0-9]*|BAR\.SYNC[.A-Za-z_]*|MUFU\.EX2|LDGSTS[.A-Za-z0-9]*|LDL[.A-Za-z0-9]*|STL[.A-Za-z0-9]*'
-shown='HGMMA|UTMALDG|UTMASTG|UTMACMDFLUSH|SYNCS|WARPGROUP|BAR\.SYNC|DEPBAR|LDL|STL'
+counted='HGMMA[.A-Za-z0-9x]*|HMMA[.A-Za-z0-9]*|LDSM[.A-Za-z0-9]*|UTMALDG[.A-Za-z0-9]*|UTMASTG[.A-Za-z0-9]*|UTMACMDFLUSH|SYNCS[.A-Za-z0-9]*|WARPGROUP[.A-Za-z0-9]*|BAR\.SYNC[.A-Za-z_]*|BAR\.ARV|USETMAXREG[.A-Za-z0-9_]*|MUFU\.EX2|LDGSTS[.A-Za-z0-9]*|LDL[.A-Za-z0-9]*|STL[.A-Za-z0-9]*'
+shown='HGMMA|UTMALDG|UTMASTG|UTMACMDFLUSH|SYNCS|WARPGROUP|BAR\.SYNC|BAR\.ARV|USETMAXREG|DEPBAR|LDL|STL'
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
