@@ -6,8 +6,9 @@
 // a block barrier at the end of every K/V tile). Step 08 measured where that stops (notes/08): the
 // tensor pipe busy 54 % of the time and 36 % of the warp cycles spent at the block barrier, because
 // both warpgroups run their softmax at the same time while the tensor cores wait, then both wait for
-// their products. The kernel is templated on Traits<HEAD_DIM, BLOCK_KV, KV_STAGES, IDEAS> (traits.h);
-// `if constexpr (Tr::has(idea))` marks where each idea changes the code:
+// their products. The kernel is templated on Traits<HEAD_DIM, BLOCK_KV, KV_STAGES, IDEAS> (traits.h).
+// 09a is the kernel itself; `Tr::has(kPingPong)` marks where 09b changes it, softmax_under_pv(Tr::IDEAS,
+// …) the wait 09c splits, and 09d changes only the tile table (choose_config):
 //
 //   09a kWarpSpecialization  warpgroup 0 is a producer: one thread issues every TMA copy, in the order
 //                            the consumers need them, and the warpgroup gives its registers away
