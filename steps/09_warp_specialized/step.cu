@@ -1,0 +1,293 @@
+// Step 09 — the sub-steps 09a … 09d of the warp-specialized kernel (kernel.cuh): limits, the row of
+// the tile table (traits.h) each picks for a problem, the four tensor maps, the launch; and
+// explain(), which prints the schedule and the barrier protocol without a GPU.
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver is reached through the runtime
+
+#include <cstdio>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "common/dtype.cuh"
+#include "common/registry.h"
+#include "steps/09_warp_specialized/kernel.cuh"
+
+namespace fs::step09 {
+namespace {
+
+// ---- limits, plan, claims ----------------------------------------------------------------------
+
+// The TMA addresses tensors with byte strides below 2^40 (the harness already makes them multiples
+// of 16 bytes); a dimension of extent 1 is never stepped, so its stride does not count.
+std::string check_tma_strides(const char* name, const Strides& s, int64_t seqlen, int64_t heads, int64_t batch) {
+  const struct { const char* what; int64_t stride, extent; } dims[] = {
+      {"row", s.row, seqlen}, {"head", s.head, heads}, {"batch", s.batch, batch}};
+  for (const auto& d : dims)
+    if (d.extent > 1 && d.stride * 2 >= kMaxTmaStrideBytes) {
+      std::ostringstream m;
+      m << name << "'s " << d.what << " stride is " << d.stride << " elements (" << d.stride * 2
+        << " bytes); the TMA addresses strides below 2^40 bytes";
+      return m.str();
+    }
+  return "";
+}
+
+std::string limits(const Problem& p) {
+  std::string why;
+  if (why.empty()) why = check_tma_strides("Q", p.q, p.seqlen_q, p.heads_q, p.batch);
+  if (why.empty()) why = check_tma_strides("K", p.k, p.seqlen_k, p.heads_kv, p.batch);
+  if (why.empty()) why = check_tma_strides("V", p.v, p.seqlen_k, p.heads_kv, p.batch);
+  if (why.empty()) why = check_tma_strides("O", p.o, p.seqlen_q, p.heads_q, p.batch);
+  return why;
+}
+
+// The most shared memory any row of sub-step IDEAS needs.
+constexpr int max_smem_bytes(int ideas) {
+  int most = 0;
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (has_config(ideas, i) && smem_bytes(kConfigs[i]) > most) most = smem_bytes(kConfigs[i]);
+  return most;
+}
+
+// Documented support: every problem the harness accepts whose strides the TMA can address and whose
+// grid fits in 2^31 - 1 blocks, on a GPU of compute capability 9.0 (H100, H200: 227 KiB per block).
+template <int IDEAS>
+bool claims(const Problem& p, const DeviceInfo& dev) {
+  return dev.compute_capability == 90 && dev.smem_per_block_optin >= size_t(max_smem_bytes(IDEAS)) &&
+         limits(p).empty() && grid_blocks(p) <= INT32_MAX;
+}
+
+// f(std::integral_constant<int, CONFIG>) for the run-time index `config`; only the configurations
+// sub-step IDEAS has are instantiated.
+template <int IDEAS, int CONFIG, typename F>
+void call_if(int config, F& f) {
+  if constexpr (has_config(IDEAS, CONFIG))
+    if (config == CONFIG) f(std::integral_constant<int, CONFIG>{});
+}
+template <int IDEAS, typename F, int... CONFIGS>
+void for_config(int config, F&& f, std::integer_sequence<int, CONFIGS...>) {
+  (call_if<IDEAS, CONFIGS>(config, f), ...);
+}
+template <int IDEAS, typename F>
+void for_config(int config, F&& f) {
+  for_config<IDEAS>(config, std::forward<F>(f), std::make_integer_sequence<int, kNumConfigs>{});
+}
+
+template <int IDEAS>
+Plan plan(const Problem& p, const DeviceInfo& dev) {
+  Plan pl;
+  pl.config = choose_config(IDEAS, p.head_dim, p.causal != 0);
+  const int smem = smem_bytes(kConfigs[pl.config]);
+  if (dev.smem_per_block_optin < size_t(smem)) {
+    std::ostringstream m;
+    m << "head_dim " << p.head_dim << " runs on " << padded_head_dim(p.head_dim) << "-wide tiles of "
+      << kConfigs[pl.config].block_kv << " keys, which need " << smem
+      << " bytes of shared memory per block; this GPU allows " << dev.smem_per_block_optin;
+    pl.refusal = m.str();
+    return pl;
+  }
+  const int64_t blocks = grid_blocks(p);
+  if (blocks > INT32_MAX) {
+    std::ostringstream m;
+    m << "this step launches one block per " << BLOCK_Q << " query rows per batch and head, " << blocks
+      << " blocks here, more than the grid limit of " << INT32_MAX;
+    pl.refusal = m.str();
+    return pl;
+  }
+  dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_config<IDEAS>(pl.config, [&](auto c) {
+      using Tr = TraitsOf<decltype(c)::value, IDEAS>;
+      pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&warp_specialized_kernel<T, Tr>), NUM_THREADS,
+                                 size_t(Tr::SMEM_BYTES), blocks}};
+    });
+  });
+  return pl;
+}
+
+// ---- launch ------------------------------------------------------------------------------------
+
+// cuTensorMapEncodeTiled, from the driver that the CUDA runtime has loaded (nothing links libcuda).
+// It computes a descriptor on the host; no GPU work is involved.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+      throw Error("the CUDA driver does not provide cuTensorMapEncodeTiled (CUDA 12.0 or newer is needed)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A 4-D tensor map (head_dim, seqlen, heads, batch) with boxes [rows, 64], 128-byte swizzle, and
+// zeros for the elements of a box that lie outside the tensor. L2 promotion 256 B: the boxes of
+// one tile's column blocks are issued back to back and cover consecutive bytes of each row.
+CUtensorMap make_tensor_map(const char* name, const void* data, CUtensorMapDataType type, const TensorMapShape& m) {
+  CUtensorMap map;
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&map, type, 4, const_cast<void*>(data), m.dims, m.strides, m.box,
+                                          element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error(std::string("cuTensorMapEncodeTiled refused the tensor map of ") + name + " (CUresult " +
+                std::to_string(int(r)) + ")");
+  return map;
+}
+
+template <int IDEAS>
+void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStream_t stream) {
+  const float scale_log2 = float(double(p.softmax_scale) * 1.4426950408889634);  // scale · log2(e)
+  dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_config<IDEAS>(plan.config, [&](auto c) {
+      using Tr = TraitsOf<decltype(c)::value, IDEAS>;
+      auto* kernel = warp_specialized_kernel<T, Tr>;
+      const CUtensorMapDataType type =
+          std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+      // Q arrives in one tile of BLOCK_Q rows, K and V in tiles of BLOCK_KV; O leaves per consumer,
+      // 64 rows at a time.
+      const CUtensorMap q_map =
+          make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, p.seqlen_q, p.heads_q, p.batch, p.head_dim, BLOCK_Q));
+      const CUtensorMap k_map = make_tensor_map(
+          "K", t.k, type, tensor_map_shape(p.k, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
+      const CUtensorMap v_map = make_tensor_map(
+          "V", t.v, type, tensor_map_shape(p.v, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
+      const CUtensorMap o_map = make_tensor_map(
+          "O", t.o, type, tensor_map_shape(p.o, p.seqlen_q, p.heads_q, p.batch, p.head_dim, ROWS_PER_WARPGROUP));
+      CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
+      kernel<<<unsigned(plan.kernels.front().blocks), NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
+          q_map, k_map, v_map, o_map, t.lse, p, scale_log2);
+      CHECK_LAUNCH();
+    });
+  });
+}
+
+// ---- explain -----------------------------------------------------------------------------------
+
+std::string load_name(const KvLoad& l) { return std::string(l.v ? "V" : "K") + std::to_string(l.visit); }
+
+// What sub-step IDEAS does, from the functions of traits.h the kernel calls: its tiles, the
+// register reallocation, the producer's copies and the consumers' turns for a short query tile,
+// and a drawing of the schedule.
+template <int IDEAS>
+void explain(std::ostream& out) {
+  out << "Warpgroups: " << NUM_THREADS << " threads a block. Warpgroup " << PRODUCER_WARPGROUP
+      << " is the producer (one thread issues every TMA copy); warpgroups 1 and 2 are consumers 0 and 1,\n"
+         "query rows 0-63 and 64-127 of the block's "
+      << BLOCK_Q << ".\n\n";
+
+  out << "Registers (setmaxnreg): __launch_bounds__(" << NUM_THREADS << ", 1) caps a thread at 65536 / " << NUM_THREADS
+      << " -> " << launch_registers(NUM_THREADS) << " at launch, a pool of " << NUM_THREADS << " x "
+      << launch_registers(NUM_THREADS) << " = " << NUM_THREADS * launch_registers(NUM_THREADS)
+      << ".\n  producer:  setmaxnreg.dec " << PRODUCER_REGISTERS << "  (gives back 128 x "
+      << launch_registers(NUM_THREADS) - PRODUCER_REGISTERS << ")\n  consumers: setmaxnreg.inc "
+      << CONSUMER_REGISTERS << " (take 2 x 128 x " << CONSUMER_REGISTERS - launch_registers(NUM_THREADS)
+      << ")\n  after: 128 x " << PRODUCER_REGISTERS << " + 256 x " << CONSUMER_REGISTERS << " = "
+      << registers_after_reallocation() << " of the pool's " << NUM_THREADS * launch_registers(NUM_THREADS) << "\n\n";
+
+  out << "Tiles of this sub-step (BLOCK_Q " << BLOCK_Q << "; registers per consumer thread: o_acc + s_acc + p_frag):\n";
+  for (int i = 0; i < kNumConfigs; ++i) {
+    if (!has_config(IDEAS, i)) continue;
+    const Config& c = kConfigs[i];
+    const bool n = choose_config(IDEAS, c.head_dim, false) == i, y = choose_config(IDEAS, c.head_dim, true) == i;
+    out << "  HEAD_DIM " << c.head_dim << " BLOCK_KV " << c.block_kv << ", " << c.kv_stages << " stages: registers "
+        << c.head_dim / 2 << " + " << c.block_kv / 2 << " + " << c.block_kv / 4 << " = " << array_registers(c)
+        << ", shared memory " << smem_bytes(c) << " bytes" << (n && y ? "" : n ? " (not causal)" : " (causal)") << "\n";
+  }
+
+  constexpr int n = 4, stages = 2;
+  out << "\nThe producer's copies for a query tile that visits " << n << " K/V tiles, " << stages
+      << " stages (kv_load; fill f of a stage waits for the release of fill f - 1 on its empty barrier):\n";
+  for (int i = 0; i < 2 * n; ++i) {
+    const KvLoad l = kv_load(i, n);
+    out << "  " << load_name(l) << ": stage " << kv_stage(l.visit, stages) << ", fill " << l.visit / stages;
+    if (waits_for_release(l.visit, stages))
+      out << ", waits " << (l.v ? "v" : "k") << "_empty[" << kv_stage(l.visit, stages) << "] parity "
+          << release_parity(l.visit, stages);
+    else
+      out << ", first fill: no wait";
+    out << "; the consumers wait " << (l.v ? "v" : "k") << "_full[" << kv_stage(l.visit, stages) << "] parity "
+        << kv_parity(l.visit, stages) << "\n";
+  }
+
+  constexpr bool ping_pong = IDEAS >= kPingPong;
+  out << "\nThe turns of the two consumers for the same tile";
+  if (ping_pong)
+    out << " (ping-pong: named barriers " << turn_barrier(0) << " and " << turn_barrier(1) << ", "
+        << TURN_BARRIER_THREADS << " threads each)";
+  out << ":\n";
+  for (int c = 0; c < NUM_CONSUMERS; ++c)
+    if (ping_pong && grants_first_turn(c))
+      out << "  consumer " << c << ", before its turns: bar.arrive " << turn_barrier(1 - c) << " (consumer " << 1 - c
+          << " takes turn 0 first)\n";
+  for (int k = 0; k < num_turns(n); ++k)
+    for (int c = 0; c < NUM_CONSUMERS; ++c) {
+      const bool has_s = turn_has_s(k, n), has_pv = turn_has_pv(k);
+      out << "  consumer " << c << " turn " << k << ": wait";
+      if (has_s) out << " K" << k;
+      if (has_pv) out << " V" << k - 1;
+      if (ping_pong) out << "; bar.sync " << turn_barrier(c);
+      out << "; issue";
+      if (has_s) out << " S" << k << " = Q.K" << k;
+      if (has_pv) out << " O += P" << k - 1 << ".V" << k - 1;
+      if (ping_pong && hands_over_after(c, k, n)) out << "; bar.arrive " << turn_barrier(1 - c);
+      const bool under = softmax_under_pv(IDEAS, has_s, has_pv);
+      out << (under ? "; wait_group 1" : "; wait_group 0");
+      if (has_pv && !under) out << ": release V" << k - 1;
+      if (has_s) out << "; softmax S" << k << "; release K" << k;
+      if (under) out << "; wait_group 0: release V" << k - 1;
+      if (has_s) out << "; rescale O, round P" << k;
+      out << "\n";
+    }
+
+  out << "\nThe schedule in steady state (time to the right, not to scale; [..] a turn: its products issued\n"
+         "back to back; S/PV the tensor cores' work, sm the softmax):\n"
+         "  producer    K3 V2 ... K4 V3 ... K5 V4 ...    (each copy once its stage is released)\n";
+  if (IDEAS >= kIntraOverlap)
+    out << "  consumer 0  [S3 PV2] sm S3 | O, P3 [S4 PV3] sm S4 | O, P4 [S5 PV4] ...\n"
+           "  consumer 1   ..... [S3 PV2] sm S3 | O, P3 [S4 PV3] sm S4 | O, P4 ...\n"
+           "  tensor      S3 PV2 (c0) S3 PV2 (c1) S4 PV3 (c0) S4 PV3 (c1) S5 PV4 (c0) ...\n"
+           "  A consumer's softmax of S(k) runs under its own P.V(k-1) and under the other consumer's turn.\n";
+  else if (IDEAS >= kPingPong)
+    out << "  consumer 0  [S3 PV2] wait  sm S3, O, P3  [S4 PV3] wait  sm S4, O, P4 ...\n"
+           "  consumer 1   ........ [S3 PV2] wait  sm S3, O, P3  [S4 PV3] wait ...\n"
+           "  tensor      S3 PV2 (c0) S3 PV2 (c1) S4 PV3 (c0) S4 PV3 (c1) ...\n"
+           "  One consumer's softmax runs under the other's products; its own products wait for it.\n";
+  else
+    out << "  consumer 0  [S3 PV2] wait  sm S3, O, P3  [S4 PV3] wait ...\n"
+           "  consumer 1  [S3 PV2] wait  sm S3, O, P3  [S4 PV3] wait ...   (in no set order)\n"
+           "  Both consumers may run their softmax at the same time, as in step 08, but no block\n"
+           "  barrier holds either back and the producer keeps the ring full.\n";
+}
+
+template <int IDEAS>
+Step sub_step(const char* id, const char* name, const char* lesson) {
+  return Step{id, name, lesson, "", 90, 90, limits, plan<IDEAS>, launch<IDEAS>, claims<IDEAS>, explain<IDEAS>};
+}
+
+}  // namespace
+}  // namespace fs::step09
+
+namespace fs {
+
+void register_step_09_warp_specialized(Registry& r) {
+  using namespace step09;
+  r.add(sub_step<kWarpSpecialization>(
+      "09a_producer_consumer", "Hopper II: warp specialization",
+      "step 08 with a producer warpgroup (TMA, setmaxnreg.dec 24) and two consumer warpgroups (setmaxnreg.inc "
+      "240), full and empty mbarrier rings, no block barrier in the loop (sm_90a)"));
+  r.add(sub_step<kPingPong>("09b_pingpong", "Hopper II: ping-pong",
+                            "+ named barriers: the consumers take turns issuing their products, one's softmax under "
+                            "the other's products"));
+  r.add(sub_step<kIntraOverlap>("09c_intra_overlap", "Hopper II: intra-warpgroup overlap",
+                                "+ S of tile k waited for alone: its softmax runs under P·V of tile k - 1"));
+  r.add(sub_step<kTileSizes>("09d_tile_sizes", "Hopper II: FlashAttention-3 tiles",
+                             "+ wider K/V tiles for the larger register budget (128 x 176 at head_dim 128): the "
+                             "FlashAttention-3 forward schedule (no persistent scheduler, fp8, varlen or backward)"));
+}
+
+}  // namespace fs
