@@ -29,7 +29,7 @@ Problem shared_rules_view(const DecodeProblem& p) {
   Problem f = forward_view(p);
   if (is_paged(p)) {
     f.seqlen_k = 0;
-    f.k = f.v = Strides{0, 0, 0, 1};
+    f.k = f.v = contiguous_strides(0, p.heads_kv, p.head_dim);
   }
   return f;
 }
