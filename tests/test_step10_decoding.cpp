@@ -14,6 +14,7 @@
 #include "catch.h"
 #include "common/registry.h"
 #include "common/workload.h"
+#include "steps/07_flash_attention2/traits.h"
 #include "steps/10_decoding/traits.h"
 
 namespace {
@@ -84,6 +85,22 @@ void for_every_config(std::integer_sequence<int, CONFIGS...>) {
 }
 
 }  // namespace
+
+TEST_CASE("step 10: its fragment maps are step 07's", "[step10]") {
+  namespace f7 = fs::step07::frag;
+  namespace f10 = fs::step10::frag;
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 4; ++i) {
+      CHECK(f10::mma_c(lane, i).row == f7::mma_c(lane, i).row);
+      CHECK(f10::mma_c(lane, i).col == f7::mma_c(lane, i).col);
+      CHECK(f10::mma_a_reg_of_c(i % 2, i / 2 * 2) == f7::mma_a_reg_of_c(i % 2, i / 2 * 2));
+    }
+    CHECK(f10::ldmatrix_x4_quadrants(lane).row == f7::ldmatrix_x4_quadrants(lane).row);
+    CHECK(f10::ldmatrix_x4_quadrants(lane).col == f7::ldmatrix_x4_quadrants(lane).col);
+    CHECK(s10::ldmatrix_x4_k_pair(lane).row == fs::step07::ldmatrix_x4_k_pair(lane).row);
+    CHECK(s10::ldmatrix_x4_k_pair(lane).col == fs::step07::ldmatrix_x4_k_pair(lane).col);
+  }
+}
 
 TEST_CASE("step 10: every K/V chunk is copied once, and a thread's keys lie in one page", "[step10]") {
   for_every_config(std::make_integer_sequence<int, s10::kNumConfigs>{});

@@ -34,30 +34,21 @@ struct Swizzled128Layout {
   FS_HD static constexpr int size(int rows) { return rows * COLS; }
 };
 
-// ---- which lane holds which element (step 06's maps) -------------------------------------------
+// ---- which lane holds which element (step 06's maps, those this kernel uses) --------------------
 // mma.sync.aligned.m16n8k16 and ldmatrix.m8n8, as (lane, register, half) -> (row, col). A "register"
 // is 32 bits of two 16-bit elements; half 0 is the low one. g = lane / 4 picks the row, t = lane % 4
-// the pair of columns (the PTX ISA's groupID and threadID_in_group).
+// the pair of columns (the PTX ISA's groupID and threadID_in_group). Tested equal to step 07's,
+// which tests/test_fragment_layout.cpp checks against the PTX ISA's tables.
 namespace frag {
 
 struct Coord {
   int row;
   int col;
 };
-FS_HD constexpr bool operator==(Coord a, Coord b) { return a.row == b.row && a.col == b.col; }
-FS_HD constexpr bool operator!=(Coord a, Coord b) { return !(a == b); }
 
 FS_HD constexpr int group_of(int lane) { return lane / 4; }
 FS_HD constexpr int thread_in_group(int lane) { return lane % 4; }
 
-// A: 16×16, a[0] = (g, 2t..2t+1), a[1] = (g+8, 2t..), a[2] = (g, 8+2t..), a[3] = (g+8, 8+2t..).
-FS_HD constexpr Coord mma_a(int lane, int reg, int half) {
-  return {group_of(lane) + 8 * (reg % 2), 8 * (reg / 2) + 2 * thread_in_group(lane) + half};
-}
-// B: 16×8 (k × n), lane l holds column g; b[reg] = rows 8·reg + 2t, 8·reg + 2t + 1.
-FS_HD constexpr Coord mma_b(int lane, int reg, int half) {
-  return {8 * reg + 2 * thread_in_group(lane) + half, group_of(lane)};
-}
 // C/D: 16×8 fp32, d[0], d[1] = row g, columns 2t, 2t+1; d[2], d[3] = row g+8.
 FS_HD constexpr Coord mma_c(int lane, int i) {
   return {group_of(lane) + 8 * (i / 2), 2 * thread_in_group(lane) + i % 2};
@@ -66,15 +57,9 @@ FS_HD constexpr Coord mma_c(int lane, int i) {
 // accumulators are P's A fragment, with no shared-memory round trip.
 FS_HD constexpr int mma_a_reg_of_c(int n_half, int i) { return i / 2 + 2 * n_half; }
 
-// ldmatrix: lane 8·m + r gives the address of row r of matrix m; register m of a lane receives row g,
-// columns 2t, 2t+1 of matrix m (with .trans: column g, rows 2t, 2t+1).
-FS_HD constexpr int ldmatrix_address_lane(int matrix, int row) { return 8 * matrix + row; }
+// ldmatrix: lane 8·m + r gives the address of row r of matrix m.
 FS_HD constexpr int ldmatrix_matrix_of(int lane) { return lane / 8; }
 FS_HD constexpr int ldmatrix_row_of(int lane) { return lane % 8; }
-FS_HD constexpr Coord ldmatrix_element(int lane, int half, bool trans) {
-  return trans ? Coord{2 * thread_in_group(lane) + half, group_of(lane)}
-               : Coord{group_of(lane), 2 * thread_in_group(lane) + half};
-}
 // A 16×16 tile as four 8×8 quadrants in the order of the A registers (matrix m = a[m]): the A
 // operand (Q) without .trans, two B operands (V, stored [k][n]) with .trans.
 FS_HD constexpr Coord ldmatrix_x4_quadrants(int lane) {
