@@ -27,6 +27,21 @@ tolerance of common/compare.h, asked of the library with fs_tolerance: |err| <= 
 u = 2^-11 for fp16 and 2^-8 for bf16); no NaN or infinity anywhere in O; and every element of O
 within twice that tolerance of PyTorch's flash output.
 
+Decoding (--decode): one or four new tokens per sequence against a KV cache, the shapes of issue 14
+(batch x seqlen_k, heads q/kv: 1 x 131072 32/8, 8 x 32768 32/8, 64 x 4096 32/8, 128 x 2048 64/8,
+16 x 16384 32/32; head_dim 128; fp16 and bf16; seqlen_q 1 and 4), every sequence at seqlen_k keys.
+The caches are (B, seqlen_k, H_kv, d); SDPA flash and cuDNN read them as (B, H, N, d) views with
+enable_gqa=True; the steps with a decoding entry (fs_run_decode) read them as they are and again
+from paged copies (pages of 16, 64 and 256 keys, scattered by a seeded shuffle, found through a
+block table); the other steps (--steps, default 07g, 08, 09, 10) through fs_run where they accept
+the problem. Reported: GB/s of K and V read (B*seqlen_k*H_kv*d*2 bytes each, fs_decode_kv_bytes) and
+the % of the HBM read ceiling of the newest bench/results/ceilings-*.json (--ceilings), the ratio to
+cuDNN, and a paged row against the contiguous one. Non-causal by default (the bytes read are the
+same; --decode-causal for bottom-right causal, SDPA through torch.nn.attention.bias.causal_lower_right).
+
+    python3 bench/compare_torch.py --decode              every shape, about a minute on an H200
+    python3 bench/compare_torch.py --decode --decode-shapes 8x32768x32x8 --dtypes fp16 --decode-seqlens-q 1
+
 FLOPs: fs_problem_flops (4*B*H*Sq*Sk*d, halved when causal). For the steps of each shape, x_step01
 and x_prev (the speed-up over step 01 and over the previous step) come from fs_speedups, the rule
 the runner uses. Results go to bench/results/compare_torch-<UTC date>.json and .csv with the GPU,
@@ -83,6 +98,30 @@ class FsProblem(ctypes.Structure):
     ]
 
 
+class FsDecodeProblem(ctypes.Structure):
+    _fields_ = [
+        ("batch", ctypes.c_int64),
+        ("seqlen_q", ctypes.c_int64),
+        ("seqlen_k", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("dtype", ctypes.c_int32),
+        ("causal", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+        ("num_splits", ctypes.c_int32),
+        ("checked", ctypes.c_int32),
+        ("page_size", ctypes.c_int64),
+        ("num_pages", ctypes.c_int64),
+        ("max_pages_per_seq", ctypes.c_int64),
+        ("block_table_stride", ctypes.c_int64),
+        ("q", FsStrides),
+        ("k", FsStrides),
+        ("v", FsStrides),
+        ("o", FsStrides),
+    ]
+
+
 class FlashSteps:
     """libflash_steps.so through ctypes: the registry, fs_check and fs_run, and the rules the tools
     share (FLOPs, tolerance, speed-ups, the sweep)."""
@@ -123,6 +162,21 @@ class FlashSteps:
         lib.fs_sweep_dtypes.restype = ctypes.c_int
         lib.fs_sweep_shape.argtypes = [ctypes.c_int64] * 3 + [ctypes.POINTER(ctypes.c_int64)] * 2
         lib.fs_sweep_shape.restype = ctypes.c_int
+        lib.fs_decode_problem_init.argtypes = ([ctypes.POINTER(FsDecodeProblem)] + [ctypes.c_int64] * 6
+                                               + [ctypes.c_int32] * 2 + [ctypes.c_int64])
+        lib.fs_decode_problem_init.restype = None
+        lib.fs_step_decodes.argtypes = [ctypes.c_int]
+        lib.fs_step_decodes.restype = ctypes.c_int
+        lib.fs_decode_check.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsDecodeProblem)]
+        lib.fs_decode_check.restype = ctypes.c_int
+        lib.fs_decode_workspace_size.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsDecodeProblem),
+                                                 ctypes.POINTER(ctypes.c_uint64)]
+        lib.fs_decode_workspace_size.restype = ctypes.c_int
+        lib.fs_run_decode.argtypes = ([ctypes.c_char_p, ctypes.POINTER(FsDecodeProblem)] + [ctypes.c_void_p] * 8
+                                      + [ctypes.c_uint64, ctypes.c_void_p])
+        lib.fs_run_decode.restype = ctypes.c_int
+        lib.fs_decode_kv_bytes.argtypes = [ctypes.POINTER(FsDecodeProblem), ctypes.POINTER(ctypes.c_int32)]
+        lib.fs_decode_kv_bytes.restype = ctypes.c_double
         self.lib = lib
 
     def steps(self) -> list[dict]:
@@ -134,6 +188,7 @@ class FlashSteps:
                 "lesson": self.lib.fs_step_lesson(i).decode(),
                 "dir": self.lib.fs_step_dir(i).decode(),
                 "min_compute_capability": self.lib.fs_step_min_compute_capability(i),
+                "decodes": self.lib.fs_step_decodes(i) == 1,
             })
         return out
 
@@ -200,6 +255,44 @@ class FlashSteps:
             if fs_run(sid, pp, *args) != 0:
                 raise RuntimeError(f"fs_run({step_id}): {self.last_error()}")
         return run
+
+    # ---- decoding problems (fs_decode_problem) ----
+
+    def decode_problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
+                       page_size: int = 0) -> FsDecodeProblem:
+        """fs_decode_problem_init: contiguous Q and O, a contiguous (page_size 0) or paged cache."""
+        p = FsDecodeProblem()
+        self.lib.fs_decode_problem_init(ctypes.byref(p), batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+                                        DTYPE_CODES[dtype], int(causal), page_size)
+        return p
+
+    def decode_check(self, step_id: str, p: FsDecodeProblem) -> str:
+        """"" when the step can run the decoding problem on the current device, else the library's sentence."""
+        rc = self.lib.fs_decode_check(step_id.encode(), ctypes.byref(p))
+        return "" if rc == 0 else self.last_error()
+
+    def decode_workspace_size(self, step_id: str, p: FsDecodeProblem) -> int:
+        n = ctypes.c_uint64(0)
+        if self.lib.fs_decode_workspace_size(step_id.encode(), ctypes.byref(p), ctypes.byref(n)) != 0:
+            raise RuntimeError(f"fs_decode_workspace_size({step_id}): {self.last_error()}")
+        return n.value
+
+    def decode_runner(self, step_id: str, p: FsDecodeProblem, q: int, k_cache: int, v_cache: int, block_table: int,
+                      cache_seqlens: int, o: int, lse: int, stream: int, workspace: int = 0, workspace_bytes: int = 0):
+        """A no-argument callable that enqueues fs_run_decode (raises on a non-zero status); 0 for a NULL pointer."""
+        run_decode, sid, pp = self.lib.fs_run_decode, step_id.encode(), ctypes.byref(p)
+        args = tuple(ctypes.c_void_p(x or None) for x in (q, k_cache, v_cache, block_table, cache_seqlens, o, lse,
+                                                          workspace)) + (ctypes.c_uint64(workspace_bytes),
+                                                                         ctypes.c_void_p(stream or None))
+
+        def run():
+            if run_decode(sid, pp, *args) != 0:
+                raise RuntimeError(f"fs_run_decode({step_id}): {self.last_error()}")
+        return run
+
+    def decode_kv_bytes(self, p: FsDecodeProblem) -> float:
+        """fs_decode_kv_bytes with every sequence at seqlen_k keys: the bytes of K and V a launch must read."""
+        return self.lib.fs_decode_kv_bytes(ctypes.byref(p), None)
 
     # ---- the rules the tools share ----
 
@@ -675,13 +768,13 @@ CSV_FIELDS = ["date", "commit", "gpu", "impl", "kind", "batch", "seqlen", "heads
               "max_lse_err", "max_abs_diff_flash", "mismatches", "nonfinite", "pass", "reason"]
 
 
-def write_results(result: dict, out_base: Path) -> None:
+def write_results(result: dict, out_base: Path, fields: list[str] = CSV_FIELDS) -> None:
     out_base.parent.mkdir(parents=True, exist_ok=True)
     json_path, csv_path = out_base.with_suffix(".json"), out_base.with_suffix(".csv")
     json_path.write_text(json.dumps(result, indent=1) + "\n")
     common = {"date": result["date"], "commit": result["commit"], "gpu": result["environment"].get("gpu", "")}
     with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in result["rows"]:
             w.writerow({**common, **r})
@@ -725,6 +818,373 @@ def print_table(result: dict) -> None:
         print(f"  {r['impl']} {describe(r)}: {r['status']}: {r['reason']}")
 
 
+# ---- decoding (--decode) ----------------------------------------------------------------------
+
+# Issue 14's shapes: (batch, seqlen_k, heads_q, heads_kv).
+DECODE_SHAPES = ((1, 131072, 32, 8), (8, 32768, 32, 8), (64, 4096, 32, 8), (128, 2048, 64, 8), (16, 16384, 32, 32))
+DECODE_DEFAULT_STEPS = "07g,08,09,10"
+
+
+def parse_decode_shape(text: str) -> tuple[int, int, int, int]:
+    """"8x32768x32x8" -> (batch, seqlen_k, heads_q, heads_kv); ValueError with the rule otherwise."""
+    parts = text.lower().split("x")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--decode-shapes expects BATCHxSEQLEN_KxHEADS_QxHEADS_KV (positive integers), got '{text}'")
+    b, sk, hq, hkv = (int(p) for p in parts)
+    if hq % hkv:
+        raise ValueError(f"--decode-shapes: heads_q ({hq}) is not a multiple of heads_kv ({hkv}) in '{text}'")
+    return b, sk, hq, hkv
+
+
+def decode_shapes(args) -> list[dict]:
+    """Every (shape, seqlen_q, dtype) of the decoding run, the issue's order."""
+    shapes = [parse_decode_shape(t) for t in args.decode_shapes] if args.decode_shapes else list(DECODE_SHAPES)
+    out = []
+    for dtype in args.dtypes or ["fp16", "bf16"]:
+        for sq in args.decode_seqlens_q:
+            for b, sk, hq, hkv in shapes:
+                out.append({"batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
+                            "head_dim": args.decode_head_dim, "dtype": dtype, "causal": args.decode_causal and sq > 1})
+    return out
+
+
+def decode_describe(s: dict) -> str:
+    return (f"b{s['batch']} sk{s['seqlen_k']} h{s['heads_q']}/{s['heads_kv']} sq{s['seqlen_q']} d{s['head_dim']} "
+            f"{s['dtype']}" + (" causal" if s["causal"] else ""))
+
+
+def decode_key(s: dict) -> tuple:
+    return tuple(s[k] for k in ("batch", "seqlen_k", "heads_q", "heads_kv", "seqlen_q", "head_dim", "dtype", "causal"))
+
+
+def hbm_ceiling(path: str | None) -> dict:
+    """{"tbs", "path", "device"} of the HBM read ceiling (hbm_read) in `path`, else in the newest
+    bench/results/ceilings-*.json; {} when there is none."""
+    path = path or fs_results.newest(fs_results.RESULTS, "ceilings-*.json")
+    if not path:
+        return {}
+    c = fs_results.load_ceilings(path)
+    v = c["values"].get("hbm_read")
+    return {"tbs": v["value"], "path": str(path), "device": c["device"]} if v else {}
+
+
+def page_table(torch, batch: int, pages_per_seq: int, seed: int):
+    """A block table (batch, pages_per_seq) int32 on the CPU: a seeded shuffle of all batch*pages_per_seq
+    pages, so that a sequence's neighbouring pages are far apart in the cache."""
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    return torch.randperm(batch * pages_per_seq, generator=gen).to(torch.int32).view(batch, pages_per_seq)
+
+
+def paged_copy(torch, cache, table, page_size: int):
+    """The (num_pages, page_size, H, d) copy of a (B, N, H, d) cache under `table`: page table[b][i] holds keys
+    i*page_size ... of sequence b (the last page zero-padded)."""
+    b, n, h, d = cache.shape
+    per_seq = table.shape[1]
+    padded = cache.new_zeros(b, per_seq * page_size, h, d)
+    padded[:, :n] = cache
+    pages = cache.new_empty(b * per_seq, page_size, h, d)
+    pages[table.reshape(-1).long().to(cache.device)] = padded.view(b * per_seq, page_size, h, d)
+    return pages
+
+
+class DecodeSweep:
+    """Every implementation on every decoding shape, on the same tensors; one checked launch, then timed."""
+
+    def __init__(self, torch, lib: FlashSteps, args, steps: list[dict], backends: list[str], env: dict, hbm: dict):
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        self.torch, self.F, self.sdpa_kernel = torch, F, sdpa_kernel
+        self.sdp = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                    "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+        self.lib, self.args, self.steps, self.backends, self.hbm = lib, args, steps, backends, hbm
+        self.timer = Timer(torch, env["l2_bytes"] or (64 << 20), args.sleep_us)
+        self.stream = torch.cuda.current_stream().cuda_stream
+
+    def shape(self, si: int, shape: dict) -> list[dict]:
+        torch, args = self.torch, self.args
+        b, sq, sk, hq, hkv, d = (shape[k] for k in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim"))
+        causal, dtype = shape["causal"], shape["dtype"]
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(args.seed + si)
+
+        def draw(*size):  # offset + sigma * N(0, 1), rounded to the dtype
+            x = torch.randn(*size, device="cuda", dtype=torch.float32, generator=gen)
+            return (x * INPUT_SIGMA + INPUT_OFFSET).to(torch.float16 if dtype == "fp16" else torch.bfloat16)
+
+        t = {"q": draw(b, sq, hq, d), "k": draw(b, sk, hkv, d), "v": draw(b, sk, hkv, d)}
+        t["o"] = torch.empty_like(t["q"])
+        t["lse"] = torch.empty(b, hq, sq, dtype=torch.float32, device="cuda")
+        scale = 1.0 / math.sqrt(d)
+        # The fp64 reference of batch 0, query heads 0 and 1, each with the KV head it reads.
+        heads = min(hq, 2)
+        kv_of = torch.tensor([h // (hq // hkv) for h in range(heads)], device="cuda")
+        t["ref"] = reference_slice(torch, t["q"][0:1], t["k"][0:1].index_select(2, kv_of),
+                                   t["v"][0:1].index_select(2, kv_of), causal, scale, heads)
+        t["tol"] = self.lib.tolerance(dtype, float(t["v"].abs().max()))
+        t["o_flash"] = None
+        prob = self.lib.decode_problem(b, sq, sk, hq, hkv, d, dtype, causal)
+        kv_bytes = self.lib.decode_kv_bytes(prob)
+        rows = []
+
+        def new_row(impl, kind, entry, page_size=0):
+            row = dict(shape, impl=impl, kind=kind, entry=entry, page_size=page_size, kv_bytes=kv_bytes, status="",
+                       reason="")
+            rows.append(row)
+            return row
+
+        def guarded(row, body):
+            try:
+                body()
+            except Exception as e:  # one implementation's failure must not end the run
+                msg = fmt_err(e)
+                unsupported = row["kind"] == "torch" and ("No available kernel" in msg or "not supported" in msg.lower())
+                row.update(status="unsupported" if unsupported else "error", reason=msg)
+
+        for backend in self.backends:  # PyTorch first: our steps are then also compared with its flash output
+            row = new_row("torch_" + backend, "torch", "sdpa")
+            guarded(row, lambda: self.backend(row, backend, t, causal, scale, hq != hkv))
+        for step in self.steps:
+            if step["decodes"]:
+                for page_size in [0] + list(args.page_sizes):
+                    row = new_row(step["id"], "step", "decode", page_size)
+                    guarded(row, lambda: self.decode_step(row, step["id"], shape, t, page_size, si))
+            else:
+                row = new_row(step["id"], "step", "forward")
+                guarded(row, lambda: self.forward_step(row, step["id"], t, causal))
+        add_decode_ratios(rows)
+        return rows
+
+    def backend(self, row: dict, backend: str, t: dict, causal: bool, scale: float, gqa: bool) -> None:
+        torch = self.torch
+        qt, kt, vt = (t[n].transpose(1, 2) for n in ("q", "k", "v"))  # (B, H, N, d) views of the same memory
+        mask = None
+        if causal:
+            from torch.nn.attention.bias import causal_lower_right
+            mask = causal_lower_right(qt.shape[2], kt.shape[2])
+        sdpa, out = self.F.scaled_dot_product_attention, {}
+        kwargs = {"enable_gqa": True} if gqa else {}
+
+        def fn():
+            out["o"] = sdpa(qt, kt, vt, attn_mask=mask, scale=scale, **kwargs)
+
+        def checked():
+            fn()
+            torch.cuda.synchronize()
+            o = out.pop("o").transpose(1, 2)  # back to (B, N, H, d)
+            if backend == "flash":
+                t["o_flash"] = o
+            return compare(torch, o, None, t["ref"], t["tol"])
+        with self.sdpa_kernel([self.sdp[backend]]):
+            self.measure(row, fn, checked)
+
+    def decode_step(self, row: dict, step_id: str, shape: dict, t: dict, page_size: int, si: int) -> None:
+        torch, lib = self.torch, self.lib
+        b, sk = shape["batch"], shape["seqlen_k"]
+        prob = lib.decode_problem(b, shape["seqlen_q"], sk, shape["heads_q"], shape["heads_kv"], shape["head_dim"],
+                                  shape["dtype"], shape["causal"], page_size)
+        why = lib.decode_check(step_id, prob)
+        if why:
+            row.update(status="refused", reason=why)
+            return
+        k, v, table = t["k"], t["v"], None
+        if page_size:
+            table_cpu = page_table(torch, b, prob.max_pages_per_seq, self.args.seed + 1000 * si + page_size)
+            k, v = paged_copy(torch, t["k"], table_cpu, page_size), paged_copy(torch, t["v"], table_cpu, page_size)
+            table = table_cpu.to("cuda")
+        ws_bytes = lib.decode_workspace_size(step_id, prob)
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda") if ws_bytes else None
+        fn = lib.decode_runner(step_id, prob, t["q"].data_ptr(), k.data_ptr(), v.data_ptr(),
+                               table.data_ptr() if table is not None else 0, 0, t["o"].data_ptr(), t["lse"].data_ptr(),
+                               self.stream, ws.data_ptr() if ws is not None else 0, ws_bytes)
+        self.measure(row, fn, lambda: self.checked_step(fn, t))
+
+    def forward_step(self, row: dict, step_id: str, t: dict, causal: bool) -> None:
+        lib = self.lib
+        prob = lib.problem_for_tensors(t["q"], t["k"], t["v"], t["o"], causal)
+        why = lib.check(step_id, prob)
+        if why:
+            row.update(status="refused", reason=why)
+            return
+        ws_bytes = lib.workspace_size(step_id, prob)
+        ws = self.torch.empty(ws_bytes, dtype=self.torch.uint8, device="cuda") if ws_bytes else None
+        fn = lib.runner(step_id, prob, t["q"].data_ptr(), t["k"].data_ptr(), t["v"].data_ptr(), t["o"].data_ptr(),
+                        t["lse"].data_ptr(), self.stream, ws.data_ptr() if ws is not None else 0, ws_bytes)
+        self.measure(row, fn, lambda: self.checked_step(fn, t))
+
+    def checked_step(self, fn, t: dict) -> dict:
+        t["o"].fill_(float("nan"))  # poisoned: an element the step does not write fails the check
+        t["lse"].fill_(float("nan"))
+        fn()
+        self.torch.cuda.synchronize()
+        return compare(self.torch, t["o"], t["lse"], t["ref"], t["tol"], t["o_flash"])
+
+    def measure(self, row: dict, fn, checked) -> None:
+        """One checked launch, one timed probe, warm-up, the timed launches; GB/s of K and V read."""
+        args = self.args
+        chk = checked()
+        row.update(chk)
+        probe = self.timer.times(fn, 1)[0]
+        n = max(args.min_iters, min(args.iters, int(args.budget_ms / max(probe, 1e-3))))
+        warmup = min(args.warmup, int(args.budget_ms / max(probe, 1e-3)))
+        if warmup:
+            self.timer.times(fn, warmup)
+        ts = self.timer.times(fn, n)
+        ms = median(ts)
+        gbs = row["kv_bytes"] / (ms * 1e-3) / 1e9
+        row.update(status="ok" if chk["pass"] else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=n, gbs=gbs)
+        if self.hbm:
+            row["hbm_pct"] = 100 * gbs / (self.hbm["tbs"] * 1e3)
+        if not chk["pass"]:
+            row["reason"] = (f"check failed: {chk['mismatches']} elements outside tolerance of the fp64 reference, "
+                             f"{chk['nonfinite']} non-finite, {chk.get('mismatches_vs_flash', 0)} outside twice the "
+                             f"tolerance of PyTorch flash")
+
+
+def add_decode_ratios(rows: list[dict]) -> None:
+    """x_cudnn, x_flash = PyTorch's time / this row's time (the same bytes: the bandwidth ratio), and for a
+    paged row x_contiguous = the time of the same step on the contiguous cache / its time."""
+    base = {r["impl"]: r["ms"] for r in rows if r["kind"] == "torch" and r.get("ms")}
+    contiguous = {r["impl"]: r["ms"] for r in rows if r["kind"] == "step" and not r["page_size"] and r.get("ms")}
+    for r in rows:
+        if not r.get("ms"):
+            continue
+        for key, impl in (("x_flash", "torch_flash"), ("x_cudnn", "torch_cudnn")):
+            if base.get(impl):
+                r[key] = base[impl] / r["ms"]
+        if r["page_size"] and contiguous.get(r["impl"]):
+            r["x_contiguous"] = contiguous[r["impl"]] / r["ms"]
+
+
+def decode_label(r: dict) -> str:
+    """A column heading: pt:<backend>, the step id's number part, and pN for a paged cache."""
+    if r["kind"] == "torch":
+        return label(r["impl"])
+    return r["impl"].split("_")[0] + (f" p{r['page_size']}" if r["page_size"] else "")
+
+
+DECODE_CSV_FIELDS = ["date", "commit", "gpu", "impl", "kind", "entry", "page_size", "batch", "seqlen_q", "seqlen_k",
+                     "heads_q", "heads_kv", "head_dim", "dtype", "causal", "kv_bytes", "status", "ms", "min_ms",
+                     "max_ms", "iters", "gbs", "hbm_pct", "x_cudnn", "x_flash", "x_contiguous", "max_abs_err",
+                     "max_lse_err", "max_abs_diff_flash", "mismatches", "nonfinite", "pass", "reason"]
+
+
+def print_decode_table(result: dict) -> None:
+    """GB/s of K and V read (median), one line per shape; then the % of the HBM ceiling and x cuDNN of the
+    steps with a decoding entry. '-' not run (refused, unsupported), '!' check failed."""
+    rows = result["rows"]
+    labels, shapes = [], []
+    for r in rows:
+        if decode_label(r) not in labels and r["impl"] not in ("torch_efficient", "torch_math"):
+            labels.append(decode_label(r))
+        if decode_key(r) not in [decode_key(s) for s in shapes]:
+            shapes.append(r)
+    by = {(decode_key(r), decode_label(r)): r for r in rows}
+    hbm = result.get("hbm") or {}
+    print(f"\nGB/s of K+V read (median), {result['environment'].get('gpu', '')}, commit {result['commit']}, "
+          f"{result['date']}   - = not run,  ! = check failed")
+    print(f"{'shape':40}" + "".join(f"{x:>10}" for x in labels))
+    for s in shapes:
+        line = f"{decode_describe(s):40}"
+        for x in labels:
+            r = by.get((decode_key(s), x))
+            cell = "-"
+            if r and r.get("gbs"):
+                cell = f"{r['gbs']:.0f}" + ("!" if r["status"] == "fail" else "")
+            line += f"{cell:>10}"
+        print(line)
+    decoding = [x for x in labels if any(r["kind"] == "step" and r["entry"] == "decode" and decode_label(r) == x
+                                         for r in rows)]
+    if decoding:
+        print(f"\n% of the HBM read ceiling ({hbm.get('tbs', 0):.2f} TB/s, {hbm.get('path', 'none')}) / x cuDNN / "
+              "x contiguous (paged)")
+        print(f"{'shape':40}" + "".join(f"{x:>20}" for x in decoding))
+        for s in shapes:
+            line = f"{decode_describe(s):40}"
+            for x in decoding:
+                r = by.get((decode_key(s), x))
+                if not r or not r.get("gbs"):
+                    line += f"{'-':>20}"
+                    continue
+                cell = f"{r.get('hbm_pct', 0):.0f}%" + (f" {r['x_cudnn']:.2f}x" if r.get("x_cudnn") else "")
+                cell += f" {r['x_contiguous']:.2f}" if r.get("x_contiguous") else ""
+                line += f"{cell:>20}"
+            print(line)
+    for r in [r for r in rows if r["status"] in ("fail", "error")][:20]:
+        print(f"  {r['impl']} {decode_describe(r)} page {r['page_size']}: {r['status']}: {r['reason']}")
+
+
+def run_decode(args) -> int:
+    try:
+        lib = FlashSteps(args.lib)
+    except OSError as e:
+        print(f"compare_torch: cannot load {args.lib} ({e}); build it (cmake --build build) or pass --lib",
+              file=sys.stderr)
+        return 1
+    wanted = [w.strip() for w in (args.steps or DECODE_DEFAULT_STEPS).split(",") if w.strip()]
+    steps = [s for s in lib.steps() if any(s["id"].startswith(w) for w in wanted)]
+    backends = [b for b in args.backends.split(",") if b]
+    try:
+        unknown = [b for b in backends if b not in TORCH_BACKENDS]
+        if unknown:
+            raise ValueError(f"--backends: unknown {', '.join(unknown)} (known: {', '.join(TORCH_BACKENDS)})")
+        shapes = decode_shapes(args)
+        hbm = hbm_ceiling(args.ceilings)
+    except (ValueError, OSError, fs_results.CeilingsError) as e:
+        print(f"compare_torch: {e}", file=sys.stderr)
+        return 2
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("compare_torch: PyTorch sees no CUDA device", file=sys.stderr)
+        return 1
+    env = environment(torch)
+    sweep = DecodeSweep(torch, lib, args, steps, backends, env, hbm)
+    date = datetime.datetime.now(datetime.timezone.utc)
+    commit = args.commit or git_commit()
+    result = {
+        "tool": "compare_torch",
+        "mode": "decode",
+        "schema": 1,
+        "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit,
+        "environment": env,
+        "library": os.path.abspath(args.lib),
+        "timing": {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
+                   "budget_ms": args.budget_ms, "l2_flush": True, "sleep_us": args.sleep_us,
+                   "events": "one pair per launch"},
+        "bytes": "fs_decode_kv_bytes: batch*seqlen_k*heads_kv*head_dim*2 bytes of K, as many of V",
+        "hbm": hbm,
+        "page_sizes": list(args.page_sizes),
+        "steps": steps,
+        "backends": backends,
+        "complete": False,
+        "rows": [],
+    }
+    print(f"compare_torch --decode {commit} on {env['gpu']} (driver {env['driver']}, CUDA {env['cuda']}, torch "
+          f"{env['torch']}, cuDNN {env['cudnn']}): {len(shapes)} shapes; HBM read ceiling "
+          f"{hbm.get('tbs', 0):.2f} TB/s from {hbm.get('path', 'no ceilings file')}", file=sys.stderr, flush=True)
+    out_base = Path(args.out_dir) / f"compare_torch-decode-{date.strftime('%Y%m%d-%H%M%S')}"
+    t0 = time.time()
+    try:
+        for si, shape in enumerate(shapes):
+            print(f"[{si + 1}/{len(shapes)}] {decode_describe(shape)}  ({time.time() - t0:.0f} s so far)",
+                  file=sys.stderr, flush=True)
+            rows = sweep.shape(si, shape)
+            result["rows"] += rows
+            print("    " + "  ".join(f"{decode_label(r)} {r['gbs']:.0f}" + ("!" if r["status"] == "fail" else "")
+                                     if r.get("gbs") else f"{decode_label(r)} {r['status']}" for r in rows),
+                  file=sys.stderr, flush=True)
+            torch.cuda.empty_cache()
+        result["complete"] = True
+    finally:  # what was measured is written even when the run is interrupted
+        result["wall_s"] = round(time.time() - t0, 1)
+        write_results(result, out_base, DECODE_CSV_FIELDS)
+    print_decode_table(result)
+    return 1 if any(r["status"] in ("fail", "error") for r in result["rows"]) else 0
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -740,7 +1200,7 @@ def parse_args(argv=None):
     ap.add_argument("--causal", choices=["off", "on", "both"], default="both")
     ap.add_argument("--tokens", type=int, help="B*N of every shape (default: the library's, 16384)")
     ap.add_argument("--steps", default="", help="only the steps whose id starts with one of these (comma-separated)")
-    ap.add_argument("--backends", default=",".join(TORCH_BACKENDS), help="PyTorch SDPA backends to time")
+    ap.add_argument("--backends", help="PyTorch SDPA backends to time (default: all of them; flash,cudnn with --decode)")
     ap.add_argument("--iters", type=int, default=20, help="timed launches per measurement (at most)")
     ap.add_argument("--min-iters", type=int, default=5, help="timed launches per measurement (at least)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed launches before the timed ones")
@@ -756,7 +1216,22 @@ def parse_args(argv=None):
     ap.add_argument("--ladder-head-dim", type=int, default=128)
     ap.add_argument("--ladder-dtype", choices=["fp16", "bf16"], default="fp16")
     ap.add_argument("--ladder-causal", action="store_true")
+    ap.add_argument("--decode", action="store_true",
+                    help="the decoding shapes of issue 14 instead of the sweep (see above); --steps defaults to "
+                    + DECODE_DEFAULT_STEPS + ", --backends to flash,cudnn, --dtypes to fp16 bf16")
+    ap.add_argument("--decode-shapes", nargs="+", metavar="BxSKxHQxHKV",
+                    help="decoding shapes, e.g. 8x32768x32x8 (default: the issue's five)")
+    ap.add_argument("--decode-seqlens-q", type=int, nargs="+", default=[1, 4], help="new tokens per sequence")
+    ap.add_argument("--decode-head-dim", type=int, default=128)
+    ap.add_argument("--decode-causal", action="store_true",
+                    help="bottom-right causal for seqlen_q > 1 (SDPA: causal_lower_right); default off")
+    ap.add_argument("--page-sizes", type=int, nargs="*", default=[16, 64, 256],
+                    help="paged copies of the cache for the steps with a decoding entry (none: contiguous only)")
+    ap.add_argument("--ceilings", help="the ceilings file whose hbm_read gives the %% of HBM (default: the newest "
+                    "bench/results/ceilings-*.json)")
     args = ap.parse_args(argv)
+    if args.backends is None:
+        args.backends = "flash,cudnn" if args.decode else ",".join(TORCH_BACKENDS)
     if args.quick:
         args.iters = min(args.iters, 10)
         args.warmup = min(args.warmup, 1)
@@ -766,7 +1241,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    return run(parse_args(argv))
+    args = parse_args(argv)
+    return run_decode(args) if args.decode else run(args)
 
 
 if __name__ == "__main__":

@@ -80,9 +80,10 @@ const fs::Step* step_at(int index) {
   return index >= 0 && size_t(index) < all.size() ? &all[size_t(index)] : nullptr;
 }
 
-// Looks up the step, then runs `body`; any exception becomes a status and last_error.
-template <typename F>
-fs_status guarded(const char* step_id, const fs_problem* p, F&& body) noexcept {
+// Looks up the step, then runs `body`; any exception becomes a status and last_error. P is fs_problem
+// or fs_decode_problem.
+template <typename P, typename F>
+fs_status guarded(const char* step_id, const P* p, F&& body) noexcept {
   last_error.clear();
   try {
     if (!step_id) return fail(FS_ERR_UNKNOWN_STEP, "step id is a null pointer");
@@ -168,6 +169,61 @@ FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q,
   });
 }
 
+FS_API void fs_decode_problem_init(fs_decode_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
+                                   int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype, int32_t causal,
+                                   int64_t page_size) {
+  if (!p) return;
+  const bool ok = guard(false, [&] {
+    *p = fs::make_decode_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, static_cast<fs::DType>(dtype),
+                                 causal != 0, page_size);
+    p->causal = causal;  // kept as given, so that a bad one is reported by fs_decode_check
+    return true;
+  });
+  if (!ok) *p = fs_decode_problem{};  // all zero: fs_decode_check refuses it ("batch is 0")
+}
+
+FS_API int fs_step_decodes(int index) {
+  return guard(-1, [&] { return step_at(index) ? int(step_at(index)->decode.present()) : -1; });
+}
+
+FS_API fs_status fs_decode_check(const char* step_id, const fs_decode_problem* p) {
+  return guarded(step_id, p, [](const fs::Step& step, const fs_decode_problem& prob) {
+    const std::string why = fs::check_decode_static(step, prob);  // before touching the GPU
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    const fs::Plan plan = fs::plan_decode_for(step, prob, fs::current_device());
+    return plan.accepted() ? FS_OK : fail(FS_ERR_INVALID, plan.refusal);
+  });
+}
+
+FS_API fs_status fs_decode_workspace_size(const char* step_id, const fs_decode_problem* p, uint64_t* bytes) {
+  return guarded(step_id, p, [&](const fs::Step& step, const fs_decode_problem& prob) {
+    if (!bytes) return fail(FS_ERR_INVALID, "bytes is a null pointer");
+    const std::string why = fs::check_decode_static(step, prob);  // before touching the GPU
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    const fs::Plan plan = fs::plan_decode_for(step, prob, fs::current_device());
+    if (!plan.accepted()) return fail(FS_ERR_INVALID, plan.refusal);
+    *bytes = plan.workspace_bytes;
+    return FS_OK;
+  });
+}
+
+FS_API fs_status fs_run_decode(const char* step_id, const fs_decode_problem* p, const void* q, const void* k_cache,
+                               const void* v_cache, const int32_t* block_table, const int32_t* cache_seqlens,
+                               void* o, float* lse, void* workspace, uint64_t workspace_bytes, void* stream) {
+  return guarded(step_id, p, [&](const fs::Step& step, const fs_decode_problem& prob) {
+    const fs::DecodeTensors t{q, k_cache, v_cache, block_table, cache_seqlens, o, lse};
+    std::string why = fs::check_decode_static(step, prob);  // before touching the GPU
+    if (why.empty()) why = fs::validate_decode_tensors(prob, t);
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    const fs::Plan plan = fs::plan_decode_for(step, prob, fs::current_device());
+    why = plan.refusal;
+    if (why.empty()) why = fs::check_workspace(plan, workspace, size_t(workspace_bytes), "fs_decode_workspace_size");
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    fs::run_decode(step, prob, plan, t, workspace, size_t(workspace_bytes), static_cast<cudaStream_t>(stream));
+    return FS_OK;
+  });
+}
+
 FS_API const char* fs_last_error(void) { return last_error.c_str(); }  // cannot throw
 
 }  // extern "C"
@@ -188,6 +244,13 @@ int copy_list(const std::vector<T>& values, U* out, int max) {
 extern "C" {
 
 FS_API double fs_problem_flops(const fs_problem* p) { return p ? fs::attention_flops(*p) : 0.0; }
+
+FS_API double fs_decode_kv_bytes(const fs_decode_problem* p, const int32_t* lengths) {
+  if (!p || p->batch < 0) return 0.0;
+  return guard(0.0, [&] {
+    return fs::decode_kv_bytes(*p, lengths ? std::vector<int32_t>(lengths, lengths + p->batch) : std::vector<int32_t>());
+  });
+}
 
 FS_API fs_status fs_tolerance(int32_t dtype, double max_abs_v, double* atol, double* rtol, double* lse_tol) {
   last_error.clear();

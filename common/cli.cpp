@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <random>
 #include <sstream>
 
 namespace fs {
@@ -64,6 +65,12 @@ bool parse_float(const std::string& flag, const std::string& text, float& out, s
   return true;
 }
 
+// The flags that make a decoding problem (they apply to `run` only).
+bool is_decode_flag(const std::string& flag) {
+  return flag == "--decode" || flag == "--page-size" || flag == "--ragged" || flag == "--splits" ||
+         flag == "--checked" || flag == "--hbm-tbs";
+}
+
 // The flags that mean something for `command` besides its own. Every other flag is refused with it:
 // a flag is applied or refused, never ignored.
 bool applies_to(const std::string& flag, const std::string& command) {
@@ -71,7 +78,7 @@ bool applies_to(const std::string& flag, const std::string& command) {
   if (command == "explain" || command == "banks") return flag == "--step";
   if (command == "resources")  // the problem, the steps and --json; nothing is timed or checked
     return flag != "--iters" && flag != "--warmup" && flag != "--no-flush" && flag != "--no-baseline" &&
-           flag != "--seed" && flag != "--csv";
+           flag != "--seed" && flag != "--csv" && !is_decode_flag(flag);
   return false;  // list, help
 }
 
@@ -88,7 +95,7 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
     command_word = o.command;
   }
   std::vector<std::string> given;  // every option flag, to refuse those that do not apply to the command
-  bool seqlen_q_set = false, seqlen_k_set = false;
+  bool seqlen_q_set = false, seqlen_k_set = false, seqlen_set = false;
   for (; i < args.size(); ++i) {
     std::string flag = args[i], value;
     bool has_value = false;
@@ -145,6 +152,7 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
       ok = int_flag(1, INT32_MAX, o.batch);
     } else if (flag == "--seqlen") {
       ok = int_flag(0, INT32_MAX, n);
+      seqlen_set = true;
       if (ok) {
         if (!seqlen_q_set) o.seqlen_q = n;
         if (!seqlen_k_set) o.seqlen_k = n;
@@ -199,6 +207,31 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
     } else if (flag == "--no-baseline") {
       ok = no_value();
       o.baseline = false;
+    } else if (flag == "--decode") {
+      ok = no_value();
+      o.decode = true;
+    } else if (flag == "--page-size") {
+      ok = need_value() && parse_int(flag, value, 0, kMaxSeqlen, o.page_size, r.error,
+                                     "0 (a contiguous cache) or a multiple of 16");
+      if (ok && o.page_size % kPageMultiple != 0) {
+        r.error = "--page-size expects 0 (a contiguous cache) or a multiple of 16, got '" + value + "'";
+        ok = false;
+      }
+      o.decode = true;
+    } else if (flag == "--ragged") {
+      ok = no_value();
+      o.ragged = o.decode = true;
+    } else if (flag == "--splits") {
+      ok = int_flag(0, kMaxSplits, n);
+      o.splits = int(n);
+      o.decode = true;
+    } else if (flag == "--checked") {
+      ok = no_value();
+      o.checked = o.decode = true;
+    } else if (flag == "--hbm-tbs") {
+      float tbs = 0;
+      ok = need_value() && parse_float(flag, value, tbs, r.error);
+      o.hbm_tbs = tbs;
     } else if (flag == "--json") {
       ok = no_value();
       o.format = OutputFormat::json;
@@ -221,6 +254,11 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
                 "' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)";
       return r;
     }
+  if (o.hbm_tbs > 0 && !o.decode) {
+    r.error = "--hbm-tbs applies to decoding problems (--decode, --page-size, --ragged, --splits, --checked)";
+    return r;
+  }
+  if (o.decode && !seqlen_q_set && !seqlen_set) o.seqlen_q = 1;  // decoding: one new token unless told
   return r;
 }
 
@@ -229,6 +267,24 @@ Problem problem_from(const RunnerOptions& o) {
                            o.head_dim, o.dtype, o.causal);
   if (o.scale_given) p.softmax_scale = o.scale;
   return p;
+}
+
+DecodeProblem decode_problem_from(const RunnerOptions& o) {
+  DecodeProblem p = make_decode_problem(o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.kv_heads ? o.kv_heads : o.heads,
+                                        o.head_dim, o.dtype, o.causal, o.page_size);
+  if (o.scale_given) p.softmax_scale = o.scale;
+  p.num_splits = o.splits;
+  p.checked = o.checked ? 1 : 0;
+  return p;
+}
+
+std::vector<int32_t> decode_lengths_from(const RunnerOptions& o) {
+  if (!o.ragged) return {};
+  std::mt19937_64 rng(o.seed);
+  std::vector<int32_t> lengths(static_cast<size_t>(o.batch));
+  for (size_t b = 0; b < lengths.size(); ++b)
+    lengths[b] = b == 0 || o.seqlen_k == 0 ? int32_t(o.seqlen_k) : int32_t(1 + rng() % uint64_t(o.seqlen_k));
+  return lengths;
 }
 
 std::string runner_usage() {
@@ -255,6 +311,19 @@ problem (defaults: batch 2, heads 16, seqlen 2048, head_dim 128, fp16, not causa
   --dtype fp16|bf16    element type of Q, K, V, O
   --causal             causal mask, bottom-right aligned
   --scale X            softmax scale (default 1/sqrt(head_dim))
+
+decoding (a few new tokens against a KV cache; any of these flags makes the problem a decoding one):
+  --decode             a decoding problem: seqlen_q 1 unless --seqlen-q says otherwise, a KV cache of
+                       seqlen_k keys per sequence; the table reports GB/s of K and V read
+  --page-size N        a paged cache, N keys per page (a multiple of 16; 0: contiguous, the default)
+  --ragged             per-sequence lengths: sequence 0 at seqlen_k, the others drawn from [1, seqlen_k]
+  --splits N           cut the keys of a sequence into N parts (1-128; default 0: the step's heuristic)
+  --checked            check the lengths and the block table on the device before the kernels read them
+                       (each launch then also synchronizes: the times include it)
+  --hbm-tbs X          the HBM read ceiling in TB/s, for the "% HBM" column (flash_steps_ceilings'
+                       hbm_read, e.g. 4.64 in bench/results/ceilings-20261130-212215.json for the H200)
+  Steps without a decoding entry run the problem where it is an ordinary forward one (a contiguous
+  cache, no --ragged); otherwise they are listed as refused.
 
 run:
   --step ID[,ID...]    only these steps (repeatable; see --list)

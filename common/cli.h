@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "decode.h"
 #include "problem.h"
 
 namespace fs {
@@ -31,6 +32,13 @@ struct RunnerOptions {
   bool baseline = true;  // the unfused cuBLAS row
   uint64_t seed = 1;
   OutputFormat format = OutputFormat::table;
+  // A decoding problem (--decode, or any of the flags below): seqlen_q 1 unless given.
+  bool decode = false;
+  int64_t page_size = 0;  // --page-size: 0 a contiguous cache
+  bool ragged = false;    // --ragged: per-sequence lengths drawn from [1, seqlen_k]
+  int splits = 0;         // --splits: 0 the step's heuristic
+  bool checked = false;   // --checked: lengths and block table checked on the device first
+  double hbm_tbs = 0;     // --hbm-tbs: the HBM read ceiling for the % column (0: not shown)
 };
 
 struct ParsedArgs {
@@ -43,6 +51,14 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args);
 
 // The problem the options describe (contiguous tensors).
 Problem problem_from(const RunnerOptions& o);
+
+// The decoding problem the options describe (--decode): contiguous Q and O, a contiguous or paged cache
+// of seqlen_k keys per sequence, --splits and --checked.
+DecodeProblem decode_problem_from(const RunnerOptions& o);
+
+// The per-sequence lengths of --ragged: sequence 0 at seqlen_k, the others drawn from [1, seqlen_k]
+// (std::mt19937_64 seeded with --seed); empty without --ragged (every sequence at seqlen_k).
+std::vector<int32_t> decode_lengths_from(const RunnerOptions& o);
 
 std::string runner_usage();
 

@@ -126,6 +126,88 @@ FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q,
 /* The message of the last failed call on this thread ("" if none). */
 FS_API const char* fs_last_error(void);
 
+/* ---- Decoding: a few new tokens against a KV cache (steps/10_decoding) ------------------------
+ *
+ * Each of `batch` sequences has seqlen_q new query tokens and its own number of keys in a cache:
+ *   Q : (batch, seqlen_q, heads_q, head_dim)      O : (batch, seqlen_q, heads_q, head_dim)
+ *   cache_seqlens : int32 (batch), on the device: sequence b attends to keys 0 ... cache_seqlens[b]-1
+ *                   (NULL: every sequence has seqlen_k keys)
+ * and K and V live in one of two caches, both fp16/bf16 like Q, with element strides and a
+ * contiguous head_dim (every stride a multiple of 8, every pointer 16-byte aligned, as above):
+ *   contiguous (page_size = 0):  (batch, >= seqlen_k rows, heads_kv, head_dim); key j of sequence b
+ *                                is row j of batch entry b (strides: k.batch, k.row, k.head)
+ *   paged (page_size > 0):       (num_pages, page_size, heads_kv, head_dim) and an int32 block table
+ *                                (batch, max_pages_per_seq) on the device, rows block_table_stride
+ *                                apart: key j of sequence b is row j % page_size of page
+ *                                block_table[b][j / page_size] (strides: k.batch is the page stride)
+ * page_size: any multiple of 16 from 16 on (every group of 16 keys that starts at a multiple of 16
+ * then lies in one page); seqlen_k <= max_pages_per_seq·page_size.
+ * seqlen_k is the capacity: the most keys a sequence may have (cache_seqlens[b] <= seqlen_k). It
+ * bounds every read and sizes the split of the keys (num_splits = 0), so a tighter bound helps.
+ *
+ * The semantics are fs_run's for each sequence on its own, with seqlen_k = cache_seqlens[b]: causal
+ * is bottom-right per sequence (token i of sequence b sees key j iff j <= i + cache_seqlens[b] -
+ * seqlen_q); a row with no key gets O = 0 and LSE = -inf; LSE (optional) is (batch, heads_q, seqlen_q).
+ *
+ * Device data (cache_seqlens and block_table) is the caller's contract, not checked by default:
+ * 0 <= cache_seqlens[b] <= seqlen_k, and block_table[b][i] in [0, num_pages) for every page a
+ * sequence uses (i < ceil(cache_seqlens[b] / page_size)); entries past those are never read. Even
+ * when the contract is broken no kernel reads outside the caches or the table: a length is clamped
+ * to [0, seqlen_k] and a page outside [0, num_pages) reads as zeros, so the output is wrong but
+ * memory is safe. With checked = 1, a small kernel first checks every length and every used table
+ * entry, the stream is synchronized, and the first bad one is reported (FS_ERR_INVALID, with its
+ * index and value in fs_last_error) instead of being read: nothing else is launched then.
+ *
+ * num_splits: 0 lets the step choose how many parts the keys of one sequence are cut into (a
+ * documented heuristic on the GPU's SM count and the work); 1 to 128 forces that many. */
+typedef struct fs_decode_problem {
+  int64_t batch;
+  int64_t seqlen_q; /* new tokens per sequence */
+  int64_t seqlen_k; /* capacity: cache_seqlens[b] <= seqlen_k */
+  int64_t heads_q;
+  int64_t heads_kv;
+  int64_t head_dim;
+  int32_t dtype;  /* fs_dtype */
+  int32_t causal; /* 0 or 1 */
+  float softmax_scale;
+  int32_t num_splits; /* 0: the step's heuristic; 1 ... 128: that many */
+  int32_t checked;    /* 1: check cache_seqlens and block_table on the device first (synchronizes) */
+  int64_t page_size;  /* 0: contiguous cache; else keys per page, a multiple of 16 */
+  int64_t num_pages;          /* paged: pages in the cache (first dimension of K and V) */
+  int64_t max_pages_per_seq;  /* paged: columns of the block table */
+  int64_t block_table_stride; /* paged: elements from one row of the block table to the next */
+  fs_strides q, k, v, o;      /* k, v: the cache's strides (batch or page, row, head, dim) */
+} fs_decode_problem;
+
+/* Fills *p: contiguous Q and O, softmax_scale = 1/sqrt(head_dim), num_splits 0, checked 0; with
+ * page_size 0 a contiguous (batch, seqlen_k, heads_kv, head_dim) cache, else a paged one with
+ * max_pages_per_seq = ceil(seqlen_k / page_size), num_pages = batch·max_pages_per_seq and a dense
+ * block table. Change num_pages (a larger pool) or the strides afterwards as needed. */
+FS_API void fs_decode_problem_init(fs_decode_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
+                                   int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
+                                   int32_t causal, int64_t page_size);
+
+/* 1 when the step at `index` runs decoding problems (fs_run_decode), 0 when not, -1 out of range. */
+FS_API int fs_step_decodes(int index);
+
+/* FS_OK when `step_id` can run the decoding problem `p` on the current CUDA device. */
+FS_API fs_status fs_decode_check(const char* step_id, const fs_decode_problem* p);
+
+/* The device workspace `step_id` needs for `p` on the current CUDA device, in *bytes (0: none):
+ * the partial outputs of the split keys, and 256 bytes for the checked mode's report. */
+FS_API fs_status fs_decode_workspace_size(const char* step_id, const fs_decode_problem* p, uint64_t* bytes);
+
+/* Checks, then enqueues the decoding step on `stream`. block_table: NULL for a contiguous cache;
+ * cache_seqlens: NULL when every sequence has seqlen_k keys; lse may be NULL. */
+FS_API fs_status fs_run_decode(const char* step_id, const fs_decode_problem* p, const void* q, const void* k_cache,
+                               const void* v_cache, const int32_t* block_table, const int32_t* cache_seqlens,
+                               void* o, float* lse, void* workspace, uint64_t workspace_bytes, void* stream);
+
+/* Bytes of K and V a decoding problem must read: sum over b of cache_seqlens[b]·heads_kv·head_dim·2
+ * for K and as many for V (2-byte elements). `lengths` is a host array of `batch` lengths, or NULL
+ * for seqlen_k each. 0 for a NULL problem. */
+FS_API double fs_decode_kv_bytes(const fs_decode_problem* p, const int32_t* lengths);
+
 /* ---- The rules the benchmarks and the Python tools share, written once here ----------------- */
 
 /* FLOPs of the forward pass as FlashAttention counts them: 4·batch·heads_q·seqlen_q·seqlen_k·head_dim

@@ -51,14 +51,14 @@ Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t 
 namespace {
 
 std::string check_strides(const char* name, const Strides& s, int64_t seqlen, int64_t heads,
-                          int64_t head_dim) {
+                          int64_t head_dim, const char* dim0_stride = "batch") {
   if (s.dim != 1) {
     std::ostringstream m;
     m << name << "'s head_dim stride is " << s.dim << "; the last dimension must be contiguous (stride 1)";
     return m.str();
   }
   const struct { const char* what; int64_t stride; int64_t extent; } dims[] = {
-      {"batch", s.batch, 1}, {"row", s.row, seqlen}, {"head", s.head, heads}};
+      {dim0_stride, s.batch, 1}, {"row", s.row, seqlen}, {"head", s.head, heads}};
   for (const auto& d : dims) {
     std::ostringstream m;
     if (d.stride < 0) {
@@ -90,11 +90,11 @@ std::string check_strides(const char* name, const Strides& s, int64_t seqlen, in
 
 // "" when batch * seqlen * heads * head_dim is at most kMaxTensorElements.
 std::string check_size(const char* names, const char* seqlen_name, const char* heads_name, int64_t batch,
-                       int64_t seqlen, int64_t heads, int64_t head_dim) {
+                       int64_t seqlen, int64_t heads, int64_t head_dim, const char* batch_name = "batch") {
   const auto n = checked_product({batch, seqlen, heads, head_dim});
   if (n && *n <= kMaxTensorElements) return "";
   std::ostringstream m;
-  m << names << " have batch * " << seqlen_name << " * " << heads_name << " * head_dim = " << batch << " * "
+  m << names << " have " << batch_name << " * " << seqlen_name << " * " << heads_name << " * head_dim = " << batch << " * "
     << seqlen << " * " << heads << " * " << head_dim;
   if (n) m << " = " << *n;
   m << " elements" << (n ? "" : ", which overflows 64 bits") << "; a tensor may hold at most 2^58 ("
@@ -132,6 +132,21 @@ std::string check_output_overlap(const Problem& p) {
     below += below.empty() ? d.what : std::string(" and ") + d.what;
   }
   return "";
+}
+
+// "" when the view spans at most kMaxTensorElements from its base pointer.
+std::string check_extent(const char* name, const Strides& s, const char* dim0_stride, const char* dim0_name,
+                         int64_t dim0, const char* rows_name, int64_t rows, const char* heads_name, int64_t heads,
+                         int64_t head_dim) {
+  const auto extent = checked_view_extent(s, dim0, rows, heads, head_dim);
+  if (extent && *extent <= kMaxTensorElements) return "";
+  std::ostringstream m;
+  m << name << "'s strides (" << dim0_stride << " " << s.batch << ", row " << s.row << ", head " << s.head << ") over "
+    << dim0_name << " " << dim0 << ", " << rows_name << " " << rows << ", " << heads_name << " " << heads << " span ";
+  if (extent) m << *extent << " elements";
+  else m << "more than 2^63 elements";
+  m << "; a tensor may span at most 2^58 (" << kMaxTensorElements << ")";
+  return m.str();
 }
 
 }  // namespace
@@ -206,18 +221,20 @@ std::string validate(const Problem& p) {
       {"V", p.v, p.seqlen_k, p.heads_kv, "seqlen_k", "heads_kv"}, {"O", p.o, p.seqlen_q, p.heads_q, "seqlen_q", "heads_q"}};
   for (const auto& v : views) {
     if (!(s = check_strides(v.name, v.st, v.seqlen, v.heads, p.head_dim)).empty()) return s;
-    const auto extent = checked_view_extent(v.st, p.batch, v.seqlen, v.heads, p.head_dim);
-    if (!extent || *extent > kMaxTensorElements) {
-      m << v.name << "'s strides (batch " << v.st.batch << ", row " << v.st.row << ", head " << v.st.head
-        << ") over batch " << p.batch << ", " << v.seqlen_name << " " << v.seqlen << ", " << v.heads_name << " "
-        << v.heads << " span ";
-      if (extent) m << *extent << " elements";
-      else m << "more than 2^63 elements";
-      m << "; a tensor may span at most 2^58 (" << kMaxTensorElements << ")";
-      return m.str();
-    }
+    if (!(s = check_extent(v.name, v.st, "batch", "batch", p.batch, v.seqlen_name, v.seqlen, v.heads_name, v.heads,
+                           p.head_dim)).empty())
+      return s;
   }
   return check_output_overlap(p);
+}
+
+std::string validate_view(const char* names, const char* name, const Strides& s, const char* dim0_name,
+                          const char* dim0_stride, int64_t dim0, const char* rows_name, int64_t rows,
+                          const char* heads_name, int64_t heads, int64_t head_dim) {
+  std::string m = check_size(names, rows_name, heads_name, dim0, rows, heads, head_dim, dim0_name);
+  if (m.empty()) m = check_strides(name, s, rows, heads, head_dim, dim0_stride);
+  if (m.empty()) m = check_extent(name, s, dim0_stride, dim0_name, dim0, rows_name, rows, heads_name, heads, head_dim);
+  return m;
 }
 
 std::string validate_tensors(const Problem& p, const Tensors& t) {

@@ -68,6 +68,14 @@ double max_softmax_scale(int32_t dtype, int64_t head_dim);
 // limit it breaks. Pointers are not looked at (see validate_tensors).
 std::string validate(const Problem& p);
 
+// One (dim0, rows, heads, head_dim) tensor view by the rules validate() applies to each of Q, K, V
+// and O: its logical size (at most 2^58 elements; `names` is the pair in the sentence, "K and V"),
+// then its strides, then the extent of its view (`name`, "K"). dim0_name and dim0_stride name the
+// first dimension and its stride: "batch" and "batch", or "num_pages" and "page" for a paged cache.
+std::string validate_view(const char* names, const char* name, const Strides& s, const char* dim0_name,
+                          const char* dim0_stride, int64_t dim0, const char* rows_name, int64_t rows,
+                          const char* heads_name, int64_t heads, int64_t head_dim);
+
 // "" when the pointers are usable for `p`: Q, K, V, O non-null and 16-byte aligned; lse may be null
 // and must be 4-byte aligned.
 std::string validate_tensors(const Problem& p, const Tensors& t);

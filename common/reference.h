@@ -3,6 +3,9 @@
 //   GpuReference:  fp32 on the GPU with cuBLAS (S = scale·Q·Kᵀ GEMM, masked softmax kernel,
 //                  O = P·V GEMM). Large shapes; itself tested against reference_cpu. It is also
 //                  the "unfused cuBLAS" baseline row of the runner.
+// Both take decoding problems too (common/decode.h): each sequence's keys are gathered from the
+// cache (contiguous or paged) into a contiguous (length, heads_kv, head_dim) view, and the forward
+// reference runs on every sequence with seqlen_k = its length.
 #pragma once
 
 #include <cublas_v2.h>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "buffer.h"
+#include "decode.h"
 #include "problem.h"
 #include "workload.h"
 
@@ -26,6 +30,21 @@ Reference reference_cpu(const Problem& p, const HostInputs& in);
 
 // Multiply-adds of the CPU reference, to decide when it is too slow (B·Hq·Sq·Sk·d).
 double reference_cpu_cost(const Problem& p);
+
+// Host copies of a decoding problem's inputs: the Q view's storage and the caches' storage as floats
+// (index with the problem's strides), the lengths (empty: seqlen_k each) and the block table.
+struct DecodeHostInputs {
+  std::vector<float> q, k_cache, v_cache;
+  std::vector<int32_t> lengths, block_table;
+};
+
+// The keys (or values) of sequence b, its first `len` rows gathered from `cache` (a contiguous or
+// paged cache with strides `st`): a contiguous (len, heads_kv, head_dim) array.
+std::vector<float> gather_sequence(const DecodeProblem& p, const std::vector<float>& cache, const Strides& st,
+                                   const std::vector<int32_t>& block_table, int64_t b, int64_t len);
+
+Reference reference_cpu_decode(const DecodeProblem& p, const DecodeHostInputs& in);
+double reference_cpu_decode_cost(const DecodeProblem& p, const std::vector<int32_t>& lengths);
 
 class GpuReference {
  public:
@@ -44,12 +63,18 @@ class GpuReference {
   // Runs the reference and downloads O and LSE.
   Reference compute(const Workload& w);
 
+  // The decoding reference on device inputs: each sequence's keys gathered into a contiguous buffer
+  // (the device block table is read), then run() per sequence. `lengths` are the host copies of
+  // cache_seqlens (empty: seqlen_k each). Downloads O and LSE.
+  Reference compute_decode(const DecodeProblem& p, const DecodeTensors& t, const std::vector<int32_t>& lengths);
+
  private:
   void reserve(size_t bytes, DeviceBuffer& buf);
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer s_;      // scores, then probabilities, fp32
   DeviceBuffer v32_;    // V of one K/V head as fp32
   DeviceBuffer o32_;    // fp32 O of one chunk
+  DeviceBuffer k_seq_, v_seq_;  // one sequence's gathered keys and values (compute_decode)
   size_t max_scratch_bytes_ = size_t(1) << 30;
 };
 

@@ -77,6 +77,19 @@ __global__ void o_from_float_kernel(const float* o32, T* o, Strides st, int64_t 
   }
 }
 
+// Rows 0 ... len - 1 of sequence b of a contiguous or paged cache (the block table on the device), as
+// a contiguous (len, heads_kv, head_dim) array.
+template <typename T>
+__global__ void gather_sequence_kernel(const T* cache, Strides st, const int32_t* block_table, DecodeProblem p,
+                                       int64_t b, int64_t len, T* out) {
+  const int64_t n = len * p.heads_kv * p.head_dim;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = i % p.head_dim, h = i / p.head_dim % p.heads_kv, j = i / (p.head_dim * p.heads_kv);
+    const CacheRow at = cache_row(p, block_table, b, j);
+    out[i] = cache[at.slot * st.batch + at.row * st.row + h * st.head + d];
+  }
+}
+
 int grid_for(int64_t n) { return grid_stride_blocks(n, 256); }
 
 cudaDataType_t cuda_type(int32_t dtype) { return dtype == FS_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
@@ -175,6 +188,42 @@ Reference GpuReference::compute(const Workload& w) {
   std::vector<float> o_host(static_cast<size_t>(o_elems)), lse_host(static_cast<size_t>(lse_elems));
   if (o_elems) CHECK_CUDA(cudaMemcpy(o_host.data(), o32.get(), o32.bytes(), cudaMemcpyDeviceToHost));
   if (lse_elems) CHECK_CUDA(cudaMemcpy(lse_host.data(), lse.get(), lse.bytes(), cudaMemcpyDeviceToHost));
+  return Reference{std::vector<double>(o_host.begin(), o_host.end()), std::vector<double>(lse_host.begin(), lse_host.end())};
+}
+
+Reference GpuReference::compute_decode(const DecodeProblem& p, const DecodeTensors& t,
+                                       const std::vector<int32_t>& lengths) {
+  const std::string why = validate_decode(p);
+  if (!why.empty()) throw Error("reference: " + why);
+  const int64_t B = p.batch, Sq = p.seqlen_q, H = p.heads_q, D = p.head_dim;
+  DeviceBuffer o32(size_t(B * Sq * H * D) * sizeof(float)), lse(size_t(B * H * Sq) * sizeof(float));
+  for (int64_t b = 0; b < B && Sq > 0; ++b) {
+    const int64_t len = lengths.empty() ? p.seqlen_k : lengths[size_t(b)];
+    // Sequence b as a forward problem of batch 1 (Q's strides, contiguous gathered K and V).
+    Problem one = make_problem(1, Sq, len, H, p.heads_kv, D, static_cast<DType>(p.dtype), p.causal != 0);
+    one.softmax_scale = p.softmax_scale;
+    one.q = p.q;
+    const size_t seq_bytes = size_t(len * p.heads_kv * D) * 2;
+    reserve(seq_bytes, k_seq_);
+    reserve(seq_bytes, v_seq_);
+    if (len > 0)
+      dispatch_dtype(p.dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const int blocks = grid_for(len * p.heads_kv * D);
+        gather_sequence_kernel<T><<<blocks, 256>>>(static_cast<const T*>(t.k_cache), p.k, t.block_table, p, b, len,
+                                                   k_seq_.as<T>());
+        CHECK_LAUNCH();
+        gather_sequence_kernel<T><<<blocks, 256>>>(static_cast<const T*>(t.v_cache), p.v, t.block_table, p, b, len,
+                                                   v_seq_.as<T>());
+        CHECK_LAUNCH();
+      });
+    const Tensors seq{static_cast<const char*>(t.q) + b * p.q.batch * 2, k_seq_.get(), v_seq_.get(), nullptr,
+                      lse.as<float>() + b * H * Sq};
+    run(one, seq, o32.as<float>() + b * Sq * H * D, nullptr);
+  }
+  std::vector<float> o_host(size_t(B * Sq * H * D)), lse_host(size_t(B * H * Sq));
+  if (!o_host.empty()) CHECK_CUDA(cudaMemcpy(o_host.data(), o32.get(), o32.bytes(), cudaMemcpyDeviceToHost));
+  if (!lse_host.empty()) CHECK_CUDA(cudaMemcpy(lse_host.data(), lse.get(), lse.bytes(), cudaMemcpyDeviceToHost));
   return Reference{std::vector<double>(o_host.begin(), o_host.end()), std::vector<double>(lse_host.begin(), lse_host.end())};
 }
 

@@ -16,6 +16,9 @@ namespace fs {
 void Registry::add(Step step) {
   if (step.id.empty() || !step.limits || !step.plan || !step.launch || !step.claims)
     throw Error("a step must have an id, limits(), plan(), launch() and claims()");
+  const DecodeEntry& d = step.decode;
+  if (d.present() && !(d.limits && d.plan && d.launch && d.claims))
+    throw Error("step " + step.id + "'s decoding entry must have all of limits(), plan(), launch() and claims()");
   if (std::any_of(steps_.begin(), steps_.end(), [&](const Step& s) { return s.id == step.id; }))
     throw Error("step id '" + step.id + "' is registered twice");
   step.dir = dir_;
@@ -50,40 +53,64 @@ std::string check_static(const Step& step, const Problem& p) {
 }
 
 namespace {
+
 std::string compute_capability_name(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
+
+// "" when `dev` can run the step's code: its minimum compute capability and, for an
+// architecture-specific step, exactly its architecture.
+std::string check_architecture(const Step& step, const DeviceInfo& dev) {
+  if (dev.compute_capability < step.min_compute_capability)
+    return "step " + step.id + " needs compute capability " + compute_capability_name(step.min_compute_capability) +
+           " or newer; this GPU is " + compute_capability_name(dev.compute_capability);
+  if (step.arch_specific != 0 && dev.compute_capability != step.arch_specific)
+    return "step " + step.id + " is built for sm_" + std::to_string(step.arch_specific) +
+           "a only (architecture-specific instructions), which runs on compute capability " +
+           compute_capability_name(step.arch_specific) + " alone; this GPU is " +
+           compute_capability_name(dev.compute_capability);
+  return "";
+}
+
 }  // namespace
 
 Plan plan_for(const Step& step, const Problem& p, const DeviceInfo& dev) {
   Plan refused;
   refused.refusal = check_static(step, p);
+  if (refused.accepted()) refused.refusal = check_architecture(step, dev);
   if (!refused.accepted()) return refused;
-  if (dev.compute_capability < step.min_compute_capability) {
-    refused.refusal = "step " + step.id + " needs compute capability " +
-                      compute_capability_name(step.min_compute_capability) + " or newer; this GPU is " +
-                      compute_capability_name(dev.compute_capability);
-    return refused;
-  }
-  if (step.arch_specific != 0 && dev.compute_capability != step.arch_specific) {
-    refused.refusal = "step " + step.id + " is built for sm_" + std::to_string(step.arch_specific) +
-                      "a only (architecture-specific instructions), which runs on compute capability " +
-                      compute_capability_name(step.arch_specific) + " alone; this GPU is " +
-                      compute_capability_name(dev.compute_capability);
-    return refused;
-  }
   return step.plan(p, dev);
 }
 
-std::string check_workspace(const Plan& plan, const void* workspace, size_t workspace_bytes) {
+std::string check_decode_static(const Step& step, const DecodeProblem& p) {
+  if (!step.decode.present())
+    return "step " + step.id + " has no decoding entry (per-sequence lengths, a paged cache); it runs forward "
+           "problems (fs_check, fs_run), which a decoding problem is when its cache is contiguous and every "
+           "sequence has seqlen_k keys";
+  std::string why = validate_decode(p);
+  if (why.empty()) why = step.decode.limits(p);
+  return why;
+}
+
+Plan plan_decode_for(const Step& step, const DecodeProblem& p, const DeviceInfo& dev) {
+  Plan refused;
+  refused.refusal = check_decode_static(step, p);
+  if (refused.accepted()) refused.refusal = check_architecture(step, dev);
+  if (!refused.accepted()) return refused;
+  Plan plan = step.decode.plan(p, dev);
+  if (plan.accepted() && p.checked) plan.workspace_bytes += kDecodeCheckBytes;
+  return plan;
+}
+
+std::string check_workspace(const Plan& plan, const void* workspace, size_t workspace_bytes, const char* size_function) {
   std::ostringstream m;
   if (plan.workspace_bytes == 0) return "";
   if (workspace == nullptr) {
     m << "the workspace is a null pointer; this problem needs " << plan.workspace_bytes
-      << " bytes of workspace (see fs_workspace_size)";
+      << " bytes of workspace (see " << size_function << ")";
     return m.str();
   }
   if (workspace_bytes < plan.workspace_bytes) {
     m << "the workspace is " << workspace_bytes << " bytes; this problem needs " << plan.workspace_bytes
-      << " (see fs_workspace_size)";
+      << " (see " << size_function << ")";
     return m.str();
   }
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
@@ -105,6 +132,27 @@ void run(const Step& step, const Problem& p, const Plan& plan, const Tensors& t,
     return;
   }
   step.launch(p, t, plan, plan.workspace_bytes ? workspace : nullptr, stream);
+}
+
+void run_decode(const Step& step, const DecodeProblem& p, const Plan& plan, const DecodeTensors& t, void* workspace,
+                size_t workspace_bytes, cudaStream_t stream) {
+  std::string why = plan.refusal;
+  if (why.empty()) why = validate_decode_tensors(p, t);
+  if (why.empty()) why = check_workspace(plan, workspace, workspace_bytes, "fs_decode_workspace_size");
+  if (!why.empty()) throw Error("step " + step.id + " refused " + describe(p) + ": " + why);
+  if (p.seqlen_q == 0) return;
+  if (p.seqlen_k == 0) {
+    fill_empty_output(forward_view(p), Tensors{nullptr, nullptr, nullptr, t.o, t.lse}, stream);
+    return;
+  }
+  char* step_workspace = static_cast<char*>(workspace);
+  if (p.checked) {
+    why = check_decode_device_data(p, t, workspace, stream);
+    if (!why.empty()) throw Error("step " + step.id + " refused " + describe(p) + ": " + why + " (checked mode)");
+    step_workspace += kDecodeCheckBytes;
+  }
+  const bool step_needs_workspace = plan.workspace_bytes > (p.checked ? kDecodeCheckBytes : 0);
+  step.decode.launch(p, t, plan, step_needs_workspace ? step_workspace : nullptr, stream);
 }
 
 std::string step_key(std::string_view id) { return std::string(id.substr(0, id.find('_'))); }
@@ -149,6 +197,16 @@ PreparedStep::PreparedStep(const Step& step, const Problem& p, Plan plan)
 
 void PreparedStep::launch(const Tensors& t, cudaStream_t stream) const {
   run(*step_, problem_, plan_, t, workspace_.get(), workspace_.bytes(), stream);
+}
+
+PreparedDecode::PreparedDecode(const Step& step, const DecodeProblem& p, const DeviceInfo& dev)
+    : step_(&step), problem_(p), plan_(plan_decode_for(step, p, dev)) {
+  if (!plan_.accepted()) throw Error("step " + step.id + " refused " + describe(p) + ": " + plan_.refusal);
+  workspace_ = DeviceBuffer(plan_.workspace_bytes);
+}
+
+void PreparedDecode::launch(const DecodeTensors& t, cudaStream_t stream) const {
+  run_decode(*step_, problem_, plan_, t, workspace_.get(), workspace_.bytes(), stream);
 }
 
 }  // namespace fs

@@ -14,6 +14,12 @@
 //     step.plan(p, dev)          what this device allows (shared memory, grid): the Plan, or a refusal
 //     step.launch(p, t, plan, workspace, stream)   runs exactly what the plan chose
 // Each refusal is one sentence that names the value and the limit it breaks.
+//
+// A step may also run decoding problems (common/decode.h: per-sequence lengths, a contiguous or
+// paged KV cache): its Step::decode holds the same four functions for a DecodeProblem, and
+// plan_decode_for / run_decode / PreparedDecode follow the same chain (validate_decode first). Steps
+// without one leave Step::decode empty; the runner then runs them on the decoding problem's
+// forward_view where that is an ordinary forward problem (contiguous cache, uniform lengths).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +32,7 @@
 #include <vector>
 
 #include "buffer.h"
+#include "decode.h"
 #include "device.h"
 #include "problem.h"
 
@@ -45,8 +52,23 @@ struct Plan {
   std::string refusal;            // "" when the step runs the problem on this device, else why not
   int config = 0;                 // step-private: which instantiation or tile configuration to launch
   size_t workspace_bytes = 0;     // device scratch the launch needs, provided by the caller
+  int splits = 1;                 // split-KV steps: how many parts the keys of one row are cut into
   std::vector<KernelLaunch> kernels;
   bool accepted() const { return refusal.empty(); }
+};
+
+// A step's decoding entry (Step::decode): limits, plan, launch and claims of a DecodeProblem, with the
+// contracts of Step's own four. launch is only called with seqlen_q > 0 and seqlen_k > 0, after the
+// checked mode (if asked) found the device data good; `workspace` is the step's part of the caller's
+// workspace (plan.workspace_bytes, without the checked mode's kDecodeCheckBytes).
+struct DecodeEntry {
+  std::function<std::string(const DecodeProblem& p)> limits;
+  std::function<Plan(const DecodeProblem& p, const DeviceInfo& dev)> plan;
+  std::function<void(const DecodeProblem& p, const DecodeTensors& t, const Plan& plan, void* workspace,
+                     cudaStream_t stream)>
+      launch;
+  std::function<bool(const DecodeProblem& p, const DeviceInfo& dev)> claims;
+  bool present() const { return limits || plan || launch || claims; }
 };
 
 struct Step {
@@ -74,6 +96,8 @@ struct Step {
   // Optional: prints, without a GPU, what the step's index math predicts (bank maps, fragment maps, ...).
   // `flash-steps explain [--step ID]` prints it.
   std::function<void(std::ostream& out)> explain;
+  // Optional: the decoding entry (all four functions, or none).
+  DecodeEntry decode = {};
 };
 
 class Registry {
@@ -101,7 +125,9 @@ std::string check_static(const Step& step, const Problem& p);
 Plan plan_for(const Step& step, const Problem& p, const DeviceInfo& dev);
 
 // "" when the workspace can serve `plan`: null only when none is needed, at least plan.workspace_bytes.
-std::string check_workspace(const Plan& plan, const void* workspace, size_t workspace_bytes);
+// `size_function` is the C ABI function the sentence points to.
+std::string check_workspace(const Plan& plan, const void* workspace, size_t workspace_bytes,
+                            const char* size_function = "fs_workspace_size");
 
 // Checks the pointers and the workspace, then enqueues the step as `plan` says. Empty work is handled
 // here: with seqlen_q == 0 nothing happens; with seqlen_k == 0, O = 0 and LSE = -inf. Throws fs::Error
@@ -122,6 +148,19 @@ struct Speedup {
 };
 std::vector<Speedup> speedups(const std::vector<std::string>& ids, const std::vector<double>& ms);
 
+// The decoding chain, as for forward problems: validate_decode, the step's decode.limits, the compute
+// capability, then decode.plan. A step without a decoding entry is refused with a sentence. With
+// p.checked the plan's workspace_bytes include kDecodeCheckBytes for the checked mode's report.
+std::string check_decode_static(const Step& step, const DecodeProblem& p);
+Plan plan_decode_for(const Step& step, const DecodeProblem& p, const DeviceInfo& dev);
+
+// Checks the pointers and the workspace, then: seqlen_q == 0, nothing; seqlen_k == 0, O = 0 and
+// LSE = -inf; with p.checked, checks the lengths and the block table on the device and synchronizes
+// `stream` (throws fs::Error naming the first bad entry, launching nothing else); then the step's
+// decode.launch. Throws fs::Error when the plan is a refusal or a pointer breaks a rule.
+void run_decode(const Step& step, const DecodeProblem& p, const Plan& plan, const DecodeTensors& t, void* workspace,
+                size_t workspace_bytes, cudaStream_t stream);
+
 // A step ready to launch on one problem: its plan, and a workspace of the size the plan asks, owned.
 // What the runner, the tests and the benchmarks launch. Throws fs::Error when the step refuses.
 class PreparedStep {
@@ -135,6 +174,21 @@ class PreparedStep {
  private:
   const Step* step_;
   Problem problem_;
+  Plan plan_;
+  DeviceBuffer workspace_;
+};
+
+// The same for a decoding problem: its plan and an owned workspace. Throws fs::Error when the step
+// refuses (or has no decoding entry).
+class PreparedDecode {
+ public:
+  PreparedDecode(const Step& step, const DecodeProblem& p, const DeviceInfo& dev);
+  void launch(const DecodeTensors& t, cudaStream_t stream) const;
+  const Plan& plan() const { return plan_; }
+
+ private:
+  const Step* step_;
+  DecodeProblem problem_;
   Plan plan_;
   DeviceBuffer workspace_;
 };

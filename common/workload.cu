@@ -128,14 +128,35 @@ Tensors Workload::tensors() const {
   return Tensors{base + q_off_, base + k_off_, base + v_off_, out_.get(), lse_.as<float>()};
 }
 
-void Workload::randomize(uint64_t seed) {
-  if (input_elems_ == 0) return;
-  dispatch_dtype(p_.dtype, [&](auto tag) {
+void fill_random(void* x, int64_t n, int32_t dtype, uint64_t seed) {
+  if (n == 0) return;
+  dispatch_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    fill_random_kernel<T><<<grid_for(input_elems_), kThreads>>>(inputs_.as<T>(), input_elems_, seed,
-                                                                kInputOffset, kInputSigma);
+    fill_random_kernel<T><<<grid_for(n), kThreads>>>(static_cast<T*>(x), n, seed, kInputOffset, kInputSigma);
     CHECK_LAUNCH();
   });
+}
+
+float max_abs(const void* x, int64_t n, int32_t dtype) {
+  if (n == 0) return 0.0f;
+  DeviceBuffer result(sizeof(unsigned));
+  CHECK_CUDA(cudaMemset(result.get(), 0, sizeof(unsigned)));
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    max_abs_kernel<T><<<grid_for(n), kThreads>>>(static_cast<const T*>(x), Strides{0, 0, 0, 1}, 1, 1, 1, n,
+                                                 result.as<unsigned>());
+    CHECK_LAUNCH();
+  });
+  unsigned bits = 0;
+  CHECK_CUDA(cudaMemcpy(&bits, result.get(), sizeof bits, cudaMemcpyDeviceToHost));
+  float m = 0;
+  std::memcpy(&m, &bits, sizeof bits);
+  return m;
+}
+
+void Workload::randomize(uint64_t seed) {
+  if (input_elems_ == 0) return;
+  fill_random(inputs_.get(), input_elems_, p_.dtype, seed);
   // The largest |V| sets the absolute part of the tolerance (see compare.h).
   max_abs_v_ = 0;
   const int64_t v_elems = p_.batch * p_.seqlen_k * p_.heads_kv * p_.head_dim;

@@ -58,6 +58,13 @@ class Workload {
   float max_abs_v_ = 0;
 };
 
+// n fp16/bf16 elements of device memory := kInputOffset + kInputSigma · N(0, 1), rounded: Workload's
+// generator (element i depends on (seed, i) only).
+void fill_random(void* x, int64_t n, int32_t dtype, uint64_t seed);
+
+// max |x| over n fp16/bf16 elements of device memory.
+float max_abs(const void* x, int64_t n, int32_t dtype);
+
 // n fp16/bf16 elements from device memory, as floats on the host.
 std::vector<float> download_as_float(const void* src, int64_t n, int32_t dtype);
 

@@ -1,5 +1,6 @@
 // flash-steps: checks every registered step against the reference on one problem, times it, and
-// prints the ladder. `flash-steps --help` lists the flags.
+// prints the ladder; with --decode (or --page-size, --ragged, ...) a decoding problem, in GB/s of K
+// and V read. `flash-steps --help` lists the flags.
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -12,6 +13,7 @@
 
 #include "common/check.h"
 #include "common/cli.h"
+#include "common/decode_workload.h"
 #include "common/kernel_resources.h"
 #include "common/timing.h"
 #include "version.h"
@@ -23,6 +25,9 @@ struct Row {
   std::string status;  // PASS, FAIL, REFUSED, ERROR
   std::string reason;  // why it was refused, or the error
   double ms = 0, tflops = 0, x_step01 = 0, x_prev = 0;
+  double gbs = 0, hbm_pct = 0;  // decoding: GB/s of K and V read, and % of --hbm-tbs
+  int splits = 0;               // decoding: the plan's split of the keys (0: not planned)
+  std::string entry;            // decoding: "decode" (the step's decoding entry) or "forward"
   fs::Comparison cmp;
   bool timed() const { return status == "PASS" || status == "FAIL"; }
 };
@@ -281,6 +286,221 @@ int run(const fs::RunnerOptions& o) {
   return ok ? 0 : 1;
 }
 
+// ---- decoding problems (--decode) ------------------------------------------------------------------
+
+void print_decode_table(const std::vector<Row>& rows) {
+  std::cout << std::left << std::setw(id_width()) << "step" << std::setw(10) << "result" << std::right << std::setw(10)
+            << "ms" << std::setw(10) << "GB/s" << std::setw(8) << "% HBM" << std::setw(8) << "splits" << std::setw(11)
+            << "max err" << "  " << std::left << "lesson\n";
+  for (const Row& r : rows) {
+    std::cout << std::left << std::setw(id_width()) << r.id << std::setw(10) << r.status << std::right;
+    if (r.timed())
+      std::cout << std::setw(10) << fixed(r.ms, 4) << std::setw(10) << fixed(r.gbs, 0) << std::setw(8)
+                << (r.hbm_pct > 0 ? fixed(r.hbm_pct, 0) : "-") << std::setw(8) << (r.splits > 0 ? std::to_string(r.splits) : "-")
+                << std::setw(11) << std::scientific << std::setprecision(2) << r.cmp.max_abs_err << std::defaultfloat;
+    else
+      std::cout << std::setw(10) << "-" << std::setw(10) << "-" << std::setw(8) << "-" << std::setw(8) << "-"
+                << std::setw(11) << "-";
+    std::cout << "  " << (r.entry == "forward" ? "[forward entry] " : "") << r.lesson << "\n";
+    if (!r.reason.empty()) std::cout << std::string(size_t(id_width()), ' ') << r.reason << "\n";
+  }
+}
+
+void print_decode_json(const std::vector<Row>& rows, const fs::DecodeProblem& p, const fs::DecodeWorkload& w,
+                       const fs::DeviceInfo& dev, const std::string& date, const fs::RunnerOptions& o) {
+  std::cout << "{\n  \"tool\": \"flash-steps\",\n  \"mode\": \"decode\",\n  \"commit\": \"" << FLASH_STEPS_COMMIT
+            << "\",\n  \"date\": \"" << date << "\",\n  \"device\": \"" << json_escape(fs::describe(dev))
+            << "\",\n  \"problem\": {\"batch\": " << p.batch << ", \"seqlen_q\": " << p.seqlen_q << ", \"seqlen_k\": "
+            << p.seqlen_k << ", \"heads_q\": " << p.heads_q << ", \"heads_kv\": " << p.heads_kv << ", \"head_dim\": "
+            << p.head_dim << ", \"dtype\": \"" << fs::dtype_name(p.dtype) << "\", \"causal\": "
+            << (p.causal ? "true" : "false") << ", \"page_size\": " << p.page_size << ", \"ragged\": "
+            << (o.ragged ? "true" : "false") << ", \"num_splits\": " << p.num_splits << ", \"checked\": "
+            << (p.checked ? "true" : "false") << ", \"kv_bytes\": " << w.kv_bytes() << "},\n  \"hbm_tbs\": " << o.hbm_tbs
+            << ",\n  \"timing\": {\"iters\": " << o.iters << ", \"warmup\": " << o.warmup << ", \"l2_flush\": "
+            << (o.flush_l2 ? "true" : "false") << ", \"statistic\": \"median\"},\n  \"rows\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::cout << "    {\"id\": \"" << r.id << "\", \"status\": \"" << r.status << "\", \"entry\": \"" << r.entry
+              << "\", \"lesson\": \"" << json_escape(r.lesson) << "\", \"reason\": \"" << json_escape(r.reason) << "\"";
+    if (r.timed())
+      std::cout << ", \"ms\": " << r.ms << ", \"gbs\": " << r.gbs << ", \"hbm_pct\": " << r.hbm_pct
+                << ", \"splits\": " << r.splits << ", \"max_abs_err\": " << r.cmp.max_abs_err
+                << ", \"rel_fro_err\": " << r.cmp.rel_fro_err << ", \"max_lse_err\": " << r.cmp.max_lse_err;
+    std::cout << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  std::cout << "  ]\n}\n";
+}
+
+void print_decode_csv(const std::vector<Row>& rows) {
+  std::cout << "id,status,entry,ms,gbs,hbm_pct,splits,max_abs_err,rel_fro_err,reason\n";
+  for (const Row& r : rows) {
+    std::cout << r.id << "," << r.status << "," << r.entry << ",";
+    if (r.timed())
+      std::cout << r.ms << "," << r.gbs << "," << r.hbm_pct << "," << r.splits << "," << r.cmp.max_abs_err << ","
+                << r.cmp.rel_fro_err;
+    else
+      std::cout << ",,,,,";
+    std::string reason = r.reason;
+    for (char& c : reason)
+      if (c == ',' || c == '\n') c = ';';
+    std::cout << "," << reason << "\n";
+  }
+}
+
+// Why a step without a decoding entry cannot run this decoding problem ("" when it is a forward one).
+std::string forward_refusal(const fs::DecodeProblem& p, bool ragged) {
+  if (!fs::is_paged(p) && !ragged) return "";
+  return std::string("this step has no decoding entry, and with ") +
+         (fs::is_paged(p) ? (ragged ? "a paged cache and per-sequence lengths" : "a paged cache")
+                          : "per-sequence lengths") +
+         " the problem is no forward one (that needs a contiguous cache with every sequence at seqlen_k keys)";
+}
+
+// `flash-steps --decode ...`: every selected step on one decoding problem. Steps with a decoding entry
+// run it through fs::run_decode; the others through their forward entry when the problem is a forward
+// one (contiguous cache, uniform lengths), on the same tensors. Checked against the decoding reference,
+// timed, reported in GB/s of K and V read.
+int run_decoding(const fs::RunnerOptions& o) {
+  const fs::DecodeProblem p = fs::decode_problem_from(o);
+  const std::vector<int32_t> lengths = fs::decode_lengths_from(o);
+  if (const std::string invalid = fs::validate_decode(p); !invalid.empty()) {
+    std::cerr << "flash-steps: " << invalid << "\n";
+    return 2;
+  }
+  const fs::Problem forward = fs::forward_view(p);
+  std::vector<const fs::Step*> selected;
+  for (const std::string& id : o.steps) {
+    const fs::Step* s = fs::find_step(id);
+    if (!s) {
+      std::cerr << "flash-steps: no step has id '" << id << "' (see flash-steps --list)\n";
+      return 2;
+    }
+    selected.push_back(s);
+  }
+  if (o.steps.empty())
+    for (const fs::Step& s : fs::steps()) selected.push_back(&s);
+  auto static_refusal = [&](const fs::Step& s) {
+    if (s.decode.present()) return fs::check_decode_static(s, p);
+    const std::string why = forward_refusal(p, o.ragged);
+    return why.empty() ? fs::check_static(s, forward) : why;
+  };
+  std::vector<std::string> static_refusals;
+  for (const fs::Step* s : selected)
+    if (const std::string r = static_refusal(*s); !r.empty()) static_refusals.push_back(s->id + ": " + r);
+  if (static_refusals.size() == selected.size()) {
+    for (const std::string& r : static_refusals) std::cerr << "  " << r << "\n";
+    std::cerr << "flash-steps: every selected step refuses " << fs::describe(p) << "; nothing was checked\n";
+    return 1;
+  }
+  if (const std::string why = fs::cuda_unavailable_reason(); !why.empty()) {
+    std::cerr << "flash-steps: " << why << "; the kernels need an NVIDIA GPU (sm_80 or newer). "
+              << "`flash-steps --list` works without one.\n";
+    return 1;
+  }
+
+  const fs::DeviceInfo dev = fs::current_device();
+  const std::string date = utc_now();
+  fs::DecodeWorkload w(p, lengths, o.seed);
+  const double gb = w.kv_bytes() / 1e9;
+  const std::string shape = fs::describe(p) + (o.ragged ? ", ragged lengths" : "");
+  std::cerr << "flash-steps " << FLASH_STEPS_COMMIT << " on " << fs::describe(dev) << ", " << date << "\n"
+            << "decoding problem: " << shape << ", " << fixed(gb, 3) << " GB of K and V; timing: median of "
+            << o.iters << " launches" << (o.flush_l2 ? ", L2 flushed before each" : "") << "\n";
+  fs::GpuReference gpu;
+  std::cerr << "reference: "
+            << (fs::reference_cpu_decode_cost(p, lengths) <= fs::kCpuReferenceMaxCost ? "fp64 CPU" : "fp32 GPU (cuBLAS)")
+            << "...\n";
+  const fs::Reference ref = fs::make_decode_reference(w, gpu);
+  const fs::TimingOptions topt{o.warmup, o.iters, o.flush_l2};
+  const bool baseline = o.baseline && forward_refusal(p, o.ragged).empty();
+
+  std::vector<Row> rows;
+  const size_t total = selected.size() + (baseline ? 1 : 0);
+  auto check_and_time = [&](Row& r, const std::function<void(cudaStream_t)>& launch) {
+    r.cmp = fs::decode_launch_and_compare(launch, w, ref);
+    r.status = r.cmp.pass() ? "PASS" : "FAIL";
+    if (!r.cmp.pass()) r.reason = r.cmp.summary();
+    r.ms = fs::time_launches(launch, topt).median_ms;
+    r.gbs = r.ms > 0 ? gb / (r.ms * 1e-3) : 0;
+    r.hbm_pct = o.hbm_tbs > 0 ? 100 * r.gbs / (o.hbm_tbs * 1e3) : 0;
+  };
+  const fs::DecodeTensors t = w.tensors();
+  for (size_t k = 0; k < selected.size(); ++k) {
+    const fs::Step& s = *selected[k];
+    Row r;
+    r.id = s.id;
+    r.lesson = s.lesson;
+    r.entry = s.decode.present() ? "decode" : "forward";
+    std::cerr << "[" << k + 1 << "/" << total << "] " << s.id << ": ";
+    try {
+      if (s.decode.present()) {
+        const fs::Plan plan = fs::plan_decode_for(s, p, dev);
+        r.reason = plan.refusal;
+        if (plan.accepted()) {
+          std::cerr << "checking against the reference, then timing\n";
+          const fs::PreparedDecode prepared(s, p, dev);
+          r.splits = prepared.plan().splits;
+          check_and_time(r, [&](cudaStream_t st) { prepared.launch(t, st); });
+        }
+      } else {
+        const std::string why = forward_refusal(p, o.ragged);
+        const fs::Plan plan = why.empty() ? fs::plan_for(s, forward, dev) : fs::Plan{why, 0, 0, 1, {}};
+        r.reason = plan.refusal;
+        if (plan.accepted()) {
+          std::cerr << "checking against the reference, then timing (forward entry)\n";
+          const fs::PreparedStep prepared(s, forward, plan);
+          r.splits = plan.splits;
+          const fs::Tensors ft{t.q, t.k_cache, t.v_cache, t.o, t.lse};
+          check_and_time(r, [&](cudaStream_t st) { prepared.launch(ft, st); });
+        }
+      }
+      if (r.status.empty()) {
+        r.status = "REFUSED";
+        std::cerr << "refused\n";
+      }
+    } catch (const fs::Error& e) {
+      r.status = "ERROR";
+      r.reason = e.what();
+    }
+    rows.push_back(r);
+  }
+  if (baseline) {
+    Row r;
+    r.id = "cublas";
+    r.entry = "forward";
+    r.lesson = "unfused baseline: cuBLAS S = QKᵀ (fp32 out), softmax kernel, fp32 P·V; the GPU reference";
+    std::cerr << "[" << total << "/" << total << "] cublas: checking against the reference, then timing\n";
+    try {
+      const fs::Tensors ft{t.q, t.k_cache, t.v_cache, t.o, t.lse};
+      check_and_time(r, [&](cudaStream_t st) { gpu.run(forward, ft, nullptr, st); });
+    } catch (const fs::Error& e) {
+      r.status = "ERROR";
+      r.reason = e.what();
+    }
+    rows.push_back(r);
+  }
+
+  switch (o.format) {
+    case fs::OutputFormat::json: print_decode_json(rows, p, w, dev, date, o); break;
+    case fs::OutputFormat::csv: print_decode_csv(rows); break;
+    case fs::OutputFormat::table:
+      std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
+                << shape << " | K+V " << fixed(gb, 3) << " GB | median of " << o.iters << " launches"
+                << (o.flush_l2 ? ", L2 flushed" : "") << " | GB/s = bytes of K and V read / time"
+                << (o.hbm_tbs > 0 ? " | % HBM of " + fixed(o.hbm_tbs, 2) + " TB/s (--hbm-tbs)" : "") << "\n\n";
+      print_decode_table(rows);
+      break;
+  }
+  bool ok = true;
+  for (const Row& r : rows) ok = ok && (r.status == "PASS" || r.status == "REFUSED");
+  const bool any_step_ran = std::any_of(rows.begin(), rows.begin() + std::ptrdiff_t(selected.size()),
+                                        [](const Row& r) { return r.status != "REFUSED"; });
+  if (!any_step_ran) {
+    std::cerr << "flash-steps: every selected step refused " << fs::describe(p) << " on this GPU; nothing was checked\n";
+    return 1;
+  }
+  return ok ? 0 : 1;
+}
 
 // `flash-steps resources`: for every selected step that accepts the problem, each kernel its plan
 // launches (Plan::kernels) with what the CUDA runtime says of it: registers, shared memory, local
@@ -393,7 +613,7 @@ int main(int argc, char** argv) {
     if (a.options.command == "list") return list_steps();
     if (a.options.command == "explain" || a.options.command == "banks") return explain_steps(a.options);
     if (a.options.command == "resources") return resources(a.options);
-    return run(a.options);
+    return a.options.decode ? run_decoding(a.options) : run(a.options);
   } catch (const std::exception& e) {
     std::cerr << "flash-steps: " << e.what() << "\n";
     return 1;

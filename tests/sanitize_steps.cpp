@@ -1,5 +1,6 @@
-// Runs every registered step on small shapes (ragged tails, causal with Sq ≠ Sk, GQA, both dtypes)
-// and checks each against the fp64 CPU reference. Small on purpose: tests/sanitize.sh runs it under
+// Runs every registered step on small shapes (ragged tails, causal with Sq ≠ Sk, GQA, both dtypes),
+// and every step with a decoding entry on small decoding problems (paged caches, ragged lengths with 0
+// and 1, forced splits), and checks each against the fp64 CPU reference. Small on purpose: tests/sanitize.sh runs it under
 // compute-sanitizer's four tools. A step that refuses a shape it claims (Step::claims) fails.
 //   sanitize_steps [--device-only]   (--device-only: only look for a usable device)
 // Exit code: 0 all pass, 1 a mismatch, an error or a device that is present but unusable, 77 no
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/decode_workload.h"
 #include "gpu_test_config.h"
 
 int main(int argc, char** argv) {
@@ -48,6 +50,32 @@ int main(int argc, char** argv) {
         std::cout << s.id << " " << fs::describe(p) << ": " << c.summary() << "\n";
         failures += c.pass() ? 0 : 1;
       }
+    struct DecodeShape {
+      int64_t b, sq, sk, hq, hkv, d, page;
+      std::vector<int32_t> lengths;
+      int splits;
+      bool causal;
+    };
+    const DecodeShape decode_shapes[] = {
+        {3, 1, 100, 8, 2, 64, 16, {100, 0, 1}, 0, false},
+        {2, 4, 70, 4, 1, 128, 0, {70, 9}, 5, true},
+        {2, 2, 90, 2, 2, 40, 32, {}, 3, true},
+    };
+    for (const fs::Step& s : fs::steps()) {
+      if (!s.decode.present()) continue;
+      for (const DecodeShape& sh : decode_shapes) {
+        fs::DecodeProblem p = fs::make_decode_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, fs::DType::bf16,
+                                                      sh.causal, sh.page);
+        p.num_splits = sh.splits;
+        fs::DecodeWorkload w(p, sh.lengths, 12);
+        const fs::Reference ref = fs::reference_cpu_decode(p, w.download_inputs());
+        const fs::PreparedDecode prepared(s, p, dev);
+        const fs::Comparison c = fs::decode_launch_and_compare(
+            [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref);
+        std::cout << s.id << " " << fs::describe(p) << ": " << c.summary() << "\n";
+        failures += c.pass() ? 0 : 1;
+      }
+    }
   } catch (const std::exception& e) {
     std::cout << "error: " << e.what() << "\n";
     return 1;

@@ -1,4 +1,5 @@
 // The runner's command line: every flag, and a clear error for every mistake.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -121,8 +122,50 @@ TEST_CASE("cli: the usage text documents every flag", "[cli]") {
   const std::string usage = fs::runner_usage();
   for (const char* flag : {"--list", "--step", "--batch", "--seqlen", "--seqlen-q", "--seqlen-k", "--heads", "--kv-heads",
                            "--head-dim", "--dtype", "--causal", "--scale", "--iters", "--warmup", "--no-flush",
-                           "--no-baseline", "--seed", "--json", "--csv", "--help"}) {
+                           "--no-baseline", "--seed", "--json", "--csv", "--help", "--decode", "--page-size",
+                           "--ragged", "--splits", "--checked", "--hbm-tbs"}) {
     CAPTURE(flag);
     CHECK(usage.find(flag) != std::string::npos);
+  }
+}
+
+TEST_CASE("cli: decoding flags make a decoding problem", "[cli][decode]") {
+  // The example: one new token against 32k keys, GQA 32/8, pages of 64, ragged lengths.
+  const fs::ParsedArgs a = parse({"--seqlen-k", "32768", "--heads", "32", "--kv-heads", "8", "--page-size", "64",
+                                  "--ragged", "--splits", "4", "--checked", "--hbm-tbs", "4.64", "--seed", "3"});
+  REQUIRE(a.error.empty());
+  const fs::RunnerOptions& o = a.options;
+  CHECK(o.decode);
+  CHECK(o.seqlen_q == 1);  // decoding: one new token unless told
+  const fs::DecodeProblem p = fs::decode_problem_from(o);
+  CHECK(fs::describe(p) == "b2 h32/8 sq1 sk32768 d128 fp16 paged64 splits4 checked");
+  CHECK(fs::validate_decode(p).empty());
+  CHECK(std::fabs(o.hbm_tbs - 4.64) < 1e-6);  // parsed as a float
+  const std::vector<int32_t> lengths = fs::decode_lengths_from(o);
+  REQUIRE(lengths.size() == 2);
+  CHECK(lengths[0] == 32768);
+  CHECK((lengths[1] >= 1 && lengths[1] <= 32768));
+  CHECK(fs::decode_lengths_from(o) == lengths);  // seeded
+  CHECK(fs::decode_lengths_from(parse({"--decode"}).options).empty());
+  // --decode alone; seqlen_q as given; --seqlen gives both.
+  CHECK(parse({"--decode"}).options.seqlen_q == 1);
+  CHECK(parse({"--decode", "--seqlen-q", "4"}).options.seqlen_q == 4);
+  CHECK(parse({"--decode", "--seqlen", "64"}).options.seqlen_q == 64);
+  CHECK_FALSE(parse({"--seqlen-k", "100"}).options.decode);
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } bad[] = {
+      {{"--page-size", "24"}, "--page-size expects 0 (a contiguous cache) or a multiple of 16, got '24'"},
+      {{"--page-size", "-16"}, "--page-size expects 0 (a contiguous cache) or a multiple of 16, got '-16'"},
+      {{"--splits", "129"}, "--splits expects an integer between 0 and 128, got '129'"},
+      {{"--ragged=1"}, "--ragged takes no value"},
+      {{"--hbm-tbs", "0"}, "--hbm-tbs expects a finite number greater than 0, got '0'"},
+      {{"--hbm-tbs", "4.6"}, "--hbm-tbs applies to decoding problems (--decode, --page-size, --ragged, --splits, --checked)"},
+      {{"resources", "--page-size", "16"}, "--page-size does not apply to 'resources' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
+  };
+  for (const auto& c : bad) {
+    CAPTURE(c.args[0]);
+    CHECK(parse(c.args).error == c.message);
   }
 }

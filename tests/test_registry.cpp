@@ -53,9 +53,11 @@ TEST_CASE("registry: adding a broken or duplicate step is refused", "[registry]"
 }
 
 TEST_CASE("registry: check() applies the harness, the compute capability, then the step", "[registry]") {
-  const fs::Problem p = fs::make_problem(1, 64, 64, 2, 2, 64, fs::DType::fp16, false);
+  // seqlen_q 16: a problem every step's static limits accept (the decoding step runs up to 16 new tokens).
+  const fs::Problem p = fs::make_problem(1, 16, 64, 2, 2, 64, fs::DType::fp16, false);
   for (const fs::Step& s : fs::steps()) {
     CAPTURE(s.id);
+    REQUIRE(fs::check_static(s, p).empty());
     fs::Problem bad = p;
     bad.batch = 0;
     CHECK(fs::plan_for(s, bad, fake_device(90, size_t(1) << 34)).refusal == "batch is 0; it must be at least 1");

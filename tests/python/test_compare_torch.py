@@ -47,6 +47,83 @@ int main(void) {
         self.assertEqual(got, want)
 
 
+class DecodeLayout(unittest.TestCase):
+    @unittest.skipUnless(shutil.which("cc"), "no C compiler")
+    def test_decode_struct_matches_the_header(self):
+        src = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include "flash_steps.h"
+int main(void) {
+  printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(fs_decode_problem), offsetof(fs_decode_problem, softmax_scale),
+         offsetof(fs_decode_problem, num_splits), offsetof(fs_decode_problem, checked),
+         offsetof(fs_decode_problem, page_size), offsetof(fs_decode_problem, block_table_stride),
+         offsetof(fs_decode_problem, q), offsetof(fs_decode_problem, k), offsetof(fs_decode_problem, o));
+  return 0;
+}
+"""
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "layout.c").write_text(src)
+            exe = Path(d) / "layout"
+            subprocess.run(["cc", "-I", str(REPO / "common"), str(Path(d) / "layout.c"), "-o", str(exe)], check=True)
+            want = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+        P = ct.FsDecodeProblem
+        got = [ctypes.sizeof(P), P.softmax_scale.offset, P.num_splits.offset, P.checked.offset, P.page_size.offset,
+               P.block_table_stride.offset, P.q.offset, P.k.offset, P.o.offset]
+        self.assertEqual(got, want)
+
+
+class DecodeArguments(unittest.TestCase):
+    def test_shapes(self):
+        self.assertEqual(ct.parse_decode_shape("8x32768x32x8"), (8, 32768, 32, 8))
+        for bad in ("8x32768x32", "8x0x32x8", "axbxcxd", "8x32768x32x5"):
+            with self.assertRaises(ValueError):
+                ct.parse_decode_shape(bad)
+        a = ct.parse_args(["--decode"])
+        self.assertEqual(a.backends, "flash,cudnn")
+        self.assertEqual(a.page_sizes, [16, 64, 256])
+        shapes = ct.decode_shapes(a)
+        self.assertEqual(len(shapes), 5 * 2 * 2)  # the issue's shapes x seqlen_q 1, 4 x fp16, bf16
+        self.assertEqual(ct.decode_describe(shapes[0]), "b1 sk131072 h32/8 sq1 d128 fp16")
+        self.assertFalse(any(s["causal"] for s in shapes))
+        a = ct.parse_args(["--decode", "--decode-causal", "--decode-shapes", "2x100x4x1", "--dtypes", "bf16",
+                           "--decode-seqlens-q", "4", "--page-sizes"])
+        shapes = ct.decode_shapes(a)
+        self.assertEqual(len(shapes), 1)
+        self.assertTrue(shapes[0]["causal"])
+        self.assertEqual(a.page_sizes, [])
+        self.assertEqual(ct.parse_args([]).backends, ",".join(ct.TORCH_BACKENDS))
+
+    def test_hbm_ceiling_of_the_h200(self):
+        h = ct.hbm_ceiling(str(REPO / "bench" / "results" / "ceilings-20261130-212215.json"))
+        self.assertAlmostEqual(h["tbs"], 4.64364)
+
+    def test_ratios_labels_and_table(self):
+        shape = {"batch": 8, "seqlen_q": 1, "seqlen_k": 32768, "heads_q": 32, "heads_kv": 8, "head_dim": 128,
+                 "dtype": "fp16", "causal": False}
+        rows = [dict(shape, impl="torch_cudnn", kind="torch", entry="sdpa", page_size=0, status="ok", ms=0.2, gbs=4000),
+                dict(shape, impl="10_decoding", kind="step", entry="decode", page_size=0, status="ok", ms=0.25,
+                     gbs=3200, hbm_pct=69),
+                dict(shape, impl="10_decoding", kind="step", entry="decode", page_size=64, status="ok", ms=0.3,
+                     gbs=2667, hbm_pct=57),
+                dict(shape, impl="07g_flash_attention2", kind="step", entry="forward", page_size=0, status="refused")]
+        ct.add_decode_ratios(rows)
+        self.assertAlmostEqual(rows[1]["x_cudnn"], 0.8)
+        self.assertAlmostEqual(rows[2]["x_contiguous"], 0.25 / 0.3)
+        self.assertNotIn("x_contiguous", rows[1])
+        self.assertEqual([ct.decode_label(r) for r in rows], ["pt:cudnn", "10", "10 p64", "07g"])
+        import contextlib
+        import io
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            ct.print_decode_table({"rows": rows, "environment": {"gpu": "H200"}, "commit": "x", "date": "d",
+                                   "hbm": {"tbs": 4.64, "path": "c.json"}})
+        text = out.getvalue()
+        self.assertIn("b8 sk32768 h32/8 sq1 d128 fp16", text)
+        self.assertIn("3200", text)
+        self.assertIn("69% 0.80x", text)
+
+
 @unittest.skipUnless(find_library().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
 class Library(unittest.TestCase):
     def setUp(self):
@@ -67,6 +144,21 @@ class Library(unittest.TestCase):
         p = self.lib.problem(2, 512, 512, 16, 16, 128, "fp16", False, {"o": (1, 2, 3, 1)})
         self.assertEqual((p.o.batch, p.o.row, p.o.head, p.o.dim), (1, 2, 3, 1))
         self.assertIn("multiple of 8", self.lib.check("01_naive", p))  # the library read our struct
+
+    def test_decode_problem(self):
+        p = self.lib.decode_problem(2, 1, 4096, 32, 8, 128, "fp16", False, 64)
+        self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride), (64, 128, 64, 64))
+        self.assertEqual((p.k.batch, p.k.row, p.k.head, p.k.dim), (64 * 8 * 128, 8 * 128, 128, 1))
+        self.assertEqual(self.lib.decode_kv_bytes(p), 2.0 * 2 * 4096 * 8 * 128 * 2)
+        self.assertIn("page_size is 24", self.lib.decode_check("10_decoding", self.lib.decode_problem(
+            2, 1, 4096, 32, 8, 128, "fp16", False, 24)))
+        self.assertIn("has no decoding entry", self.lib.decode_check("01_naive", p))
+        decoding = [s["id"] for s in self.lib.steps() if s["decodes"]]
+        self.assertEqual(decoding, ["10_decoding"])
+        run = self.lib.decode_runner("10_decoding", p, 0, 0, 0, 0, 0, 0, 0, 0)
+        with self.assertRaises(RuntimeError) as e:
+            run()
+        self.assertIn("Q is a null pointer", str(e.exception))
 
     def test_refusals_are_sentences(self):
         p = self.lib.problem(2, 512, 512, 16, 16, 128, "fp16", False)

@@ -1,0 +1,62 @@
+// The inputs and outputs of one decoding problem on the device: random Q and caches (Workload's
+// generator), per-sequence lengths, a block table that scatters each sequence's pages over the cache,
+// and O and LSE poisoned with NaN before every checked launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "buffer.h"
+#include "compare.h"
+#include "decode.h"
+#include "reference.h"
+
+namespace fs {
+
+class DecodeWorkload {
+ public:
+  // `shape`: sizes, dtype, causal, the cache (contiguous or paged) and strides, as given.
+  // `lengths`: one per sequence, each in [0, seqlen_k]; empty for seqlen_k each, passed as a NULL
+  // cache_seqlens. A paged cache's block table gives the pages a sequence uses from a seeded shuffle
+  // of all num_pages pages (which must be enough: num_pages >= the pages all sequences use); the
+  // entries past a sequence's pages are -1, which the kernels must never read.
+  DecodeWorkload(const DecodeProblem& shape, std::vector<int32_t> lengths, uint64_t seed);
+
+  const DecodeProblem& problem() const { return p_; }
+  DecodeTensors tensors() const;
+  const std::vector<int32_t>& lengths() const { return lengths_; }          // host copies
+  const std::vector<int32_t>& block_table() const { return block_table_; }  // (batch, block_table_stride)
+
+  // Overwrites one length or one block-table entry, on the device and in the host copy (the checked
+  // mode's tests). A length needs a workload built with lengths.
+  void set_length(int64_t b, int32_t length);
+  void set_block_table_entry(int64_t b, int64_t i, int32_t page);
+
+  void poison(cudaStream_t stream = nullptr);  // O and LSE := NaN (all bits set)
+  DecodeHostInputs download_inputs() const;
+  std::vector<float> download_o() const;    // the O view's storage, as floats (index with p.o strides)
+  std::vector<float> download_lse() const;  // (batch, heads_q, seqlen_q)
+  float max_abs_v() const { return max_abs_v_; }
+  // Bytes of K and V the problem reads (decode_kv_bytes with these lengths).
+  double kv_bytes() const { return decode_kv_bytes(p_, lengths_); }
+
+ private:
+  void upload_table();
+  DecodeProblem p_;
+  std::vector<int32_t> lengths_, block_table_;
+  DeviceBuffer q_, k_, v_, o_, lse_, lengths_dev_, table_dev_;
+  int64_t q_elems_ = 0, cache_elems_ = 0, o_elems_ = 0;
+  float max_abs_v_ = 0;
+};
+
+// The reference for the workload: fp64 on the CPU when cheap (kCpuReferenceMaxCost), else cuBLAS.
+Reference make_decode_reference(const DecodeWorkload& w, GpuReference& gpu);
+
+// Poisons O and LSE, enqueues `launch` on the default stream, waits, and compares O and LSE with `ref`.
+Comparison decode_launch_and_compare(const std::function<void(cudaStream_t)>& launch, DecodeWorkload& w,
+                                     const Reference& ref);
+
+}  // namespace fs
