@@ -155,15 +155,8 @@ void set_speedups(std::vector<Row>& rows) {
   }
 }
 
-// The problem and the steps the options select, and a GPU to run them on. Returns 0, or the exit
-// status after printing why not: 2 for bad input (refused before the GPU is looked at), 1 for no GPU.
-int prepare(const fs::RunnerOptions& o, fs::Problem& p, std::vector<const fs::Step*>& selected) {
-  p = fs::problem_from(o);
-  const std::string invalid = fs::validate(p);
-  if (!invalid.empty()) {
-    std::cerr << "flash-steps: " << invalid << "\n";
-    return 2;
-  }
+// The steps the options select (every step without --step). Returns 0, or 2 after naming an unknown id.
+int select_steps(const fs::RunnerOptions& o, std::vector<const fs::Step*>& selected) {
   for (const std::string& id : o.steps) {
     const fs::Step* s = fs::find_step(id);
     if (!s) {
@@ -174,25 +167,42 @@ int prepare(const fs::RunnerOptions& o, fs::Problem& p, std::vector<const fs::St
   }
   if (o.steps.empty())
     for (const fs::Step& s : fs::steps()) selected.push_back(&s);
-  // A run that checks nothing is a failure, said before the GPU is looked at when no device is needed
-  // to know it: every selected step refuses the problem by its static limits.
+  return 0;
+}
+
+// A run that checks nothing is a failure, said before the GPU is looked at when no device is needed to
+// know it: every selected step refuses `problem` by its static limits (`static_refusal`). Then a GPU
+// must be there. Returns 0, or 1 after printing why not.
+int check_runnable(const std::vector<const fs::Step*>& selected, const std::string& problem,
+                   const std::function<std::string(const fs::Step&)>& static_refusal) {
   std::vector<std::string> static_refusals;
-  for (const fs::Step* s : selected) {
-    const std::string refusal = fs::check_static(*s, p);
-    if (!refusal.empty()) static_refusals.push_back(s->id + ": " + refusal);
-  }
+  for (const fs::Step* s : selected)
+    if (const std::string r = static_refusal(*s); !r.empty()) static_refusals.push_back(s->id + ": " + r);
   if (static_refusals.size() == selected.size()) {
     for (const std::string& r : static_refusals) std::cerr << "  " << r << "\n";
-    std::cerr << "flash-steps: every selected step refuses " << fs::describe(p) << "; nothing was checked\n";
+    std::cerr << "flash-steps: every selected step refuses " << problem << "; nothing was checked\n";
     return 1;
   }
-  const std::string why = fs::cuda_unavailable_reason();
-  if (!why.empty()) {
+  if (const std::string why = fs::cuda_unavailable_reason(); !why.empty()) {
     std::cerr << "flash-steps: " << why << "; the kernels need an NVIDIA GPU (sm_80 or newer). "
               << "`flash-steps --list` works without one.\n";
     return 1;
   }
   return 0;
+}
+
+// The problem and the steps the options select, and a GPU to run them on. Returns 0, or the exit
+// status after printing why not: 2 for bad input (refused before the GPU is looked at), 1 when nothing
+// would be checked or there is no GPU.
+int prepare(const fs::RunnerOptions& o, fs::Problem& p, std::vector<const fs::Step*>& selected) {
+  p = fs::problem_from(o);
+  const std::string invalid = fs::validate(p);
+  if (!invalid.empty()) {
+    std::cerr << "flash-steps: " << invalid << "\n";
+    return 2;
+  }
+  if (const int status = select_steps(o, selected)) return status;
+  return check_runnable(selected, fs::describe(p), [&](const fs::Step& s) { return fs::check_static(s, p); });
 }
 
 int run(const fs::RunnerOptions& o) {
@@ -369,34 +379,13 @@ int run_decoding(const fs::RunnerOptions& o) {
   }
   const fs::Problem forward = fs::forward_view(p);
   std::vector<const fs::Step*> selected;
-  for (const std::string& id : o.steps) {
-    const fs::Step* s = fs::find_step(id);
-    if (!s) {
-      std::cerr << "flash-steps: no step has id '" << id << "' (see flash-steps --list)\n";
-      return 2;
-    }
-    selected.push_back(s);
-  }
-  if (o.steps.empty())
-    for (const fs::Step& s : fs::steps()) selected.push_back(&s);
+  if (const int status = select_steps(o, selected)) return status;
   auto static_refusal = [&](const fs::Step& s) {
     if (s.decode.present()) return fs::check_decode_static(s, p);
     const std::string why = forward_refusal(p, o.ragged);
     return why.empty() ? fs::check_static(s, forward) : why;
   };
-  std::vector<std::string> static_refusals;
-  for (const fs::Step* s : selected)
-    if (const std::string r = static_refusal(*s); !r.empty()) static_refusals.push_back(s->id + ": " + r);
-  if (static_refusals.size() == selected.size()) {
-    for (const std::string& r : static_refusals) std::cerr << "  " << r << "\n";
-    std::cerr << "flash-steps: every selected step refuses " << fs::describe(p) << "; nothing was checked\n";
-    return 1;
-  }
-  if (const std::string why = fs::cuda_unavailable_reason(); !why.empty()) {
-    std::cerr << "flash-steps: " << why << "; the kernels need an NVIDIA GPU (sm_80 or newer). "
-              << "`flash-steps --list` works without one.\n";
-    return 1;
-  }
+  if (const int status = check_runnable(selected, fs::describe(p), static_refusal)) return status;
 
   const fs::DeviceInfo dev = fs::current_device();
   const std::string date = utc_now();
