@@ -723,21 +723,35 @@ def run(args) -> int:
           f"{env['torch']}, cuDNN {env['cudnn']}): {len(shapes)} shapes x {len(sweep.impls)} implementations",
           file=sys.stderr, flush=True)
     out_base = Path(args.out_dir) / f"compare_torch-{date.strftime('%Y%m%d-%H%M%S')}"
+    return measure_shapes(
+        result, shapes, sweep, out_base, CSV_FIELDS,
+        heading=lambda shape: f"{describe(shape)}  ({lib.shape_flops(shape) / 1e9:.0f} GFLOP, ",
+        cell=lambda r: (f"{label(r['impl'])} {r['tflops']:.1f}" + ("!" if r["status"] == "fail" else "")
+                        if r.get("tflops") else f"{label(r['impl'])} {r['status']}"),
+        table=print_table)
+
+
+def measure_shapes(result: dict, shapes: list, sweep, out_base: Path, fields: list[str], heading, cell,
+                   table, after_shape=None) -> int:
+    """Measures every shape with sweep.shape(index, shape), appending its rows to result["rows"] with a
+    progress line per shape on stderr ("[i/n] <heading>t s so far)" and one cell(row) per row), writes
+    the JSON and CSV (fields) even when the run is interrupted, prints table(result), and returns the
+    exit status: 1 when a row failed its check or errored, else 0."""
     t0 = time.time()
     try:
         for si, shape in enumerate(shapes):
-            print(f"[{si + 1}/{len(shapes)}] {describe(shape)}  ({lib.shape_flops(shape) / 1e9:.0f} GFLOP, "
-                  f"{time.time() - t0:.0f} s so far)", file=sys.stderr, flush=True)
+            print(f"[{si + 1}/{len(shapes)}] {heading(shape)}{time.time() - t0:.0f} s so far)", file=sys.stderr,
+                  flush=True)
             rows = sweep.shape(si, shape)
             result["rows"] += rows
-            print("    " + "  ".join(f"{label(r['impl'])} {r['tflops']:.1f}" + ("!" if r["status"] == "fail" else "")
-                                     if r.get("tflops") else f"{label(r['impl'])} {r['status']}" for r in rows),
-                  file=sys.stderr, flush=True)
+            print("    " + "  ".join(cell(r) for r in rows), file=sys.stderr, flush=True)
+            if after_shape:
+                after_shape()
         result["complete"] = True
-    finally:  # what was measured is written even when the sweep is interrupted
+    finally:  # what was measured is written even when the run is interrupted
         result["wall_s"] = round(time.time() - t0, 1)
-        write_results(result, out_base)
-    print_table(result)
+        write_results(result, out_base, fields)
+    table(result)
     return 1 if any(r["status"] in ("fail", "error") for r in result["rows"]) else 0
 
 
@@ -1166,23 +1180,12 @@ def run_decode(args) -> int:
           f"{env['torch']}, cuDNN {env['cudnn']}): {len(shapes)} shapes; HBM read ceiling "
           f"{hbm.get('tbs', 0):.2f} TB/s from {hbm.get('path', 'no ceilings file')}", file=sys.stderr, flush=True)
     out_base = Path(args.out_dir) / f"compare_torch-decode-{date.strftime('%Y%m%d-%H%M%S')}"
-    t0 = time.time()
-    try:
-        for si, shape in enumerate(shapes):
-            print(f"[{si + 1}/{len(shapes)}] {decode_describe(shape)}  ({time.time() - t0:.0f} s so far)",
-                  file=sys.stderr, flush=True)
-            rows = sweep.shape(si, shape)
-            result["rows"] += rows
-            print("    " + "  ".join(f"{decode_label(r)} {r['gbs']:.0f}" + ("!" if r["status"] == "fail" else "")
-                                     if r.get("gbs") else f"{decode_label(r)} {r['status']}" for r in rows),
-                  file=sys.stderr, flush=True)
-            torch.cuda.empty_cache()
-        result["complete"] = True
-    finally:  # what was measured is written even when the run is interrupted
-        result["wall_s"] = round(time.time() - t0, 1)
-        write_results(result, out_base, DECODE_CSV_FIELDS)
-    print_decode_table(result)
-    return 1 if any(r["status"] in ("fail", "error") for r in result["rows"]) else 0
+    return measure_shapes(
+        result, shapes, sweep, out_base, DECODE_CSV_FIELDS,
+        heading=lambda shape: f"{decode_describe(shape)}  (",
+        cell=lambda r: (f"{decode_label(r)} {r['gbs']:.0f}" + ("!" if r["status"] == "fail" else "")
+                        if r.get("gbs") else f"{decode_label(r)} {r['status']}"),
+        table=print_decode_table, after_shape=torch.cuda.empty_cache)
 
 
 def parse_args(argv=None):

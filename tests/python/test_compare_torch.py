@@ -308,3 +308,43 @@ class SharedRules(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class MeasureShapes(unittest.TestCase):
+    """The loop both sweeps share: rows appended, files written even when a shape fails, exit status."""
+
+    class FakeSweep:
+        def __init__(self, fail_at=None):
+            self.fail_at = fail_at
+
+        def shape(self, si, shape):
+            if si == self.fail_at:
+                raise RuntimeError("interrupted")
+            return [{"impl": "x", "status": "ok" if shape != "bad" else "fail"}]
+
+    def run_sweep(self, shapes, sweep, d):
+        result = {"date": "d", "commit": "c", "environment": {"gpu": "g"}, "complete": False, "rows": []}
+        tables = []
+        status = ct.measure_shapes(result, shapes, sweep, Path(d) / "out", ["impl", "status"],
+                                   heading=lambda s: f"{s}  (", cell=lambda r: r["status"], table=tables.append)
+        return result, status, tables
+
+    def test_every_shape_measured_and_written(self):
+        with tempfile.TemporaryDirectory() as d:
+            result, status, tables = self.run_sweep(["a", "b"], self.FakeSweep(), d)
+            self.assertEqual(status, 0)
+            self.assertTrue(result["complete"])
+            self.assertEqual(len(result["rows"]), 2)
+            self.assertEqual(tables, [result])
+            self.assertTrue((Path(d) / "out.json").exists() and (Path(d) / "out.csv").exists())
+            _, status, _ = self.run_sweep(["a", "bad"], self.FakeSweep(), d)
+            self.assertEqual(status, 1)
+
+    def test_an_interrupted_run_still_writes_what_it_measured(self):
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(RuntimeError):
+                self.run_sweep(["a", "b", "c"], self.FakeSweep(fail_at=1), d)
+            import json
+            written = json.loads((Path(d) / "out.json").read_text())
+            self.assertFalse(written["complete"])
+            self.assertEqual(len(written["rows"]), 1)
