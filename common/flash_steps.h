@@ -118,7 +118,7 @@ FS_API fs_status fs_check(const char* step_id, const fs_problem* p);
 FS_API fs_status fs_workspace_size(const char* step_id, const fs_problem* p, uint64_t* bytes);
 
 /* Checks, then enqueues the step on `stream`. `workspace` holds at least fs_workspace_size bytes
- * (NULL when that is 0). The backward pass will have its own entry point beside this one. */
+ * (NULL when that is 0). The backward pass has its own entry point, fs_run_backward, below. */
 FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q, const void* k,
                         const void* v, void* o, float* lse, void* workspace, uint64_t workspace_bytes,
                         void* stream);
@@ -207,6 +207,60 @@ FS_API fs_status fs_run_decode(const char* step_id, const fs_decode_problem* p, 
  * for K and as many for V (2-byte elements). `lengths` is a host array of `batch` lengths, or NULL
  * for seqlen_k each. 0 for a NULL problem. */
 FS_API double fs_decode_kv_bytes(const fs_decode_problem* p, const int32_t* lengths);
+
+/* ---- The backward pass: dQ, dK, dV from the forward's O and LSE (steps/11_backward) ------------
+ *
+ * Given dO = dLoss/dO, the gradients of the forward problem above:
+ *   dQ : like Q (batch, seqlen_q, heads_q,  head_dim)   dK, dV : like K, V (batch, seqlen_k, heads_kv, head_dim)
+ * with GQA/MQA: dK and dV of a K/V head are summed over the query heads that read it. Inputs are the
+ * forward's Q, K, V, its output O and its LSE (fp32, (batch, heads_q, seqlen_q), natural log, -inf for
+ * a row with no key: such a row contributes nothing to dK, dV and gets dQ = 0), and dO. All tensors
+ * are fp16 or bf16 like Q (LSE fp32), with the rules of fs_run for strides and alignment; dO has its
+ * own strides, so do dQ, dK and dV, none of which may overlap itself (as O). dQ, dK, dV must not
+ * share memory with each other or with the inputs; that is not checked.
+ *
+ * deterministic = 1 asks for bitwise repeatable dQ, dK, dV (same inputs, same GPU, same result on
+ * every run): no floating-point atomics, at a cost the step's note measures. With 0 the step may
+ * accumulate dQ with atomics (the result then varies in its last bits from run to run).
+ *
+ * seqlen_k == 0: dQ = 0. seqlen_q == 0: dK = dV = 0. Both are written; nothing else is launched. */
+typedef struct fs_backward_problem {
+  fs_problem forward;    /* sizes, dtype, causal, softmax_scale and the strides of Q, K, V, O */
+  int32_t deterministic; /* 0 or 1 */
+  fs_strides d_o, dq, dk, dv;
+} fs_backward_problem;
+
+/* Fills *p: forward as fs_problem_init, contiguous dO, dQ, dK, dV. */
+FS_API void fs_backward_problem_init(fs_backward_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
+                                     int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
+                                     int32_t causal, int32_t deterministic);
+
+/* 1 when the step at `index` has a backward pass (fs_run_backward), 0 when not, -1 out of range. */
+FS_API int fs_step_has_backward(int index);
+
+/* FS_OK when `step_id` can run the backward problem `p` on the current CUDA device. */
+FS_API fs_status fs_backward_check(const char* step_id, const fs_backward_problem* p);
+
+/* The device workspace the backward of `step_id` needs for `p` on the current device, in *bytes (the
+ * fp32 dQ accumulator, the rows' D = rowsum(dO∘O) and LSE in base 2). */
+FS_API fs_status fs_backward_workspace_size(const char* step_id, const fs_backward_problem* p, uint64_t* bytes);
+
+/* Checks, then enqueues the backward pass on `stream`. lse must not be NULL. */
+FS_API fs_status fs_run_backward(const char* step_id, const fs_backward_problem* p, const void* q, const void* k,
+                                 const void* v, const void* o, const float* lse, const void* d_o, void* dq,
+                                 void* dk, void* dv, void* workspace, uint64_t workspace_bytes, void* stream);
+
+/* FLOPs of the backward pass as FlashAttention counts them: 2.5 × the forward's (five matrix products
+ * instead of two: S = Q·Kᵀ again, dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q). 0 for NULL. */
+FS_API double fs_backward_flops(const fs_backward_problem* p);
+
+/* The backward's acceptance rule (common/backward.h explains it), for one gradient tensor: with
+ * ref_err the largest |x - exact| of the same computation done in the dtype (FlashAttention's test:
+ * PyTorch's attention in fp16/bf16, or the CPU reference with P and dS rounded to the dtype) and
+ * max_abs_exact the largest |exact|, writes the largest error a step may make:
+ *   *bound = 2·ref_err + u·max_abs_exact   (u: 2^-11 fp16, 2^-8 bf16).
+ * FS_ERR_INVALID for an unknown dtype, negative or non-finite inputs, or a NULL output. */
+FS_API fs_status fs_backward_bound(int32_t dtype, double ref_err, double max_abs_exact, double* bound);
 
 /* ---- The rules the benchmarks and the Python tools share, written once here ----------------- */
 

@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backward.h"
 #include "buffer.h"
 #include "decode.h"
 #include "device.h"
@@ -71,6 +72,19 @@ struct DecodeEntry {
   bool present() const { return limits || plan || launch || claims; }
 };
 
+// A step's backward entry (Step::backward): limits, plan, launch and claims of a BackwardProblem,
+// with the contracts of Step's own four. launch is only called with seqlen_q > 0 and seqlen_k > 0
+// (run_backward writes the gradients of empty problems), with a workspace of plan.workspace_bytes.
+struct BackwardEntry {
+  std::function<std::string(const BackwardProblem& p)> limits;
+  std::function<Plan(const BackwardProblem& p, const DeviceInfo& dev)> plan;
+  std::function<void(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, void* workspace,
+                     cudaStream_t stream)>
+      launch;
+  std::function<bool(const BackwardProblem& p, const DeviceInfo& dev)> claims;
+  bool present() const { return limits || plan || launch || claims; }
+};
+
 struct Step {
   std::string id;      // "01_naive", "04_pad", "07a_rows32": sorts in teaching order
   std::string name;    // "naive attention"
@@ -98,6 +112,8 @@ struct Step {
   std::function<void(std::ostream& out)> explain;
   // Optional: the decoding entry (all four functions, or none).
   DecodeEntry decode = {};
+  // Optional: the backward pass (all four functions, or none).
+  BackwardEntry backward = {};
 };
 
 class Registry {
@@ -161,6 +177,18 @@ Plan plan_decode_for(const Step& step, const DecodeProblem& p, const DeviceInfo&
 void run_decode(const Step& step, const DecodeProblem& p, const Plan& plan, const DecodeTensors& t, void* workspace,
                 size_t workspace_bytes, cudaStream_t stream);
 
+// The backward chain, as for forward problems: validate_backward, the step's backward.limits, the
+// compute capability, then backward.plan. A step without a backward entry is refused with a sentence.
+std::string check_backward_static(const Step& step, const BackwardProblem& p);
+Plan plan_backward_for(const Step& step, const BackwardProblem& p, const DeviceInfo& dev);
+
+// Checks the pointers (validate_backward_tensors) and the workspace (check_workspace with
+// "fs_backward_workspace_size"), writes the gradients of empty problems (fill_empty_gradients), else
+// enqueues the step's backward.launch. Throws fs::Error when the plan is a refusal or a pointer breaks
+// a rule.
+void run_backward(const Step& step, const BackwardProblem& p, const Plan& plan, const BackwardTensors& t,
+                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 // A step ready to launch on one problem: its plan, and a workspace of the size the plan asks, owned.
 // What the runner, the tests and the benchmarks launch. Throws fs::Error when the step refuses.
 class PreparedStep {
@@ -189,6 +217,21 @@ class PreparedDecode {
  private:
   const Step* step_;
   DecodeProblem problem_;
+  Plan plan_;
+  DeviceBuffer workspace_;
+};
+
+// The same for a backward problem: its plan and an owned workspace. Throws fs::Error when the step
+// refuses (or has no backward).
+class PreparedBackward {
+ public:
+  PreparedBackward(const Step& step, const BackwardProblem& p, const DeviceInfo& dev);
+  void launch(const BackwardTensors& t, cudaStream_t stream) const;
+  const Plan& plan() const { return plan_; }
+
+ private:
+  const Step* step_;
+  BackwardProblem problem_;
   Plan plan_;
   DeviceBuffer workspace_;
 };

@@ -1,0 +1,156 @@
+// The backward problem: dQ, dK, dV of softmax attention from the forward's O and LSE and from dO
+// (common/flash_steps.h, fs_backward_problem, has the contract). The struct is the C ABI's, as
+// fs::Problem is fs_problem.
+//
+// The gradients (per batch and query head; P = softmax(scale·Q·Kᵀ) over the keys a row may see):
+//   dV = Pᵀ·dO        dP = dO·Vᵀ        D_i = Σ_j P_ij·dP_ij = rowsum(dO ∘ O)_i
+//   dS = P ∘ (dP - D) dQ = scale·dS·K    dK = scale·dSᵀ·Q
+// With GQA, dK and dV of a K/V head are the sums over the query heads of its group.
+//
+// The acceptance rule (backward_bound, fs_backward_bound), FlashAttention's: a step's gradient may
+// be off the exact one (fp64 on the CPU, fp32 on the GPU) by at most twice what the same computation
+// done in the dtype is off, plus u·max|exact| (u the unit roundoff) so that a lucky low-precision
+// reference cannot make the bound zero. "The same computation done in the dtype": the reference with
+// P, dS (and O, from which D is formed) rounded to the dtype where a fp16/bf16 implementation rounds
+// them, each product still accumulated exactly (reference_cpu_backward / GpuBackwardReference with
+// rounded = true). The rule is relative to the difficulty of the problem: long rows and large
+// values make both errors grow together.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "buffer.h"
+#include "flash_steps.h"
+#include "problem.h"
+#include "workload.h"
+
+namespace fs {
+
+using BackwardProblem = fs_backward_problem;
+
+// Device pointers of one backward launch. lse is the forward's (never null).
+struct BackwardTensors {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* o = nullptr;
+  const float* lse = nullptr;
+  const void* d_o = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+};
+
+// A backward problem with contiguous tensors (fs_backward_problem_init).
+BackwardProblem make_backward_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
+                                      int64_t heads_kv, int64_t head_dim, DType dtype, bool causal,
+                                      bool deterministic);
+
+// The backward problem of a forward problem: its strides for dO (O's), dQ (Q's), dK (K's), dV (V's).
+BackwardProblem backward_of(const Problem& forward, bool deterministic);
+
+// "" when the problem follows every rule: validate(p.forward), deterministic 0 or 1, then dO, dQ, dK,
+// dV as views (validate_view), none of dQ, dK, dV overlapping itself. One sentence otherwise.
+std::string validate_backward(const BackwardProblem& p);
+
+// "" when the pointers are usable: all non-null when there is work (lse too), 16-byte aligned
+// (lse 4-byte).
+std::string validate_backward_tensors(const BackwardProblem& p, const BackwardTensors& t);
+
+// 2.5 × attention_flops(p.forward).
+double backward_flops(const BackwardProblem& p);
+
+// The largest error a step's gradient may have: 2·ref_err + u·max_abs_exact (see above).
+double backward_bound(int32_t dtype, double ref_err, double max_abs_exact);
+
+// dQ = 0 (seqlen_k == 0) or dK = dV = 0 (seqlen_q == 0): the answer when one side is empty.
+void fill_empty_gradients(const BackwardProblem& p, const BackwardTensors& t, cudaStream_t stream);
+
+// ---- references -----------------------------------------------------------------------------------
+// Gradients as contiguous arrays: dq (batch, seqlen_q, heads_q, head_dim), dk and dv (batch, seqlen_k,
+// heads_kv, head_dim).
+struct BackwardReference {
+  std::vector<double> dq, dk, dv;
+};
+
+// Host copies of the backward's inputs as floats (the exact values of the fp16/bf16 elements): Q, K,
+// V as in HostInputs (index with the forward's strides), dO contiguous (batch, seqlen_q, heads_q,
+// head_dim).
+struct BackwardHostInputs {
+  HostInputs qkv;
+  std::vector<float> d_o;
+};
+
+// fp64 on the CPU, from the inputs alone: P recomputed exactly (not from a given LSE), D = Σ P∘dP.
+// rounded = true: the same computation done in the dtype: P, O (for D = rowsum(dO∘O)) and dS rounded
+// to the dtype before they are used, every product accumulated in fp64.
+BackwardReference reference_cpu_backward(const BackwardProblem& p, const BackwardHostInputs& in, bool rounded);
+
+// Multiply-adds of the CPU backward reference (to decide when it is too slow).
+double reference_cpu_backward_cost(const BackwardProblem& p);
+
+// fp32 on the GPU with cuBLAS, per (batch, query head) and in row chunks (S, P, dP, dS as fp32
+// matrices), from device tensors: t.o and t.lse are not read (P is recomputed). rounded as above.
+// Writes contiguous fp32 dq (batch, seqlen_q, heads_q, head_dim), dk, dv (batch, seqlen_k, heads_kv,
+// head_dim) to the given device buffers.
+class GpuBackwardReference {
+ public:
+  GpuBackwardReference();
+  ~GpuBackwardReference();
+  GpuBackwardReference(const GpuBackwardReference&) = delete;
+  GpuBackwardReference& operator=(const GpuBackwardReference&) = delete;
+
+  void run(const BackwardProblem& p, const BackwardTensors& t, bool rounded, float* dq32, float* dk32, float* dv32,
+           cudaStream_t stream);
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+  DeviceBuffer scratch_;
+  size_t max_scratch_bytes_ = size_t(1) << 30;
+};
+
+// ---- the inputs and outputs of one backward problem on the device ---------------------------------
+// Random Q, K, V and dO (Workload's generator), O and LSE from the GPU forward reference (O rounded to
+// the dtype, as a forward step would give it), and dQ, dK, dV buffers poisoned with NaN before every
+// checked launch.
+class BackwardWorkload {
+ public:
+  BackwardWorkload(const BackwardProblem& shape, uint64_t seed);
+
+  const BackwardProblem& problem() const { return p_; }
+  BackwardTensors tensors() const;
+  void poison(cudaStream_t stream = nullptr);  // dQ, dK, dV := NaN (all bits set)
+
+  BackwardHostInputs download_inputs() const;
+  // The gradients' storage as floats (index with p.dq / p.dk / p.dv strides).
+  std::vector<float> download_dq() const;
+  std::vector<float> download_dk() const;
+  std::vector<float> download_dv() const;
+
+ private:
+  BackwardProblem p_;
+  Workload forward_;       // Q, K, V, O, LSE
+  DeviceBuffer d_o_, dq_, dk_, dv_;
+};
+
+// One gradient tensor against the exact reference, by backward_bound with ref_err from the rounded
+// reference. `out` is the tensor's storage (strides `s`), `exact` and `lowp` contiguous.
+struct GradComparison {
+  std::string name;       // "dQ", "dK", "dV"
+  double max_abs_err = 0;  // of the step, against exact
+  double ref_err = 0;      // of the rounded reference, against exact
+  double bound = 0;        // backward_bound(dtype, ref_err, max|exact|)
+  int64_t nonfinite = 0;
+  bool pass() const { return nonfinite == 0 && max_abs_err <= bound; }
+  std::string summary() const;  // one line
+};
+GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& s, int64_t batch, int64_t rows,
+                                int64_t heads, int64_t head_dim, const std::vector<float>& out,
+                                const std::vector<double>& exact, const std::vector<double>& lowp);
+
+}  // namespace fs
