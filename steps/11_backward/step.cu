@@ -1,0 +1,215 @@
+// Step 11 — the backward pass (kernel.cuh): what it accepts, its workspace, the row of the table
+// (traits.h) it picks, and its launch. It has a backward entry only (Step::backward): the forward
+// that produces O and LSE is any forward step's (they share the LSE convention of flash_steps.h).
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include "common/checked.h"
+#include "common/dtype.cuh"
+#include "common/registry.h"
+#include "steps/11_backward/kernel.cuh"
+
+namespace fs::step11 {
+namespace {
+
+// Row indices are 32-bit inside the kernels and tiles round them up by at most 127.
+constexpr int64_t kMaxSeqlen = INT32_MAX - 127;
+// Whole 16-byte chunks: 256-byte aligned parts of the workspace.
+constexpr int64_t kAlign = 256;
+
+std::string limits(const BackwardProblem& p) {
+  for (const auto& [name, len] : {std::pair{"seqlen_q", p.forward.seqlen_q}, std::pair{"seqlen_k", p.forward.seqlen_k}})
+    if (len > kMaxSeqlen) {
+      std::ostringstream m;
+      m << name << " is " << len << "; this step counts rows in 32-bit integers, rounded up to whole tiles, and runs "
+        << "seqlens up to " << kMaxSeqlen;
+      return m.str();
+    }
+  return "";
+}
+
+// The workspace: LSE₂ and D (fp32, one per padded query row) and, without the deterministic mode,
+// the fp32 dQ accumulator (padded rows × the tile width). Byte offsets of each part.
+struct Workspace {
+  int64_t rows = 0;  // batch · heads_q · padded_rows(seqlen_q)
+  int64_t lse2 = 0, d_rows = 0, dq_accum = 0, bytes = 0;
+};
+std::optional<Workspace> workspace_of(const BackwardProblem& p, int tile_width) {
+  const Problem& f = p.forward;
+  const auto rows = checked_product({f.batch, f.heads_q, padded_rows(f.seqlen_q)});
+  if (!rows) return std::nullopt;
+  const auto row_bytes = checked_mul(*rows, 4);
+  const auto dq_bytes = p.deterministic ? std::optional<int64_t>(0) : checked_product({*rows, tile_width, 4});
+  if (!row_bytes || !dq_bytes || *row_bytes > INT64_MAX / 4 - kAlign) return std::nullopt;
+  Workspace w;
+  w.rows = *rows;
+  const int64_t aligned = (*row_bytes + kAlign - 1) / kAlign * kAlign;
+  w.lse2 = 0;
+  w.d_rows = aligned;
+  w.dq_accum = 2 * aligned;
+  const auto total = checked_add(w.dq_accum, *dq_bytes);
+  if (!total) return std::nullopt;
+  w.bytes = *total;
+  return w;
+}
+
+// The kernels of one launch, in order, with their grids: preprocess, the main kernel, then convert_dq
+// (atomic dQ) or dq_kernel (deterministic).
+template <typename T, int CONFIG>
+std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& w) {
+  using Tr = TraitsOf<CONFIG>;
+  using DqTr = DqTraitsOf<CONFIG>;
+  const Problem& f = p.forward;
+  std::vector<KernelLaunch> k;
+  k.push_back({reinterpret_cast<const void*>(&preprocess_kernel<T>), kPreprocessWarps * 32, 0,
+               tiles(w.rows, kPreprocessWarps)});
+  const int64_t main_blocks = tiles(f.seqlen_k, Tr::BLOCK_KV) * Tr::D_SLICES * f.batch * f.heads_kv;
+  if (p.deterministic) {
+    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, false>), Tr::NUM_THREADS,
+                 size_t(Tr::SMEM_BYTES), main_blocks});
+    k.push_back({reinterpret_cast<const void*>(&dq_kernel<T, DqTr>), DqTr::NUM_THREADS, size_t(DqTr::SMEM_BYTES),
+                 tiles(f.seqlen_q, DqTr::BLOCK_Q) * DqTr::D_SLICES * f.batch * f.heads_q});
+  } else {
+    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, true>), Tr::NUM_THREADS,
+                 size_t(Tr::SMEM_BYTES), main_blocks});
+    k.push_back({reinterpret_cast<const void*>(&convert_dq_kernel<T, Tr::HEAD_DIM>), kConvertThreads, 0,
+                 tiles(f.batch * f.heads_q * f.seqlen_q * (f.head_dim / 8), kConvertThreads)});
+  }
+  return k;
+}
+
+template <typename F>
+void with_config(int config, F&& f) {
+  switch (config) {
+    case kD64: f(std::integral_constant<int, kD64>{}); break;
+    case kD128: f(std::integral_constant<int, kD128>{}); break;
+    case kD192: f(std::integral_constant<int, kD192>{}); break;
+    case kD256: f(std::integral_constant<int, kD256>{}); break;
+    default: throw Error("step 11: no tile configuration " + std::to_string(config));
+  }
+}
+
+// The shared memory the kernels of a configuration need per block (the larger of the two).
+int64_t smem_needed(int config, bool deterministic) {
+  int64_t bytes = 0;
+  with_config(config, [&](auto c) {
+    bytes = TraitsOf<decltype(c)::value>::SMEM_BYTES;
+    if (deterministic && DqTraitsOf<decltype(c)::value>::SMEM_BYTES > bytes)
+      bytes = DqTraitsOf<decltype(c)::value>::SMEM_BYTES;
+  });
+  return bytes;
+}
+
+Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
+  Plan pl;
+  pl.config = config_of(p.forward.head_dim);
+  std::ostringstream m;
+  if (const int64_t need = smem_needed(pl.config, p.deterministic != 0); need > int64_t(dev.smem_per_block_optin)) {
+    m << "head_dim " << p.forward.head_dim << " runs on " << kConfigs[pl.config].head_dim
+      << "-wide tiles, which need " << need << " bytes of shared memory per block; this GPU allows "
+      << dev.smem_per_block_optin;
+    pl.refusal = m.str();
+    return pl;
+  }
+  const std::optional<Workspace> w = workspace_of(p, kConfigs[pl.config].head_dim);
+  if (!w) {
+    m << "the workspace of batch " << p.forward.batch << " · heads_q " << p.forward.heads_q << " · seqlen_q "
+      << p.forward.seqlen_q << " rows does not fit in 64-bit byte counts";
+    pl.refusal = m.str();
+    return pl;
+  }
+  pl.workspace_bytes = size_t(w->bytes);
+  dispatch_dtype(p.forward.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    with_config(pl.config, [&](auto c) { pl.kernels = kernels_of<T, decltype(c)::value>(p, *w); });
+  });
+  for (const KernelLaunch& k : pl.kernels)
+    if (k.blocks > INT32_MAX) {
+      m << "this problem needs " << k.blocks << " blocks in one of the backward's grids, more than the grid limit of "
+        << INT32_MAX;
+      pl.refusal = m.str();
+      pl.kernels.clear();
+      return pl;
+    }
+  return pl;
+}
+
+// Documented support: every problem the harness accepts with seqlens up to kMaxSeqlen, on a GPU whose
+// blocks may opt in to the configuration's shared memory (145 KiB at head_dim 128: sm_80 and sm_90),
+// as long as the grids stay within 2^31 - 1 blocks: at most 2^33 padded query rows (the preprocessing's
+// grid, the largest of the query side) and 2^31 / 4 K/V blocks.
+bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
+  const Problem& f = p.forward;
+  const int config = config_of(f.head_dim);
+  return limits(p).empty() && smem_needed(config, p.deterministic != 0) <= int64_t(dev.smem_per_block_optin) &&
+         f.batch * f.heads_q <= (int64_t(1) << 33) / padded_rows(f.seqlen_q) &&
+         f.batch * f.heads_kv <= INT32_MAX / 4 / tiles(f.seqlen_k, 64);
+}
+
+void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, void* workspace,
+            cudaStream_t stream) {
+  const Workspace w = *workspace_of(p, kConfigs[plan.config].head_dim);
+  char* base = static_cast<char*>(workspace);
+  float* lse2 = reinterpret_cast<float*>(base + w.lse2);
+  float* d_rows = reinterpret_cast<float*>(base + w.d_rows);
+  float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
+  const float scale_log2 = float(double(p.forward.softmax_scale) * kLog2e);
+  const KernelLaunch& pre = plan.kernels.at(0);
+  const KernelLaunch& main = plan.kernels.at(1);
+  const KernelLaunch& dq = plan.kernels.at(2);
+  dispatch_dtype(p.forward.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* q = static_cast<const T*>(t.q);
+    const T* k = static_cast<const T*>(t.k);
+    const T* v = static_cast<const T*>(t.v);
+    const T* d_o = static_cast<const T*>(t.d_o);
+    with_config(plan.config, [&](auto c) {
+      using Tr = TraitsOf<decltype(c)::value>;
+      using DqTr = DqTraitsOf<decltype(c)::value>;
+      if (!p.deterministic) CHECK_CUDA(cudaMemsetAsync(dq_accum, 0, size_t(w.bytes - w.dq_accum), stream));
+      preprocess_kernel<T><<<unsigned(pre.blocks), pre.threads, 0, stream>>>(static_cast<const T*>(t.o), d_o, t.lse,
+                                                                              lse2, d_rows, p);
+      CHECK_LAUNCH();
+      auto run_main = [&](auto atomic) {
+        auto* kernel = backward_kernel<T, Tr, decltype(atomic)::value>;
+        CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(main.smem_bytes)));
+        kernel<<<unsigned(main.blocks), main.threads, main.smem_bytes, stream>>>(
+            q, k, v, d_o, static_cast<T*>(t.dk), static_cast<T*>(t.dv), dq_accum, lse2, d_rows, p, scale_log2);
+        CHECK_LAUNCH();
+      };
+      if (p.deterministic) {
+        run_main(std::false_type{});
+        auto* kernel = dq_kernel<T, DqTr>;
+        CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
+        kernel<<<unsigned(dq.blocks), dq.threads, dq.smem_bytes, stream>>>(q, k, v, d_o, static_cast<T*>(t.dq), lse2,
+                                                                           d_rows, p, scale_log2);
+        CHECK_LAUNCH();
+      } else {
+        run_main(std::true_type{});
+        convert_dq_kernel<T, Tr::HEAD_DIM>
+            <<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
+        CHECK_LAUNCH();
+      }
+    });
+  });
+}
+
+}  // namespace
+}  // namespace fs::step11
+
+namespace fs {
+
+void register_step_11_backward(Registry& r) {
+  Step s;
+  s.id = "11_backward";
+  s.name = "FlashAttention-2 backward";
+  s.lesson =
+      "dQ, dK, dV without storing P: P recomputed from the forward's LSE, blocks own K/V tiles and loop over "
+      "queries, dQ summed with fp32 atomics (or, deterministic, by a second kernel that owns query rows)";
+  s.min_compute_capability = 80;
+  s.backward = BackwardEntry{step11::limits, step11::plan, step11::launch, step11::claims};
+  r.add(std::move(s));
+}
+
+}  // namespace fs
