@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kPreprocessWarps * 32)
 // Block x: K/V head bh_kv = x / (kv_tiles · D_SLICES), then K/V tile and column slice; K/V tile 0
 // first (with causal it sees the most query tiles). ATOMIC_DQ: the dQ part (off in deterministic mode).
 template <typename T, class Tr, bool ATOMIC_DQ>
-__global__ void __launch_bounds__(Tr::NUM_THREADS)
+__global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
     backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                     const T* __restrict__ d_o, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_accum,
                     const float* __restrict__ lse2, const float* __restrict__ d_rows, const BackwardProblem p,
@@ -238,17 +238,20 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
     quad_off[u] = Layout::offset(a.row, 16 * u + a.col);
     pair_off[u] = Layout::offset(c.row, 16 * u + c.col);
   }
-  const T* k_warp = k_smem + Layout::origin(16 * warp, 0);  // this warp's 16 keys
-  const T* v_warp = v_smem + Layout::origin(16 * warp, 0);
-  const int key0 = kv0 + 16 * warp;  // the warp's first key
+  constexpr int M = Tr::KEY_TILES;  // m16 tiles of keys per warp
+  const T* k_warp = k_smem + Layout::origin(Tr::WARP_KEYS * warp, 0);  // this warp's WARP_KEYS keys
+  const T* v_warp = v_smem + Layout::origin(Tr::WARP_KEYS * warp, 0);
+  const int key0 = kv0 + Tr::WARP_KEYS * warp;  // the warp's first key
 
-  float dk_acc[Tr::SLICE_N_TILES][4] = {};  // [16 keys, SLICE] fp32, C layout
-  float dv_acc[Tr::SLICE_N_TILES][4] = {};
+  float dk_acc[M][Tr::SLICE_N_TILES][4] = {};  // [WARP_KEYS, SLICE] fp32, C layout
+  float dv_acc[M][Tr::SLICE_N_TILES][4] = {};
 
-  // dQ's share of this warp: m16 tile dq_m of the query tile, DQ_COLS columns from dq_col.
-  const int dq_m = warp % Tr::DQ_M_TILES, dq_col = col0 + warp / Tr::DQ_M_TILES * Tr::DQ_COLS;
+  // dQ's share of this warp: 32 rows from dq_row0 of the query tile, DQ_COLS columns from dq_col.
+  const int dq_row0 = warp % Tr::DQ_ROW_GROUPS * 32, dq_col = col0 + warp / Tr::DQ_ROW_GROUPS * Tr::DQ_COLS;
   const frag::Coord kp = ldmatrix_x4_k_pair(lane), qd = frag::ldmatrix_x4_quadrants(lane);
-  const int ds_off = DsLayout::offset(kp.row, 16 * dq_m + kp.col);  // dS read as A through .trans
+  int ds_off[Tr::DQ_M_TILES];  // dS read as A through .trans, one m16 tile each
+#pragma unroll
+  for (int mi = 0; mi < Tr::DQ_M_TILES; ++mi) ds_off[mi] = DsLayout::offset(kp.row, dq_row0 + 16 * mi + kp.col);
   int dq_k_off[Tr::DQ_N_TILES / 2];                                  // K read as B through .trans
 #pragma unroll
   for (int np = 0; np < Tr::DQ_N_TILES / 2; ++np) dq_k_off[np] = Layout::offset(qd.row, dq_col + 16 * np + qd.col);
@@ -268,24 +271,31 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
     const float* dd_tile = dd_smem + stage * BLOCK_Q;
     const int h = head_of(t), q0 = q0_of(t);
 
-    // ---- Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   [16 keys, BLOCK_Q] each, k16 steps over head dims
-    float s_acc[Tr::Q_N_TILES][4] = {};
-    float dp_acc[Tr::Q_N_TILES][4] = {};
+    // ---- Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   [WARP_KEYS, BLOCK_Q] each, k16 steps over head dims; each Q and
+    // dO fragment feeds the warp's M m16 tiles of keys
+    float s_acc[M][Tr::Q_N_TILES][4] = {};
+    float dp_acc[M][Tr::Q_N_TILES][4] = {};
 #pragma unroll
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks) {
       const int u = ks % 4, col = ks / 4 * 64;
-      uint32_t ka[4], va[4];
-      ldmatrix_x4(ka, k_warp + quad_off[u] + col);
-      ldmatrix_x4(va, v_warp + quad_off[u] + col);
+      uint32_t ka[M][4], va[M][4];
+#pragma unroll
+      for (int mi = 0; mi < M; ++mi) {
+        ldmatrix_x4(ka[mi], k_warp + quad_off[u] + Layout::origin(16 * mi, col));
+        ldmatrix_x4(va[mi], v_warp + quad_off[u] + Layout::origin(16 * mi, col));
+      }
 #pragma unroll
       for (int np = 0; np < Tr::Q_N_TILES / 2; ++np) {
         uint32_t qb[4], db[4];
         ldmatrix_x4(qb, q_tile + pair_off[u] + Layout::origin(16 * np, col));
         ldmatrix_x4(db, do_tile + pair_off[u] + Layout::origin(16 * np, col));
-        mma_m16n8k16<T>(s_acc[2 * np], ka, qb[0], qb[1]);
-        mma_m16n8k16<T>(s_acc[2 * np + 1], ka, qb[2], qb[3]);
-        mma_m16n8k16<T>(dp_acc[2 * np], va, db[0], db[1]);
-        mma_m16n8k16<T>(dp_acc[2 * np + 1], va, db[2], db[3]);
+#pragma unroll
+        for (int mi = 0; mi < M; ++mi) {
+          mma_m16n8k16<T>(s_acc[mi][2 * np], ka[mi], qb[0], qb[1]);
+          mma_m16n8k16<T>(s_acc[mi][2 * np + 1], ka[mi], qb[2], qb[3]);
+          mma_m16n8k16<T>(dp_acc[mi][2 * np], va[mi], db[0], db[1]);
+          mma_m16n8k16<T>(dp_acc[mi][2 * np + 1], va[mi], db[2], db[3]);
+        }
       }
     }
 
@@ -294,33 +304,38 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
     // or after the row's diagonal) get P = 0; rows past seqlen_q have LSE₂ = +inf, so P = 0 too.
     const bool masked = tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
 #pragma unroll
-    for (int nt = 0; nt < Tr::Q_N_TILES; ++nt)
+    for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const frag::Coord c = frag::mma_c(lane, i);  // (key, query) inside the warp's tile
-        float pv = exp2_fast(fmaf(s_acc[nt][i], scale_log2, -lse_tile[nt * 8 + c.col]));
-        if (masked) {
-          const int key = key0 + c.row, row = q0 + nt * 8 + c.col;
-          if (key >= seqlen_k || (causal && key > row + seqlen_k - seqlen_q)) pv = 0.0f;
+      for (int nt = 0; nt < Tr::Q_N_TILES; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const frag::Coord c = frag::mma_c(lane, i);  // (key, query) inside the m16 tile
+          float pv = exp2_fast(fmaf(s_acc[mi][nt][i], scale_log2, -lse_tile[nt * 8 + c.col]));
+          if (masked) {
+            const int key = key0 + 16 * mi + c.row, row = q0 + nt * 8 + c.col;
+            if (key >= seqlen_k || (causal && key > row + seqlen_k - seqlen_q)) pv = 0.0f;
+          }
+          s_acc[mi][nt][i] = pv;
+          dp_acc[mi][nt][i] = pv * (dp_acc[mi][nt][i] - dd_tile[nt * 8 + c.col]);
         }
-        s_acc[nt][i] = pv;
-        dp_acc[nt][i] = pv * (dp_acc[nt][i] - dd_tile[nt * 8 + c.col]);
-      }
 
     // Pᵀ and dSᵀ as A fragments (queries 16·kk … are the C tiles 2·kk, 2·kk + 1), rounded to T.
-    uint32_t p_frag[Tr::Q_K_STEPS][4], ds_frag[Tr::Q_K_STEPS][4];
+    uint32_t p_frag[M][Tr::Q_K_STEPS][4], ds_frag[M][Tr::Q_K_STEPS][4];
 #pragma unroll
-    for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
+    for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-      for (int n_half = 0; n_half < 2; ++n_half)
+      for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
 #pragma unroll
-        for (int i = 0; i < 4; i += 2) {
-          p_frag[kk][frag::mma_a_reg_of_c(n_half, i)] = pack2<T>(s_acc[2 * kk + n_half][i], s_acc[2 * kk + n_half][i + 1]);
-          ds_frag[kk][frag::mma_a_reg_of_c(n_half, i)] =
-              pack2<T>(dp_acc[2 * kk + n_half][i], dp_acc[2 * kk + n_half][i + 1]);
-        }
+        for (int n_half = 0; n_half < 2; ++n_half)
+#pragma unroll
+          for (int i = 0; i < 4; i += 2) {
+            p_frag[mi][kk][frag::mma_a_reg_of_c(n_half, i)] =
+                pack2<T>(s_acc[mi][2 * kk + n_half][i], s_acc[mi][2 * kk + n_half][i + 1]);
+            ds_frag[mi][kk][frag::mma_a_reg_of_c(n_half, i)] =
+                pack2<T>(dp_acc[mi][2 * kk + n_half][i], dp_acc[mi][2 * kk + n_half][i + 1]);
+          }
 
-    // ---- dV += Pᵀ·dO and dK += dSᵀ·Q   [16 keys, SLICE], k16 steps over queries; dO and Q stored
+    // ---- dV += Pᵀ·dO and dK += dSᵀ·Q   [WARP_KEYS, SLICE], k16 steps over queries; dO and Q stored
     // [query][dim] are read through .trans as B (two n8 tiles of head dims per ldmatrix).
 #pragma unroll
     for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
@@ -330,22 +345,28 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
         uint32_t db[4], qb[4];
         ldmatrix_x4_trans(db, do_tile + quad_off[np % 4] + Layout::origin(16 * kk, col));
         ldmatrix_x4_trans(qb, q_tile + quad_off[np % 4] + Layout::origin(16 * kk, col));
-        mma_m16n8k16<T>(dv_acc[2 * np], p_frag[kk], db[0], db[1]);
-        mma_m16n8k16<T>(dv_acc[2 * np + 1], p_frag[kk], db[2], db[3]);
-        mma_m16n8k16<T>(dk_acc[2 * np], ds_frag[kk], qb[0], qb[1]);
-        mma_m16n8k16<T>(dk_acc[2 * np + 1], ds_frag[kk], qb[2], qb[3]);
+#pragma unroll
+        for (int mi = 0; mi < M; ++mi) {
+          mma_m16n8k16<T>(dv_acc[mi][2 * np], p_frag[mi][kk], db[0], db[1]);
+          mma_m16n8k16<T>(dv_acc[mi][2 * np + 1], p_frag[mi][kk], db[2], db[3]);
+          mma_m16n8k16<T>(dk_acc[mi][2 * np], ds_frag[mi][kk], qb[0], qb[1]);
+          mma_m16n8k16<T>(dk_acc[mi][2 * np + 1], ds_frag[mi][kk], qb[2], qb[3]);
+        }
       }
 
     if constexpr (ATOMIC_DQ) {
-      // ---- dS through shared memory: each warp its 16 rows of dSᵀ (the values of ds_frag)
+      // ---- dS through shared memory: each warp its WARP_KEYS rows of dSᵀ (the values of ds_frag)
 #pragma unroll
-      for (int nt = 0; nt < Tr::Q_N_TILES; ++nt)
+      for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const frag::Coord c = frag::mma_c(lane, 2 * r);
-          *reinterpret_cast<uint32_t*>(ds_smem + DsLayout::offset(16 * warp + c.row, nt * 8 + c.col)) =
-              pack2<T>(dp_acc[nt][2 * r], dp_acc[nt][2 * r + 1]);
-        }
+        for (int nt = 0; nt < Tr::Q_N_TILES; ++nt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const frag::Coord c = frag::mma_c(lane, 2 * r);
+            *reinterpret_cast<uint32_t*>(
+                ds_smem + DsLayout::offset(Tr::WARP_KEYS * warp + 16 * mi + c.row, nt * 8 + c.col)) =
+                pack2<T>(dp_acc[mi][nt][2 * r], dp_acc[mi][nt][2 * r + 1]);
+          }
       __syncthreads();  // every warp's dSᵀ is in; every warp is done with this visit's Q and dO
     } else if constexpr (Tr::Q_STAGES == 1) {
       __syncthreads();  // every warp is done with this visit's Q and dO
@@ -358,57 +379,66 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
     if constexpr (ATOMIC_DQ) {
       // ---- dQ[q0 …, slice] += dS·K   [BLOCK_Q, SLICE]: warp (dq_m, column group), k16 steps over keys.
       // dS [query][key] is read from dSᵀ stored [key][query] through .trans, K stored [key][dim] too.
-      float dq_acc[Tr::DQ_N_TILES][4] = {};
+      float dq_acc[Tr::DQ_M_TILES][Tr::DQ_N_TILES][4] = {};
 #pragma unroll
       for (int kk = 0; kk < Tr::KV_K_STEPS; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, ds_smem + DsLayout::origin(16 * kk, 0) + ds_off);
+        uint32_t a[Tr::DQ_M_TILES][4];
+#pragma unroll
+        for (int mi = 0; mi < Tr::DQ_M_TILES; ++mi)
+          ldmatrix_x4_trans(a[mi], ds_smem + DsLayout::origin(16 * kk, 0) + ds_off[mi]);
 #pragma unroll
         for (int np = 0; np < Tr::DQ_N_TILES / 2; ++np) {
           uint32_t kb[4];
           ldmatrix_x4_trans(kb, k_smem + Layout::origin(16 * kk, 0) + dq_k_off[np]);
-          mma_m16n8k16<T>(dq_acc[2 * np], a, kb[0], kb[1]);
-          mma_m16n8k16<T>(dq_acc[2 * np + 1], a, kb[2], kb[3]);
+#pragma unroll
+          for (int mi = 0; mi < Tr::DQ_M_TILES; ++mi) {
+            mma_m16n8k16<T>(dq_acc[mi][2 * np], a[mi], kb[0], kb[1]);
+            mma_m16n8k16<T>(dq_acc[mi][2 * np + 1], a[mi], kb[2], kb[3]);
+          }
         }
       }
       // Every block of this head adds to the same dQ rows: fp32 atomics (red.global.add, no return),
       // two neighbouring columns at once where the GPU has the vector form (sm_90).
-      float* acc_rows = dq_accum + ((int64_t(b) * f.heads_q + h) * rows_per_head + q0 + 16 * dq_m) * Tr::HEAD_DIM;
+      float* acc_rows = dq_accum + ((int64_t(b) * f.heads_q + h) * rows_per_head + q0 + dq_row0) * Tr::HEAD_DIM;
 #pragma unroll
-      for (int nt = 0; nt < Tr::DQ_N_TILES; ++nt)
+      for (int mi = 0; mi < Tr::DQ_M_TILES; ++mi)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const frag::Coord c = frag::mma_c(lane, 2 * r);
-          float* dst = acc_rows + c.row * Tr::HEAD_DIM + dq_col + nt * 8 + c.col;
+        for (int nt = 0; nt < Tr::DQ_N_TILES; ++nt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const frag::Coord c = frag::mma_c(lane, 2 * r);
+            float* dst = acc_rows + (16 * mi + c.row) * Tr::HEAD_DIM + dq_col + nt * 8 + c.col;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq_acc[nt][2 * r], dq_acc[nt][2 * r + 1]));
+            atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq_acc[mi][nt][2 * r], dq_acc[mi][nt][2 * r + 1]));
 #else
-          atomicAdd(dst, dq_acc[nt][2 * r]);
-          atomicAdd(dst + 1, dq_acc[nt][2 * r + 1]);
+            atomicAdd(dst, dq_acc[mi][nt][2 * r]);
+            atomicAdd(dst + 1, dq_acc[mi][nt][2 * r + 1]);
 #endif
-        }
+          }
     }
   }
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
 
-  // ---- epilogue: dK = scale·dK_acc and dV, the warp's 16 keys and the slice's columns
+  // ---- epilogue: dK = scale·dK_acc and dV, the warp's keys and the slice's columns
   T* dk_rows = dk + offset_of(p.dk, b, 0, h_kv);
   T* dv_rows = dv + offset_of(p.dv, b, 0, h_kv);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const frag::Coord c = frag::mma_c(lane, 2 * r);
-    const int key = key0 + c.row;
-    if (key >= seqlen_k) continue;
+  for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-    for (int nt = 0; nt < Tr::SLICE_N_TILES; ++nt) {
-      const int col = col0 + nt * 8 + c.col;
-      if (col >= head_dim) continue;
-      *reinterpret_cast<uint32_t*>(dk_rows + int64_t(key) * p.dk.row + col) =
-          pack2<T>(dk_acc[nt][2 * r] * f.softmax_scale, dk_acc[nt][2 * r + 1] * f.softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv_rows + int64_t(key) * p.dv.row + col) =
-          pack2<T>(dv_acc[nt][2 * r], dv_acc[nt][2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+      const frag::Coord c = frag::mma_c(lane, 2 * r);
+      const int key = key0 + 16 * mi + c.row;
+      if (key >= seqlen_k) continue;
+#pragma unroll
+      for (int nt = 0; nt < Tr::SLICE_N_TILES; ++nt) {
+        const int col = col0 + nt * 8 + c.col;
+        if (col >= head_dim) continue;
+        *reinterpret_cast<uint32_t*>(dk_rows + int64_t(key) * p.dk.row + col) =
+            pack2<T>(dk_acc[mi][nt][2 * r] * f.softmax_scale, dk_acc[mi][nt][2 * r + 1] * f.softmax_scale);
+        *reinterpret_cast<uint32_t*>(dv_rows + int64_t(key) * p.dv.row + col) =
+            pack2<T>(dv_acc[mi][nt][2 * r], dv_acc[mi][nt][2 * r + 1]);
+      }
     }
-  }
 }
 
 // ---- dQ = scale · accumulator, one thread per 8 columns of a row --------------------------------

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/problem.h"
 
@@ -29,6 +30,22 @@ struct Swizzled128Layout {
   // The swizzle repeats every 8 rows and every 64 columns: for row0 % 8 == 0, col0 % 64 == 0 and
   // (r, c) with c < 64, offset(row0 + r, col0 + c) = offset(r, c) + origin(row0, col0). An ldmatrix
   // address is then one of four per-lane offsets plus a compile-time constant.
+  FS_HD static constexpr int origin(int row0, int col0) { return row0 * COLS + col0; }
+};
+
+// Rows of 32 elements (64 bytes: dSᵀ of 32-query tiles), step 07's 64-byte swizzle: within its
+// aligned group of 4 chunks, chunk c of row r is stored at c ^ ((r / 2) % 4). Rows start alternately
+// at bank group 0 and 4, so eight consecutive rows from a multiple of 8 still hit eight different
+// 16-byte bank groups.
+template <int COLS>
+struct Swizzled64Layout {
+  static_assert(COLS == 32, "the 64-byte XOR swizzle is used for 32-element rows only here");
+  static constexpr int kCols = COLS;
+  FS_HD static constexpr int offset(int row, int col) {
+    const int chunk = col / 8;
+    return row * COLS + ((chunk ^ ((row / 2) % 4)) * 8) + col % 8;
+  }
+  FS_HD static constexpr int size(int rows) { return rows * COLS; }
   FS_HD static constexpr int origin(int row0, int col0) { return row0 * COLS + col0; }
 };
 
@@ -89,34 +106,42 @@ FS_HD constexpr frag::Coord ldmatrix_x4_k_pair(int lane) {
 }
 
 // ---- the table of tile configurations ----------------------------------------------------------
-// The main kernel: a block owns BLOCK_KV keys of one K/V head (each warp 16 of them) and SLICE =
-// HEAD_DIM / D_SLICES columns of dK, dV and dQ; it loops over the query tiles (BLOCK_Q rows) of every
-// query head of the group. head_dim is padded to a multiple of 64 (zero-filled columns change no score
-// and no stored gradient).
+// The main kernel: a block owns BLOCK_KV keys of one K/V head (each warp WARP_KEYS = 16·KEY_TILES of
+// them) and SLICE = HEAD_DIM / D_SLICES columns of dK, dV and dQ; it loops over the query tiles
+// (BLOCK_Q rows) of every query head of the group. head_dim is padded to a multiple of 64 (zero-filled
+// columns change no score and no stored gradient).
 //
-// Register budget, per thread, of a warp that owns 16 keys:
-//   dk_acc, dv_acc  2 · 16·SLICE/32 fp32        (live for the whole loop: 128 registers at SLICE 128)
-//   s_acc, dp_acc   2 · 16·BLOCK_Q/32 fp32      (one query tile: 64 registers at BLOCK_Q 64)
-// so SLICE is at most 128, and at HEAD_DIM 192 and 256 a block computes a 64-column slice of the
-// gradients (D_SLICES blocks per K/V tile, each recomputing S and dP: those widths are supported, not
-// fast). dQ of one query tile (BLOCK_Q × SLICE) is split over the warps after S and dP are dead.
+// Register budget, per thread, of a warp that owns WARP_KEYS keys:
+//   dk_acc, dv_acc  2 · WARP_KEYS·SLICE/32 fp32    (live for the whole loop)
+//   s_acc, dp_acc   2 · WARP_KEYS·BLOCK_Q/32 fp32  (one query tile)
+// within the 255 registers a thread may have. Every warp reads all of Q and dO per query tile (as B
+// of Sᵀ and dPᵀ, and through .trans as B of dK and dV), so the shared-memory traffic per mma falls
+// as WARP_KEYS grows: that is what limits this kernel (ncu: shared memory ~80 % busy, notes/11).
+//   HEAD_DIM 64:  32 keys per warp, 32-query tiles: 128 + 64 registers, 4 warps, 2 blocks per SM
+//   HEAD_DIM 128: 16 keys per warp, 64-query tiles: 128 + 64 registers (32 keys would need 256 for
+//                 the accumulators alone), 8 warps, 1 block per SM
+// At HEAD_DIM 192 and 256 a block computes a 64-column slice of the gradients (D_SLICES blocks per K/V
+// tile, each recomputing S and dP): those widths are supported, not fast. dQ of one query tile
+// (BLOCK_Q × SLICE) is split over the warps after S and dP are dead.
 struct Config {
   int head_dim;   // HEAD_DIM: tile width, a multiple of 64
   int block_q;    // BLOCK_Q: query rows per iteration
   int block_kv;   // BLOCK_KV: keys per block, 16 per warp
   int q_stages;   // Q_STAGES: Q/dO buffers (2: the next tile is copied during this one)
   int d_slices;   // D_SLICES: column slices of the gradients, one block each
+  int min_blocks; // MIN_BLOCKS: blocks per SM the registers are capped for (__launch_bounds__)
+  int key_tiles;  // KEY_TILES: m16 tiles of keys per warp (each Q and dO fragment feeds that many mma)
 };
 
 enum ConfigId : int { kD64, kD128, kD192, kD256, kNumConfigs };
 
 inline constexpr int64_t KiB = 1024;
 inline constexpr Config kConfigs[kNumConfigs] = {
-    // HEAD_DIM BLOCK_Q BLOCK_KV STAGES SLICES
-    {64, 64, 128, 2, 1},   // kD64    smem  80 KiB
-    {128, 64, 128, 2, 1},  // kD128   smem 144 KiB
-    {192, 64, 64, 1, 3},   // kD192   smem 104 KiB
-    {256, 64, 64, 1, 4},   // kD256   smem 136 KiB
+    // HEAD_DIM BLOCK_Q BLOCK_KV STAGES SLICES MIN_BLOCKS KEY_TILES
+    {64, 32, 128, 2, 1, 1, 2},   // kD64    smem  57 KiB
+    {128, 64, 128, 2, 1, 1, 1},  // kD128   smem 145 KiB
+    {192, 64, 64, 1, 3, 1, 1},   // kD192   smem 105 KiB
+    {256, 64, 64, 1, 4, 1, 1},   // kD256   smem 137 KiB
 };
 
 // The configuration of a head_dim (a multiple of 8, at most 256): its width padded to 64.
@@ -125,14 +150,17 @@ FS_HD constexpr int config_of(int64_t head_dim) {
 }
 
 // Everything the main kernel derives from its named constants.
-template <int HEAD_DIM_, int BLOCK_Q_, int BLOCK_KV_, int Q_STAGES_, int D_SLICES_>
+template <int HEAD_DIM_, int BLOCK_Q_, int BLOCK_KV_, int Q_STAGES_, int D_SLICES_, int MIN_BLOCKS_, int KEY_TILES_>
 struct Traits {
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int BLOCK_Q = BLOCK_Q_;
   static constexpr int BLOCK_KV = BLOCK_KV_;
   static constexpr int Q_STAGES = Q_STAGES_;
   static constexpr int D_SLICES = D_SLICES_;
-  static constexpr int NUM_WARPS = BLOCK_KV / 16;  // each warp owns 16 keys
+  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr int KEY_TILES = KEY_TILES_;
+  static constexpr int WARP_KEYS = 16 * KEY_TILES;        // keys per warp
+  static constexpr int NUM_WARPS = BLOCK_KV / WARP_KEYS;
   static constexpr int NUM_THREADS = NUM_WARPS * 32;
   static constexpr int SLICE = HEAD_DIM / D_SLICES;  // columns of dK, dV, dQ per block
 
@@ -141,16 +169,19 @@ struct Traits {
   static constexpr int Q_K_STEPS = BLOCK_Q / 16;     // k16 steps of dV and dK (over queries)
   static constexpr int SLICE_N_TILES = SLICE / 8;    // n8 tiles of dK, dV (over head dims)
   static constexpr int KV_K_STEPS = BLOCK_KV / 16;   // k16 steps of dQ (over keys)
-  // dQ of a query tile, [BLOCK_Q, SLICE]: warp w computes m16 tile w % DQ_M_TILES and column group
-  // w / DQ_M_TILES of DQ_COLS columns.
-  static constexpr int DQ_M_TILES = BLOCK_Q / 16;
-  static constexpr int DQ_COL_GROUPS = NUM_WARPS / DQ_M_TILES;
+  // dQ of a query tile, [BLOCK_Q, SLICE]: warp w computes 32 rows (two m16 tiles, so that each K
+  // fragment it reads feeds two mma), row group w % DQ_ROW_GROUPS, and DQ_COLS columns, column group
+  // w / DQ_ROW_GROUPS.
+  static constexpr int DQ_M_TILES = 2;
+  static constexpr int DQ_ROW_GROUPS = BLOCK_Q / 32;
+  static constexpr int DQ_COL_GROUPS = NUM_WARPS / DQ_ROW_GROUPS;
   static constexpr int DQ_COLS = SLICE / DQ_COL_GROUPS;
   static constexpr int DQ_N_TILES = DQ_COLS / 8;
   static constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;  // 16-byte copies per row of a tile
 
   using Layout = Swizzled128Layout<HEAD_DIM>;   // K, V, Q, dO tiles
-  using DsLayout = Swizzled128Layout<BLOCK_Q>;  // dSᵀ [BLOCK_KV, BLOCK_Q]
+  // dSᵀ [BLOCK_KV, BLOCK_Q]
+  using DsLayout = std::conditional_t<BLOCK_Q % 64 == 0, Swizzled128Layout<BLOCK_Q>, Swizzled64Layout<BLOCK_Q>>;
 
   static constexpr int KV_ELEMS = BLOCK_KV * HEAD_DIM;  // k_smem, v_smem
   static constexpr int Q_ELEMS = BLOCK_Q * HEAD_DIM;    // one q_smem or do_smem buffer
@@ -160,8 +191,8 @@ struct Traits {
 
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "tile widths are multiples of 64 up to 256");
   static_assert(SLICE % 64 == 0 && SLICE <= 128, "a slice is whole swizzle groups, at most 128 columns (registers)");
-  static_assert(BLOCK_Q % 64 == 0, "dSᵀ rows are whole 128-byte swizzle groups");
-  static_assert(NUM_WARPS % DQ_M_TILES == 0 && SLICE % (16 * DQ_COL_GROUPS) == 0,
+  static_assert(BLOCK_Q % 64 == 0 || BLOCK_Q == 32, "dSᵀ rows are whole swizzle groups");
+  static_assert(NUM_WARPS % DQ_ROW_GROUPS == 0 && SLICE % (16 * DQ_COL_GROUPS) == 0,
                 "dQ's m16 tiles and column groups divide the warps; B fragments come two n8 tiles at a time");
   static_assert(Q_STAGES == 1 || Q_STAGES == 2, "one Q/dO buffer or two");
   static_assert(NUM_THREADS >= 2 * (BLOCK_Q / 4), "one thread per 16-byte chunk of the rows' LSE and D");
@@ -169,7 +200,8 @@ struct Traits {
 
 template <int CONFIG>
 using TraitsOf = Traits<kConfigs[CONFIG].head_dim, kConfigs[CONFIG].block_q, kConfigs[CONFIG].block_kv,
-                        kConfigs[CONFIG].q_stages, kConfigs[CONFIG].d_slices>;
+                        kConfigs[CONFIG].q_stages, kConfigs[CONFIG].d_slices, kConfigs[CONFIG].min_blocks,
+                        kConfigs[CONFIG].key_tiles>;
 
 // The deterministic mode's dQ kernel: a block owns BLOCK_Q query rows (16 per warp) of one query head
 // and SLICE columns of dQ, and loops over the K/V tiles that row block sees. dQ is its own sum, in a
