@@ -164,7 +164,43 @@ __global__ void __launch_bounds__(kPreprocessWarps * 32)
   }
 }
 
+// The A fragment of Pᵀ or dSᵀ for keys kr0 + 16·mi … and queries 16·kk …: from the warp's own fp32
+// accumulators `src` when the warp has every query (queries 16·kk … are the C tiles 2·kk, 2·kk + 1,
+// rounded to T: step 06's P fragment), else from the [BLOCK_KV, BLOCK_Q] tile `a_smem` that the warps
+// of its key group wrote.
+template <typename T, class Tr>
+__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const float (&src)[Tr::KEY_TILES][Tr::Q_N_TILES][4],
+                                           const T* a_smem, const int (&pq_off)[Tr::Q_K_STEPS], int kr0, int mi,
+                                           int kk) {
+  if constexpr (Tr::COL_GROUPS == 1) {
+#pragma unroll
+    for (int n_half = 0; n_half < 2; ++n_half)
+#pragma unroll
+      for (int i = 0; i < 4; i += 2)
+        a[frag::mma_a_reg_of_c(n_half, i)] = pack2<T>(src[mi][2 * kk + n_half][i], src[mi][2 * kk + n_half][i + 1]);
+  } else {
+    ldmatrix_x4(a, a_smem + Tr::DsLayout::origin(kr0 + 16 * mi, 0) + pq_off[kk]);
+  }
+}
+
 // ---- the main kernel ---------------------------------------------------------------------------
+// A warp's rows kr0 … of Pᵀ or dSᵀ (its accumulators, queries wq0 …) into a [BLOCK_KV, BLOCK_Q]
+// tile: 4-byte stores from the C layout, conflict-free in the swizzle.
+template <typename T, class Tr>
+__device__ __forceinline__ void store_rows(T* dst, const float (&acc)[Tr::KEY_TILES][Tr::Q_N_TILES][4], int kr0,
+                                           int wq0, int lane) {
+#pragma unroll
+  for (int mi = 0; mi < Tr::KEY_TILES; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < Tr::Q_N_TILES; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const frag::Coord c = frag::mma_c(lane, 2 * r);
+        *reinterpret_cast<uint32_t*>(dst + Tr::DsLayout::offset(kr0 + 16 * mi + c.row, wq0 + nt * 8 + c.col)) =
+            pack2<T>(acc[mi][nt][2 * r], acc[mi][nt][2 * r + 1]);
+      }
+}
+
 // Block x: K/V head bh_kv = x / (kv_tiles · D_SLICES), then K/V tile and column slice; K/V tile 0
 // first (with causal it sees the most query tiles). ATOMIC_DQ: the dQ part (off in deterministic mode).
 template <typename T, class Tr, bool ATOMIC_DQ>
@@ -184,7 +220,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
   T* q_smem = v_smem + Tr::KV_ELEMS;                    // [Q_STAGES][BLOCK_Q, HEAD_DIM], swizzled
   T* do_smem = q_smem + Tr::Q_STAGES * Tr::Q_ELEMS;     // [Q_STAGES][BLOCK_Q, HEAD_DIM], swizzled
   T* ds_smem = do_smem + Tr::Q_STAGES * Tr::Q_ELEMS;    // dSᵀ [BLOCK_KV, BLOCK_Q], swizzled
-  float* lse_smem = reinterpret_cast<float*>(ds_smem + Tr::DS_ELEMS);  // [Q_STAGES][BLOCK_Q]
+  T* p_smem = ds_smem + Tr::DS_ELEMS;                   // Pᵀ [BLOCK_KV, BLOCK_Q] (COL_GROUPS > 1)
+  float* lse_smem = reinterpret_cast<float*>(p_smem + (Tr::COL_GROUPS > 1 ? Tr::DS_ELEMS : 0));  // [Q_STAGES][BLOCK_Q]
   float* dd_smem = lse_smem + Tr::Q_STAGES * BLOCK_Q;                  // [Q_STAGES][BLOCK_Q]: D
 
   const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim = int(f.head_dim);
@@ -239,9 +276,17 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
     pair_off[u] = Layout::offset(c.row, 16 * u + c.col);
   }
   constexpr int M = Tr::KEY_TILES;  // m16 tiles of keys per warp
-  const T* k_warp = k_smem + Layout::origin(Tr::WARP_KEYS * warp, 0);  // this warp's WARP_KEYS keys
-  const T* v_warp = v_smem + Layout::origin(Tr::WARP_KEYS * warp, 0);
-  const int key0 = kv0 + Tr::WARP_KEYS * warp;  // the warp's first key
+  // Warp w: keys kr0 … kr0 + WARP_KEYS - 1 of the block, queries wq0 … of Sᵀ and dPᵀ, columns wc0 … of
+  // dK and dV.
+  const int kr0 = warp / Tr::COL_GROUPS * Tr::WARP_KEYS, wq0 = warp % Tr::COL_GROUPS * Tr::WARP_QUERIES;
+  const int wc0 = col0 + warp % Tr::COL_GROUPS * Tr::WARP_COLS;
+  const T* k_warp = k_smem + Layout::origin(kr0, 0);
+  const T* v_warp = v_smem + Layout::origin(kr0, 0);
+  const int key0 = kv0 + kr0;  // the warp's first key
+  int pq_off[Tr::Q_K_STEPS];   // Pᵀ, dSᵀ read back as A (COL_GROUPS > 1): quadrants, queries 16·kk …
+#pragma unroll
+  for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
+    pq_off[kk] = DsLayout::offset(frag::ldmatrix_x4_quadrants(lane).row, 16 * kk + frag::ldmatrix_x4_quadrants(lane).col);
 
   float dk_acc[M][Tr::SLICE_N_TILES][4] = {};  // [WARP_KEYS, SLICE] fp32, C layout
   float dv_acc[M][Tr::SLICE_N_TILES][4] = {};
@@ -287,8 +332,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
 #pragma unroll
       for (int np = 0; np < Tr::Q_N_TILES / 2; ++np) {
         uint32_t qb[4], db[4];
-        ldmatrix_x4(qb, q_tile + pair_off[u] + Layout::origin(16 * np, col));
-        ldmatrix_x4(db, do_tile + pair_off[u] + Layout::origin(16 * np, col));
+        ldmatrix_x4(qb, q_tile + pair_off[u] + Layout::origin(wq0 + 16 * np, col));
+        ldmatrix_x4(db, do_tile + pair_off[u] + Layout::origin(wq0 + 16 * np, col));
 #pragma unroll
         for (int mi = 0; mi < M; ++mi) {
           mma_m16n8k16<T>(s_acc[mi][2 * np], ka[mi], qb[0], qb[1]);
@@ -310,65 +355,55 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const frag::Coord c = frag::mma_c(lane, i);  // (key, query) inside the m16 tile
-          float pv = exp2_fast(fmaf(s_acc[mi][nt][i], scale_log2, -lse_tile[nt * 8 + c.col]));
+          const int qi = wq0 + nt * 8 + c.col;           // query inside the tile
+          float pv = exp2_fast(fmaf(s_acc[mi][nt][i], scale_log2, -lse_tile[qi]));
           if (masked) {
-            const int key = key0 + 16 * mi + c.row, row = q0 + nt * 8 + c.col;
+            const int key = key0 + 16 * mi + c.row, row = q0 + qi;
             if (key >= seqlen_k || (causal && key > row + seqlen_k - seqlen_q)) pv = 0.0f;
           }
           s_acc[mi][nt][i] = pv;
-          dp_acc[mi][nt][i] = pv * (dp_acc[mi][nt][i] - dd_tile[nt * 8 + c.col]);
+          dp_acc[mi][nt][i] = pv * (dp_acc[mi][nt][i] - dd_tile[qi]);
         }
 
-    // Pᵀ and dSᵀ as A fragments (queries 16·kk … are the C tiles 2·kk, 2·kk + 1), rounded to T.
-    uint32_t p_frag[M][Tr::Q_K_STEPS][4], ds_frag[M][Tr::Q_K_STEPS][4];
-#pragma unroll
-    for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-      for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
-#pragma unroll
-        for (int n_half = 0; n_half < 2; ++n_half)
-#pragma unroll
-          for (int i = 0; i < 4; i += 2) {
-            p_frag[mi][kk][frag::mma_a_reg_of_c(n_half, i)] =
-                pack2<T>(s_acc[mi][2 * kk + n_half][i], s_acc[mi][2 * kk + n_half][i + 1]);
-            ds_frag[mi][kk][frag::mma_a_reg_of_c(n_half, i)] =
-                pack2<T>(dp_acc[mi][2 * kk + n_half][i], dp_acc[mi][2 * kk + n_half][i + 1]);
-          }
+    // A warp's dSᵀ rows go to ds_smem (dQ reads them as dS) and, when warps share keys, its Pᵀ to
+    // p_smem: the warps of a key group then read each other's queries back as A fragments.
+    if constexpr (Tr::COL_GROUPS > 1) {
+      store_rows<T, Tr>(p_smem, s_acc, kr0, wq0, lane);
+      store_rows<T, Tr>(ds_smem, dp_acc, kr0, wq0, lane);
+      __syncthreads();  // every warp's Pᵀ and dSᵀ are in
+    }
 
-    // ---- dV += Pᵀ·dO and dK += dSᵀ·Q   [WARP_KEYS, SLICE], k16 steps over queries; dO and Q stored
-    // [query][dim] are read through .trans as B (two n8 tiles of head dims per ldmatrix).
+    // ---- dV += Pᵀ·dO and dK += dSᵀ·Q   [WARP_KEYS, WARP_COLS] each, k16 steps over all queries; dO
+    // and Q stored [query][dim] are read through .trans as B (two n8 tiles of head dims per ldmatrix).
+    // Each step makes its A fragments just before its mma, so that few are in registers at a time.
+    if constexpr (ATOMIC_DQ && Tr::COL_GROUPS == 1) store_rows<T, Tr>(ds_smem, dp_acc, kr0, wq0, lane);
 #pragma unroll
-    for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
+    for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk) {
+      uint32_t pa[M][4], dsa[M][4];
+#pragma unroll
+      for (int mi = 0; mi < M; ++mi) {
+        a_fragment<T, Tr>(pa[mi], s_acc, p_smem, pq_off, kr0, mi, kk);
+        a_fragment<T, Tr>(dsa[mi], dp_acc, ds_smem, pq_off, kr0, mi, kk);
+      }
 #pragma unroll
       for (int np = 0; np < Tr::SLICE_N_TILES / 2; ++np) {
-        const int col = col0 + np / 4 * 64;
+        const int col = wc0 + np / 4 * 64;
         uint32_t db[4], qb[4];
         ldmatrix_x4_trans(db, do_tile + quad_off[np % 4] + Layout::origin(16 * kk, col));
         ldmatrix_x4_trans(qb, q_tile + quad_off[np % 4] + Layout::origin(16 * kk, col));
 #pragma unroll
         for (int mi = 0; mi < M; ++mi) {
-          mma_m16n8k16<T>(dv_acc[mi][2 * np], p_frag[mi][kk], db[0], db[1]);
-          mma_m16n8k16<T>(dv_acc[mi][2 * np + 1], p_frag[mi][kk], db[2], db[3]);
-          mma_m16n8k16<T>(dk_acc[mi][2 * np], ds_frag[mi][kk], qb[0], qb[1]);
-          mma_m16n8k16<T>(dk_acc[mi][2 * np + 1], ds_frag[mi][kk], qb[2], qb[3]);
+          mma_m16n8k16<T>(dv_acc[mi][2 * np], pa[mi], db[0], db[1]);
+          mma_m16n8k16<T>(dv_acc[mi][2 * np + 1], pa[mi], db[2], db[3]);
+          mma_m16n8k16<T>(dk_acc[mi][2 * np], dsa[mi], qb[0], qb[1]);
+          mma_m16n8k16<T>(dk_acc[mi][2 * np + 1], dsa[mi], qb[2], qb[3]);
         }
       }
+    }
 
-    if constexpr (ATOMIC_DQ) {
-      // ---- dS through shared memory: each warp its WARP_KEYS rows of dSᵀ (the values of ds_frag)
-#pragma unroll
-      for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < Tr::Q_N_TILES; ++nt)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const frag::Coord c = frag::mma_c(lane, 2 * r);
-            *reinterpret_cast<uint32_t*>(
-                ds_smem + DsLayout::offset(Tr::WARP_KEYS * warp + 16 * mi + c.row, nt * 8 + c.col)) =
-                pack2<T>(dp_acc[mi][nt][2 * r], dp_acc[mi][nt][2 * r + 1]);
-          }
+    if constexpr (ATOMIC_DQ && Tr::COL_GROUPS == 1) {
       __syncthreads();  // every warp's dSᵀ is in; every warp is done with this visit's Q and dO
-    } else if constexpr (Tr::Q_STAGES == 1) {
+    } else if constexpr (Tr::COL_GROUPS == 1 && Tr::Q_STAGES == 1) {
       __syncthreads();  // every warp is done with this visit's Q and dO
     }
     if (Tr::Q_STAGES == 1 && t + 1 < visits) {
@@ -431,7 +466,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
       if (key >= seqlen_k) continue;
 #pragma unroll
       for (int nt = 0; nt < Tr::SLICE_N_TILES; ++nt) {
-        const int col = col0 + nt * 8 + c.col;
+        const int col = wc0 + nt * 8 + c.col;
         if (col >= head_dim) continue;
         *reinterpret_cast<uint32_t*>(dk_rows + int64_t(key) * p.dk.row + col) =
             pack2<T>(dk_acc[mi][nt][2 * r] * f.softmax_scale, dk_acc[mi][nt][2 * r + 1] * f.softmax_scale);

@@ -131,17 +131,19 @@ struct Config {
   int d_slices;   // D_SLICES: column slices of the gradients, one block each
   int min_blocks; // MIN_BLOCKS: blocks per SM the registers are capped for (__launch_bounds__)
   int key_tiles;  // KEY_TILES: m16 tiles of keys per warp (each Q and dO fragment feeds that many mma)
+  int col_groups; // COL_GROUPS: warps sharing a group of keys (each: 1/COL_GROUPS of the queries of Sᵀ
+                  // and dPᵀ, of the columns of dK and dV; Pᵀ and dSᵀ then go through shared memory)
 };
 
 enum ConfigId : int { kD64, kD128, kD192, kD256, kNumConfigs };
 
 inline constexpr int64_t KiB = 1024;
 inline constexpr Config kConfigs[kNumConfigs] = {
-    // HEAD_DIM BLOCK_Q BLOCK_KV STAGES SLICES MIN_BLOCKS KEY_TILES
-    {64, 32, 128, 2, 1, 1, 2},   // kD64    smem  57 KiB
-    {128, 64, 128, 2, 1, 1, 1},  // kD128   smem 145 KiB
-    {192, 64, 64, 1, 3, 1, 1},   // kD192   smem 105 KiB
-    {256, 64, 64, 1, 4, 1, 1},   // kD256   smem 137 KiB
+    // HEAD_DIM BLOCK_Q BLOCK_KV STAGES SLICES MIN_BLOCKS KEY_TILES COL_GROUPS
+    {64, 32, 128, 2, 1, 1, 2, 1},   // kD64    smem  57 KiB
+    {128, 64, 128, 2, 1, 1, 2, 2},  // kD128   smem 161 KiB
+    {192, 64, 64, 1, 3, 1, 1, 1},   // kD192   smem 105 KiB
+    {256, 64, 64, 1, 4, 1, 1, 1},   // kD256   smem 137 KiB
 };
 
 // The configuration of a head_dim (a multiple of 8, at most 256): its width padded to 64.
@@ -150,7 +152,8 @@ FS_HD constexpr int config_of(int64_t head_dim) {
 }
 
 // Everything the main kernel derives from its named constants.
-template <int HEAD_DIM_, int BLOCK_Q_, int BLOCK_KV_, int Q_STAGES_, int D_SLICES_, int MIN_BLOCKS_, int KEY_TILES_>
+template <int HEAD_DIM_, int BLOCK_Q_, int BLOCK_KV_, int Q_STAGES_, int D_SLICES_, int MIN_BLOCKS_, int KEY_TILES_,
+          int COL_GROUPS_>
 struct Traits {
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int BLOCK_Q = BLOCK_Q_;
@@ -159,15 +162,19 @@ struct Traits {
   static constexpr int D_SLICES = D_SLICES_;
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
   static constexpr int KEY_TILES = KEY_TILES_;
-  static constexpr int WARP_KEYS = 16 * KEY_TILES;        // keys per warp
-  static constexpr int NUM_WARPS = BLOCK_KV / WARP_KEYS;
+  static constexpr int COL_GROUPS = COL_GROUPS_;
+  static constexpr int WARP_KEYS = 16 * KEY_TILES;  // keys per warp
+  static constexpr int KEY_GROUPS = BLOCK_KV / WARP_KEYS;
+  static constexpr int NUM_WARPS = KEY_GROUPS * COL_GROUPS;  // warp w: key group w / COL_GROUPS
   static constexpr int NUM_THREADS = NUM_WARPS * 32;
   static constexpr int SLICE = HEAD_DIM / D_SLICES;  // columns of dK, dV, dQ per block
 
   static constexpr int D_K_STEPS = HEAD_DIM / 16;    // k16 steps of S and dP (over head dims)
-  static constexpr int Q_N_TILES = BLOCK_Q / 8;      // n8 tiles of Sᵀ and dPᵀ (over queries)
-  static constexpr int Q_K_STEPS = BLOCK_Q / 16;     // k16 steps of dV and dK (over queries)
-  static constexpr int SLICE_N_TILES = SLICE / 8;    // n8 tiles of dK, dV (over head dims)
+  static constexpr int WARP_QUERIES = BLOCK_Q / COL_GROUPS;  // columns of a warp's Sᵀ and dPᵀ
+  static constexpr int WARP_COLS = SLICE / COL_GROUPS;       // columns of a warp's dK and dV
+  static constexpr int Q_N_TILES = WARP_QUERIES / 8;  // n8 tiles of a warp's Sᵀ and dPᵀ (over queries)
+  static constexpr int Q_K_STEPS = BLOCK_Q / 16;      // k16 steps of dV and dK (over queries)
+  static constexpr int SLICE_N_TILES = WARP_COLS / 8; // n8 tiles of a warp's dK, dV (over head dims)
   static constexpr int KV_K_STEPS = BLOCK_KV / 16;   // k16 steps of dQ (over keys)
   // dQ of a query tile, [BLOCK_Q, SLICE]: warp w computes 32 rows (two m16 tiles, so that each K
   // fragment it reads feeds two mma), row group w % DQ_ROW_GROUPS, and DQ_COLS columns, column group
@@ -185,8 +192,8 @@ struct Traits {
 
   static constexpr int KV_ELEMS = BLOCK_KV * HEAD_DIM;  // k_smem, v_smem
   static constexpr int Q_ELEMS = BLOCK_Q * HEAD_DIM;    // one q_smem or do_smem buffer
-  static constexpr int DS_ELEMS = BLOCK_KV * BLOCK_Q;   // ds_smem
-  static constexpr int SMEM_BYTES = (2 * KV_ELEMS + 2 * Q_STAGES * Q_ELEMS + DS_ELEMS) * 2 +
+  static constexpr int DS_ELEMS = BLOCK_KV * BLOCK_Q;   // ds_smem, and p_smem with COL_GROUPS > 1
+  static constexpr int SMEM_BYTES = (2 * KV_ELEMS + 2 * Q_STAGES * Q_ELEMS + (COL_GROUPS > 1 ? 2 : 1) * DS_ELEMS) * 2 +
                                     2 * Q_STAGES * BLOCK_Q * 4;  // + the rows' LSE and D, fp32
 
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "tile widths are multiples of 64 up to 256");
@@ -195,13 +202,15 @@ struct Traits {
   static_assert(NUM_WARPS % DQ_ROW_GROUPS == 0 && SLICE % (16 * DQ_COL_GROUPS) == 0,
                 "dQ's m16 tiles and column groups divide the warps; B fragments come two n8 tiles at a time");
   static_assert(Q_STAGES == 1 || Q_STAGES == 2, "one Q/dO buffer or two");
+  static_assert(COL_GROUPS == 1 || (Q_STAGES == 2 && WARP_COLS % 64 == 0 && WARP_QUERIES % 16 == 0),
+                "shared keys: the next Q/dO is copied during this one, a warp's columns are whole swizzle groups");
   static_assert(NUM_THREADS >= 2 * (BLOCK_Q / 4), "one thread per 16-byte chunk of the rows' LSE and D");
 };
 
 template <int CONFIG>
 using TraitsOf = Traits<kConfigs[CONFIG].head_dim, kConfigs[CONFIG].block_q, kConfigs[CONFIG].block_kv,
                         kConfigs[CONFIG].q_stages, kConfigs[CONFIG].d_slices, kConfigs[CONFIG].min_blocks,
-                        kConfigs[CONFIG].key_tiles>;
+                        kConfigs[CONFIG].key_tiles, kConfigs[CONFIG].col_groups>;
 
 // The deterministic mode's dQ kernel: a block owns BLOCK_Q query rows (16 per warp) of one query head
 // and SLICE columns of dQ, and loops over the K/V tiles that row block sees. dQ is its own sum, in a
