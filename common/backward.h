@@ -87,9 +87,17 @@ struct BackwardHostInputs {
 };
 
 // fp64 on the CPU, from the inputs alone: P recomputed exactly (not from a given LSE), D = Σ P∘dP.
-// rounded = true: the same computation done in the dtype: P, O (for D = rowsum(dO∘O)) and dS rounded
-// to the dtype before they are used, every product accumulated in fp64.
+// A row with no key to attend (causal, seqlen_q > seqlen_k) has P = 0: dQ = 0 and nothing in dK, dV.
+// rounded = true: the same computation done in the dtype, where a FlashAttention-2 kernel rounds:
+//   O = P·V rounded to the dtype (the forward's output), D = rowsum(dO ∘ O);
+//   P rounded to the dtype before dV = Pᵀ·dO (the operand of that matrix product);
+//   dS = P ∘ (dP − D) formed from the unrounded P, then rounded before dQ = scale·dS·K and
+//   dK = scale·dSᵀ·Q (scale applied after the products, as the kernels apply it to the fp32 sums);
+//   dP, D and every product accumulated in fp64.
 BackwardReference reference_cpu_backward(const BackwardProblem& p, const BackwardHostInputs& in, bool rounded);
+
+// x rounded to the nearest fp16 or bf16 value (ties to even), ±inf beyond the largest finite one.
+double round_to_dtype(double x, int32_t dtype);
 
 // Multiply-adds of the CPU backward reference (to decide when it is too slow).
 double reference_cpu_backward_cost(const BackwardProblem& p);
@@ -107,6 +115,9 @@ class GpuBackwardReference {
 
   void run(const BackwardProblem& p, const BackwardTensors& t, bool rounded, float* dq32, float* dk32, float* dv32,
            cudaStream_t stream);
+
+  // The scratch budget (default 1 GiB) that sets the rows of a chunk; tests lower it to have chunks.
+  void set_max_scratch_bytes(size_t bytes) { max_scratch_bytes_ = bytes; }
 
  private:
   cublasHandle_t handle_ = nullptr;
