@@ -131,7 +131,9 @@ class GpuBackwardReference {
 // checked launch.
 class BackwardWorkload {
  public:
-  BackwardWorkload(const BackwardProblem& shape, uint64_t seed);
+  // `shape` gives the sizes, dtype, causal flag, scale and every stride. Layout::packed_qkv replaces
+  // the strides of Q, K and V by views into one packed buffer (Workload's; needs seqlen_q == seqlen_k).
+  BackwardWorkload(const BackwardProblem& shape, uint64_t seed, Layout layout = Layout::separate);
 
   const BackwardProblem& problem() const { return p_; }
   BackwardTensors tensors() const;
@@ -163,5 +165,9 @@ struct GradComparison {
 GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& s, int64_t batch, int64_t rows,
                                 int64_t heads, int64_t head_dim, const std::vector<float>& out,
                                 const std::vector<double>& exact, const std::vector<double>& lowp);
+// The same against the GPU reference's fp32 arrays (GpuBackwardReference, rounded = false and true).
+GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& s, int64_t batch, int64_t rows,
+                                int64_t heads, int64_t head_dim, const std::vector<float>& out,
+                                const std::vector<float>& exact, const std::vector<float>& lowp);
 
 }  // namespace fs
