@@ -255,7 +255,10 @@ void PreparedDecode::launch(const DecodeTensors& t, cudaStream_t stream) const {
 }
 
 PreparedBackward::PreparedBackward(const Step& step, const BackwardProblem& p, const DeviceInfo& dev)
-    : step_(&step), problem_(p), plan_(plan_backward_for(step, p, dev)) {
+    : PreparedBackward(step, p, plan_backward_for(step, p, dev)) {}
+
+PreparedBackward::PreparedBackward(const Step& step, const BackwardProblem& p, Plan plan)
+    : step_(&step), problem_(p), plan_(std::move(plan)) {
   if (!plan_.accepted()) throw Error("step " + step.id + " refused " + describe(p) + ": " + plan_.refusal);
   workspace_ = DeviceBuffer(plan_.workspace_bytes);
 }

@@ -230,6 +230,7 @@ class PreparedDecode {
 class PreparedBackward {
  public:
   PreparedBackward(const Step& step, const BackwardProblem& p, const DeviceInfo& dev);
+  PreparedBackward(const Step& step, const BackwardProblem& p, Plan plan);  // a plan made by plan_backward_for
   void launch(const BackwardTensors& t, cudaStream_t stream) const;
   const Plan& plan() const { return plan_; }
 
