@@ -165,8 +165,9 @@ class FlashSteps:
         lib.fs_decode_problem_init.argtypes = ([ctypes.POINTER(FsDecodeProblem)] + [ctypes.c_int64] * 6
                                                + [ctypes.c_int32] * 2 + [ctypes.c_int64])
         lib.fs_decode_problem_init.restype = None
-        lib.fs_step_decodes.argtypes = [ctypes.c_int]
-        lib.fs_step_decodes.restype = ctypes.c_int
+        for name in ("fs_step_decodes", "fs_step_has_forward", "fs_step_has_backward"):
+            getattr(lib, name).argtypes = [ctypes.c_int]
+            getattr(lib, name).restype = ctypes.c_int
         lib.fs_decode_check.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsDecodeProblem)]
         lib.fs_decode_check.restype = ctypes.c_int
         lib.fs_decode_workspace_size.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsDecodeProblem),
@@ -189,6 +190,8 @@ class FlashSteps:
                 "dir": self.lib.fs_step_dir(i).decode(),
                 "min_compute_capability": self.lib.fs_step_min_compute_capability(i),
                 "decodes": self.lib.fs_step_decodes(i) == 1,
+                "forward": self.lib.fs_step_has_forward(i) == 1,
+                "backward": self.lib.fs_step_has_backward(i) == 1,
             })
         return out
 
@@ -675,7 +678,7 @@ def run(args) -> int:
         print(f"compare_torch: cannot load {args.lib} ({e}); build it (cmake --build build) or pass --lib",
               file=sys.stderr)
         return 1
-    steps = lib.steps()
+    steps = [s for s in lib.steps() if s["forward"]]  # a backward-only step has no forward pass to sweep
     if args.steps:
         wanted = [s.strip() for s in args.steps.split(",") if s.strip()]
         steps = [s for s in steps if any(s["id"].startswith(w) for w in wanted)]
@@ -1136,7 +1139,7 @@ def run_decode(args) -> int:
               file=sys.stderr)
         return 1
     wanted = [w.strip() for w in (args.steps or DECODE_DEFAULT_STEPS).split(",") if w.strip()]
-    steps = [s for s in lib.steps() if any(s["id"].startswith(w) for w in wanted)]
+    steps = [s for s in lib.steps() if s["forward"] and any(s["id"].startswith(w) for w in wanted)]
     backends = [b for b in args.backends.split(",") if b]
     try:
         unknown = [b for b in backends if b not in TORCH_BACKENDS]

@@ -68,6 +68,9 @@ double backward_flops(const BackwardProblem& p);
 // The largest error a step's gradient may have: 2·ref_err + u·max_abs_exact (see above).
 double backward_bound(int32_t dtype, double ref_err, double max_abs_exact);
 
+// A short description, e.g. "backward b2 h16/16 sq2048 sk2048 d128 fp16 causal deterministic".
+std::string describe(const BackwardProblem& p);
+
 // dQ = 0 (seqlen_k == 0) or dK = dV = 0 (seqlen_q == 0): the answer when one side is empty.
 void fill_empty_gradients(const BackwardProblem& p, const BackwardTensors& t, cudaStream_t stream);
 
@@ -87,9 +90,17 @@ struct BackwardHostInputs {
 };
 
 // fp64 on the CPU, from the inputs alone: P recomputed exactly (not from a given LSE), D = Σ P∘dP.
-// rounded = true: the same computation done in the dtype: P, O (for D = rowsum(dO∘O)) and dS rounded
-// to the dtype before they are used, every product accumulated in fp64.
+// A row with no key to attend (causal, seqlen_q > seqlen_k) has P = 0: dQ = 0 and nothing in dK, dV.
+// rounded = true: the same computation done in the dtype, where a FlashAttention-2 kernel rounds:
+//   O = P·V rounded to the dtype (the forward's output), D = rowsum(dO ∘ O);
+//   P rounded to the dtype before dV = Pᵀ·dO (the operand of that matrix product);
+//   dS = P ∘ (dP − D) formed from the unrounded P, then rounded before dQ = scale·dS·K and
+//   dK = scale·dSᵀ·Q (scale applied after the products, as the kernels apply it to the fp32 sums);
+//   dP, D and every product accumulated in fp64.
 BackwardReference reference_cpu_backward(const BackwardProblem& p, const BackwardHostInputs& in, bool rounded);
+
+// x rounded to the nearest fp16 or bf16 value (ties to even), ±inf beyond the largest finite one.
+double round_to_dtype(double x, int32_t dtype);
 
 // Multiply-adds of the CPU backward reference (to decide when it is too slow).
 double reference_cpu_backward_cost(const BackwardProblem& p);
@@ -108,6 +119,9 @@ class GpuBackwardReference {
   void run(const BackwardProblem& p, const BackwardTensors& t, bool rounded, float* dq32, float* dk32, float* dv32,
            cudaStream_t stream);
 
+  // The scratch budget (default 1 GiB) that sets the rows of a chunk; tests lower it to have chunks.
+  void set_max_scratch_bytes(size_t bytes) { max_scratch_bytes_ = bytes; }
+
  private:
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer scratch_;
@@ -120,7 +134,9 @@ class GpuBackwardReference {
 // checked launch.
 class BackwardWorkload {
  public:
-  BackwardWorkload(const BackwardProblem& shape, uint64_t seed);
+  // `shape` gives the sizes, dtype, causal flag, scale and every stride. Layout::packed_qkv replaces
+  // the strides of Q, K and V by views into one packed buffer (Workload's; needs seqlen_q == seqlen_k).
+  BackwardWorkload(const BackwardProblem& shape, uint64_t seed, Layout layout = Layout::separate);
 
   const BackwardProblem& problem() const { return p_; }
   BackwardTensors tensors() const;
@@ -152,5 +168,9 @@ struct GradComparison {
 GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& s, int64_t batch, int64_t rows,
                                 int64_t heads, int64_t head_dim, const std::vector<float>& out,
                                 const std::vector<double>& exact, const std::vector<double>& lowp);
+// The same against the GPU reference's fp32 arrays (GpuBackwardReference, rounded = false and true).
+GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& s, int64_t batch, int64_t rows,
+                                int64_t heads, int64_t head_dim, const std::vector<float>& out,
+                                const std::vector<float>& exact, const std::vector<float>& lowp);
 
 }  // namespace fs

@@ -3,58 +3,15 @@
 #include <sstream>
 
 #include "checked.h"
+#include "cublas_check.h"
 #include "dtype.cuh"
 #include "reference.h"
+#include "reference_kernels.cuh"
 #include "workload.h"
 
 namespace fs {
 
 namespace {
-
-void check_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
-  if (st == CUBLAS_STATUS_SUCCESS) return;
-  std::ostringstream m;
-  m << file << ":" << line << ": " << expr << " failed: " << cublasGetStatusName(st) << " ("
-    << cublasGetStatusString(st) << ")";
-  throw CudaError(m.str());
-}
-#define CHECK_CUBLAS(expr) check_cublas((expr), #expr, __FILE__, __LINE__)
-
-constexpr int kSoftmaxThreads = 256;
-
-// One block per row of S: masked max, sum of exponentials, P = exp(s - max) / sum, LSE = max + log(sum).
-// S holds `group` heads × `rows` query rows × Sk keys, for query rows i0 … i0+rows-1 of heads
-// h0 … h0+group-1.
-__global__ void masked_softmax_kernel(float* s, int64_t rows, int64_t seqlen_q, int64_t seqlen_k,
-                                      int64_t i0, int64_t b, int64_t h0, int64_t heads_q, bool causal,
-                                      float* lse) {
-  const int64_t r = blockIdx.x;
-  const int64_t g = r / rows, i = i0 + r % rows;
-  float* row = s + r * seqlen_k;
-  const int64_t allowed = causal ? std::min<int64_t>(seqlen_k, std::max<int64_t>(i + seqlen_k - seqlen_q + 1, 0))
-                                 : seqlen_k;
-  __shared__ float red[kSoftmaxThreads / 32];
-  auto block_reduce = [&](float x, bool is_max) {
-    for (int o = 16; o > 0; o /= 2) {
-      const float y = __shfl_xor_sync(0xffffffffu, x, o);
-      x = is_max ? fmaxf(x, y) : x + y;
-    }
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
-    __syncthreads();
-    x = red[0];
-    for (int w = 1; w < kSoftmaxThreads / 32; ++w) x = is_max ? fmaxf(x, red[w]) : x + red[w];
-    __syncthreads();
-    return x;
-  };
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) m = fmaxf(m, row[j]);
-  m = block_reduce(m, true);
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) sum += expf(row[j] - m);
-  sum = block_reduce(sum, false);
-  for (int64_t j = threadIdx.x; j < seqlen_k; j += blockDim.x) row[j] = j < allowed ? expf(row[j] - m) / sum : 0.0f;
-  if (lse && threadIdx.x == 0) lse[(b * heads_q + h0 + g) * seqlen_q + i] = allowed > 0 ? m + logf(sum) : -INFINITY;
-}
 
 // V of one (batch, K/V head) as a contiguous fp32 (Sk, D) matrix.
 template <typename T>

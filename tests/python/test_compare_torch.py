@@ -135,6 +135,8 @@ class Library(unittest.TestCase):
         self.assertEqual(steps[0]["id"], "01_naive")
         self.assertTrue(all(s["lesson"] for s in steps))
         self.assertEqual(steps[0]["dir"], "01_naive")
+        self.assertTrue(all(s["forward"] or s["backward"] for s in steps))  # a step runs one pass or both
+        self.assertTrue(steps[0]["forward"])
 
     def test_problem_init_and_strides(self):
         p = self.lib.problem(2, 512, 512, 16, 16, 128, "bf16", True)

@@ -1,0 +1,50 @@
+// One gradient tensor against the references, by the backward's acceptance rule (common/backward.h).
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "backward.h"
+
+namespace fs {
+
+std::string GradComparison::summary() const {
+  std::ostringstream m;
+  m << name << " " << (pass() ? "PASS" : "FAIL") << ": max |err| " << max_abs_err << ", bound " << bound
+    << " (2 x the dtype reference's " << ref_err << " + u x max |exact|), non-finite " << nonfinite;
+  return m.str();
+}
+
+GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& s, int64_t batch, int64_t rows,
+                                int64_t heads, int64_t head_dim, const std::vector<float>& out,
+                                const std::vector<double>& exact, const std::vector<double>& lowp) {
+  GradComparison c;
+  c.name = name;
+  double max_exact = 0;
+  for (size_t e = 0; e < exact.size(); ++e) {
+    max_exact = std::max(max_exact, std::fabs(exact[e]));
+    c.ref_err = std::max(c.ref_err, std::fabs(lowp[e] - exact[e]));
+  }
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const double got = out[size_t(b * s.batch + i * s.row + h * s.head + d)];
+          if (!std::isfinite(got)) {
+            ++c.nonfinite;
+            continue;
+          }
+          const double want = exact[size_t(((b * rows + i) * heads + h) * head_dim + d)];
+          c.max_abs_err = std::max(c.max_abs_err, std::fabs(got - want));
+        }
+  c.bound = backward_bound(dtype, c.ref_err, max_exact);
+  return c;
+}
+
+GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& s, int64_t batch, int64_t rows,
+                                int64_t heads, int64_t head_dim, const std::vector<float>& out,
+                                const std::vector<float>& exact, const std::vector<float>& lowp) {
+  return compare_gradient(name, dtype, s, batch, rows, heads, head_dim, out,
+                          std::vector<double>(exact.begin(), exact.end()), std::vector<double>(lowp.begin(), lowp.end()));
+}
+
+}  // namespace fs

@@ -1,0 +1,56 @@
+// Kernels the two cuBLAS references share: the forward's (reference_gpu.cu) and the backward's
+// (reference_gpu_backward.cu). Each .cu that includes this file gets its own copy (anonymous namespace).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace fs {
+namespace {
+
+constexpr int kSoftmaxThreads = 256;
+
+// The max (is_max) or the sum of x over a block of kSoftmaxThreads threads; every thread gets it.
+__device__ inline float block_reduce(float x, bool is_max) {
+  __shared__ float red[kSoftmaxThreads / 32];
+  for (int o = 16; o > 0; o /= 2) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = is_max ? fmaxf(x, y) : x + y;
+  }
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
+  __syncthreads();
+  x = red[0];
+  for (int w = 1; w < kSoftmaxThreads / 32; ++w) x = is_max ? fmaxf(x, red[w]) : x + red[w];
+  __syncthreads();  // red is free again for the next call
+  return x;
+}
+
+// The keys query row i may attend: 0 … keys-1 (all of them, or bottom-right causal; 0 when none).
+__device__ inline int64_t visible_keys(int64_t i, int64_t seqlen_q, int64_t seqlen_k, bool causal) {
+  return causal ? std::min<int64_t>(seqlen_k, std::max<int64_t>(i + seqlen_k - seqlen_q + 1, 0)) : seqlen_k;
+}
+
+// One block of kSoftmaxThreads per row of S: masked max, sum of exponentials, P = exp(s - max) / sum,
+// and (lse not null) LSE = max + log(sum). S holds `group` heads × `rows` query rows × Sk keys, for
+// query rows i0 … i0+rows-1 of heads h0 … h0+group-1. A row with no key gets P = 0, LSE = -inf.
+__global__ void masked_softmax_kernel(float* s, int64_t rows, int64_t seqlen_q, int64_t seqlen_k,
+                                      int64_t i0, int64_t b, int64_t h0, int64_t heads_q, bool causal,
+                                      float* lse) {
+  const int64_t r = blockIdx.x;
+  const int64_t g = r / rows, i = i0 + r % rows;
+  float* row = s + r * seqlen_k;
+  const int64_t allowed = visible_keys(i, seqlen_q, seqlen_k, causal);
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) m = fmaxf(m, row[j]);
+  m = block_reduce(m, true);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) sum += expf(row[j] - m);
+  sum = block_reduce(sum, false);
+  for (int64_t j = threadIdx.x; j < seqlen_k; j += blockDim.x) row[j] = j < allowed ? expf(row[j] - m) / sum : 0.0f;
+  if (lse && threadIdx.x == 0) lse[(b * heads_q + h0 + g) * seqlen_q + i] = allowed > 0 ? m + logf(sum) : -INFINITY;
+}
+
+}  // namespace
+}  // namespace fs
