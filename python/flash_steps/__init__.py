@@ -21,7 +21,8 @@ from ._capi import (DTYPE_CODES, FS_BF16, FS_FP16, CudaError, FlashStepsError, F
                     FsDecodeProblem, FsProblem, FsStrides, InternalError, InvalidArgument, Library, LibraryNotFound,
                     OutOfMemory, Step, UnknownStep, find_library, library_candidates)
 from ._capi import load as load_library
-from ._torch import attention, backward, decode, forward  # PyTorch is imported when they are called
+from ._args import backward_problem, decode_problem, forward_problem
+from ._torch import attention, backward, decode, default_step, forward  # PyTorch is imported when they are called
 
 _library = None
 
@@ -42,6 +43,7 @@ def steps() -> list[Step]:
 
 
 __all__ = ["library", "load_library", "find_library", "library_candidates", "steps", "forward", "backward",
-           "attention", "decode", "Library", "Step", "FlashStepsError", "InvalidArgument", "UnknownStep",
-           "CudaError", "OutOfMemory", "InternalError", "LibraryNotFound", "FsProblem", "FsDecodeProblem",
-           "FsBackwardProblem", "FsStrides", "DTYPE_CODES", "FS_FP16", "FS_BF16"]
+           "attention", "decode", "default_step", "forward_problem", "backward_problem", "decode_problem",
+           "Library", "Step", "FlashStepsError", "InvalidArgument", "UnknownStep", "CudaError", "OutOfMemory",
+           "InternalError", "LibraryNotFound", "FsProblem", "FsDecodeProblem", "FsBackwardProblem", "FsStrides",
+           "DTYPE_CODES", "FS_FP16", "FS_BF16"]

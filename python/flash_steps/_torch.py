@@ -56,6 +56,14 @@ def _default_step(lib: Library, kind: str, p, device: int) -> str:
                           + ("; ".join(refusals[:4]) or f"no step has a {kind} pass") + ")")
 
 
+def default_step(kind: str, problem, device: int | None = None) -> str:
+    """The step flash_steps uses when none is given: the newest registered step that accepts `problem`
+    (an FsProblem for "forward", FsBackwardProblem for "backward", FsDecodeProblem for "decode") on the
+    current CUDA device; `device` (its index) only keys the memo. Raises InvalidArgument with the
+    refusals of the newest steps when none accepts it."""
+    return _default_step(_library(), kind, problem, -1 if device is None else device)
+
+
 def _empty(shape, dtype, device):
     return _torch().empty(tuple(shape), dtype=dtype, device=device)
 
@@ -192,4 +200,4 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, step: s
     return _attention_function.apply(q, k, v, causal, scale, step, backward_step, deterministic)
 
 
-__all__ = ["forward", "backward", "decode", "attention", "usable"]
+__all__ = ["forward", "backward", "decode", "attention", "default_step", "usable"]
