@@ -346,5 +346,50 @@ class Arguments(unittest.TestCase):
                       self.refused(fs.decode_problem, q, pages, pages, q, None, None, False, None, None, 0, False))
 
 
+class DefaultStep(unittest.TestCase):
+    """The step used when none is given: the newest that accepts the problem, among those with the pass."""
+
+    class FakeLibrary:
+        def __init__(self, refuse):
+            self.refuse, self.calls = refuse, []
+            self.check = self.backward_check = self.decode_check = self.accepts
+
+        def steps(self):
+            def step(i, decodes=False, backward=False):
+                return fs.Step(i, i, "lesson", i, 80, decodes, backward)
+            return [step("07g_fa2"), step("08_hopper"), step("10_decoding", decodes=True),
+                    step("11_backward", backward=True)]
+
+        def accepts(self, step_id, p):
+            self.calls.append(step_id)
+            if step_id in self.refuse:
+                raise fs.InvalidArgument(1, "fs_check", f"{step_id} refuses")
+
+    def setUp(self):
+        fs._torch._defaults.clear()
+
+    def test_newest_that_accepts(self):
+        lib = self.FakeLibrary({"11_backward", "10_decoding"})  # 11 has no forward, 10 refuses this one
+        p = fs.FsProblem(batch=1, head_dim=64)
+        self.assertEqual(fs._torch._default_step(lib, "forward", p, 0), "08_hopper")
+        self.assertEqual(lib.calls, ["11_backward", "10_decoding", "08_hopper"])
+        self.assertEqual(fs._torch._default_step(lib, "forward", p, 0), "08_hopper")  # remembered
+        self.assertEqual(len(lib.calls), 3)
+        self.assertEqual(fs._torch._default_step(lib, "forward", fs.FsProblem(batch=2), 0), "08_hopper")
+        self.assertEqual(len(lib.calls), 6)  # another problem: asked again
+
+    def test_only_steps_with_the_pass(self):
+        lib = self.FakeLibrary(set())
+        self.assertEqual(fs._torch._default_step(lib, "backward", fs.FsBackwardProblem(), 0), "11_backward")
+        self.assertEqual(fs._torch._default_step(lib, "decode", fs.FsDecodeProblem(), 0), "10_decoding")
+
+    def test_none_accepts(self):
+        lib = self.FakeLibrary({"11_backward"})
+        with self.assertRaises(fs.InvalidArgument) as e:
+            fs._torch._default_step(lib, "backward", fs.FsBackwardProblem(), 0)
+        self.assertEqual(e.exception.message, "no registered step runs this backward problem on this device "
+                                              "(11_backward: 11_backward refuses)")
+
+
 if __name__ == "__main__":
     unittest.main()
