@@ -76,7 +76,6 @@ import dataclasses
 import datetime
 import json
 import math
-import os
 import platform
 import subprocess
 import sys
