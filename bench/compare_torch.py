@@ -11,7 +11,7 @@ The sweep is the library's (common/sweep.h, through fs_sweep_*): every shape hol
 tokens and H*d = 2048 channels (16 heads at head_dim 128, 32 at 64), so every shape moves the same
 Q/K/V bytes and only the quadratic cost of attention grows along it. Q, K, V are (B, N, H, d)
 tensors drawn as 0.25 + N(0, 1) (never zeros); our steps get their data_ptr() and strides through
-the C ABI of common/flash_steps.h (libflash_steps.so, loaded with ctypes), SDPA gets (B, H, N, d)
+the C ABI of common/flash_steps.h (the flash_steps package of python/), SDPA gets (B, H, N, d)
 views of the same memory (q.transpose(1, 2)), which is the layout FlashAttention reads natively.
 
 Timing, identical for every implementation: one checked launch, one timed probe launch, then
@@ -42,6 +42,26 @@ same; --decode-causal for bottom-right causal, SDPA through torch.nn.attention.b
     python3 bench/compare_torch.py --decode              every shape, about a minute on an H200
     python3 bench/compare_torch.py --decode --decode-shapes 8x32768x32x8 --dtypes fp16 --decode-seqlens-q 1
 
+Backward (--backward): the sweep from seqlen 1024 on (d 64 and 128, causal off and on, fp16 and bf16),
+the same Q, K, V and dO for everyone, only the backward timed. Our steps with a backward pass
+(fs_step_has_backward) start from O and LSE of one forward of ours (--forward-step, default the newest
+step that accepts the shape) and are timed at deterministic 0 and again at 1 (column "<nn> det"); a
+launch is one fs_run_backward, which includes the step's own preprocessing (D = rowsum(dO*O)) and the
+conversion of its dQ accumulator. SDPA (flash, cuDNN, memory-efficient) runs its forward once with
+requires_grad, on (B, H, N, d) views of leaf (B, N, H, d) tensors; a launch is then
+torch.autograd.grad(o, (q_view, k_view, v_view), dO, retain_graph=True): exactly the backward node of
+SDPA (with its own preprocessing), no forward, no transpose or accumulation into .grad, and dO is given
+in O's own strides so that no backend copies it to another layout inside the timed call. PyTorch's
+autograd dispatch is hidden behind the queued GPU work as above. TFLOP/s by fs_backward_flops (2.5 x
+the forward's FLOPs). Check: batch 0, heads 0 and 1, dQ, dK, dV against an fp32 reference computed
+here (P recomputed, TF32 off); each gradient must be within fs_backward_bound(dtype, ref_err,
+max|exact|) = 2*ref_err + u*max|exact|, where ref_err is the error of the first SDPA backend (flash by
+default) against the same reference; no NaN or infinity anywhere; a deterministic row must give the
+same bits on a second run. Results go to bench/results/compare_torch_backward-<UTC date>.json and .csv.
+
+    python3 bench/compare_torch.py --backward                 every shape
+    python3 bench/compare_torch.py --backward --quick         seqlen 1k, 2k, 4k at d 128, fp16
+
 FLOPs: fs_problem_flops (4*B*H*Sq*Sk*d, halved when causal). For the steps of each shape, x_step01
 and x_prev (the speed-up over step 01 and over the previous step) come from fs_speedups, the rule
 the runner uses. Results go to bench/results/compare_torch-<UTC date>.json and .csv with the GPU,
@@ -52,11 +72,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import ctypes
+import dataclasses
 import datetime
 import json
 import math
-import os
 import platform
 import subprocess
 import sys
@@ -66,287 +85,49 @@ from pathlib import Path
 import fs_results
 
 REPO = fs_results.REPO
-FS_FP16, FS_BF16 = 0, 1
-DTYPE_CODES = {"fp16": FS_FP16, "bf16": FS_BF16}
-DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
+sys.path.insert(0, str(REPO / "python"))  # the flash_steps package, also without pip install -e
+
+import flash_steps  # noqa: E402  (the one ctypes layer of common/flash_steps.h)
+
 INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # as common/workload.h
 TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
 
 
-# ---- the C ABI of common/flash_steps.h ---------------------------------------------------------
-
-class FsStrides(ctypes.Structure):
-    _fields_ = [("batch", ctypes.c_int64), ("row", ctypes.c_int64), ("head", ctypes.c_int64),
-                ("dim", ctypes.c_int64)]
+def load_library(path):
+    """The package's library (path: --lib; None: $FLASH_STEPS_LIB, else the repository's build dirs)."""
+    return flash_steps.load_library(path)
 
 
-class FsProblem(ctypes.Structure):
-    _fields_ = [
-        ("batch", ctypes.c_int64),
-        ("seqlen_q", ctypes.c_int64),
-        ("seqlen_k", ctypes.c_int64),
-        ("heads_q", ctypes.c_int64),
-        ("heads_kv", ctypes.c_int64),
-        ("head_dim", ctypes.c_int64),
-        ("dtype", ctypes.c_int32),
-        ("causal", ctypes.c_int32),
-        ("softmax_scale", ctypes.c_float),
-        ("q", FsStrides),
-        ("k", FsStrides),
-        ("v", FsStrides),
-        ("o", FsStrides),
-    ]
+def steps_of(lib) -> list[dict]:
+    """The registered steps as dicts (they go into the results files)."""
+    return [dataclasses.asdict(s) for s in lib.steps()]
 
 
-class FsDecodeProblem(ctypes.Structure):
-    _fields_ = [
-        ("batch", ctypes.c_int64),
-        ("seqlen_q", ctypes.c_int64),
-        ("seqlen_k", ctypes.c_int64),
-        ("heads_q", ctypes.c_int64),
-        ("heads_kv", ctypes.c_int64),
-        ("head_dim", ctypes.c_int64),
-        ("dtype", ctypes.c_int32),
-        ("causal", ctypes.c_int32),
-        ("softmax_scale", ctypes.c_float),
-        ("num_splits", ctypes.c_int32),
-        ("checked", ctypes.c_int32),
-        ("page_size", ctypes.c_int64),
-        ("num_pages", ctypes.c_int64),
-        ("max_pages_per_seq", ctypes.c_int64),
-        ("block_table_stride", ctypes.c_int64),
-        ("q", FsStrides),
-        ("k", FsStrides),
-        ("v", FsStrides),
-        ("o", FsStrides),
-    ]
+def refusal(check, *args) -> str:
+    """"" when check(*args) accepts, else the library's sentence (a step that cannot run a problem)."""
+    try:
+        check(*args)
+    except flash_steps.InvalidArgument as e:
+        return e.message
+    return ""
 
 
-class FlashSteps:
-    """libflash_steps.so through ctypes: the registry, fs_check and fs_run, and the rules the tools
-    share (FLOPs, tolerance, speed-ups, the sweep)."""
+def problem_for_tensors(q, k, v, o, causal: bool):
+    """The fs_problem of (B, N, H, d) tensors with their own strides (flash_steps.forward_problem)."""
+    return flash_steps.forward_problem("compare_torch", q, k, v, o, causal, None)
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = str(path)
-        lib = ctypes.CDLL(self.path)
-        lib.fs_problem_init.argtypes = [ctypes.POINTER(FsProblem)] + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 2
-        lib.fs_problem_init.restype = None
-        lib.fs_step_count.argtypes = []
-        lib.fs_step_count.restype = ctypes.c_int
-        for name in ("fs_step_id", "fs_step_name", "fs_step_lesson", "fs_step_dir"):
-            getattr(lib, name).argtypes = [ctypes.c_int]
-            getattr(lib, name).restype = ctypes.c_char_p
-        lib.fs_step_min_compute_capability.argtypes = [ctypes.c_int]
-        lib.fs_step_min_compute_capability.restype = ctypes.c_int
-        lib.fs_check.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsProblem)]
-        lib.fs_check.restype = ctypes.c_int
-        lib.fs_workspace_size.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsProblem), ctypes.POINTER(ctypes.c_uint64)]
-        lib.fs_workspace_size.restype = ctypes.c_int
-        lib.fs_run.argtypes = ([ctypes.c_char_p, ctypes.POINTER(FsProblem)] + [ctypes.c_void_p] * 6
-                               + [ctypes.c_uint64, ctypes.c_void_p])
-        lib.fs_run.restype = ctypes.c_int
-        lib.fs_last_error.argtypes = []
-        lib.fs_last_error.restype = ctypes.c_char_p
-        lib.fs_problem_flops.argtypes = [ctypes.POINTER(FsProblem)]
-        lib.fs_problem_flops.restype = ctypes.c_double
-        lib.fs_tolerance.argtypes = [ctypes.c_int32, ctypes.c_double] + [ctypes.POINTER(ctypes.c_double)] * 3
-        lib.fs_tolerance.restype = ctypes.c_int
-        lib.fs_speedups.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)] + [ctypes.POINTER(ctypes.c_double)] * 3
-        lib.fs_speedups.restype = ctypes.c_int
-        lib.fs_sweep_tokens.argtypes = []
-        lib.fs_sweep_tokens.restype = ctypes.c_int64
-        for name in ("fs_sweep_seqlens", "fs_sweep_head_dims"):
-            getattr(lib, name).argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
-            getattr(lib, name).restype = ctypes.c_int
-        lib.fs_sweep_dtypes.argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_int]
-        lib.fs_sweep_dtypes.restype = ctypes.c_int
-        lib.fs_sweep_shape.argtypes = [ctypes.c_int64] * 3 + [ctypes.POINTER(ctypes.c_int64)] * 2
-        lib.fs_sweep_shape.restype = ctypes.c_int
-        lib.fs_decode_problem_init.argtypes = ([ctypes.POINTER(FsDecodeProblem)] + [ctypes.c_int64] * 6
-                                               + [ctypes.c_int32] * 2 + [ctypes.c_int64])
-        lib.fs_decode_problem_init.restype = None
-        for name in ("fs_step_decodes", "fs_step_has_forward", "fs_step_has_backward"):
-            getattr(lib, name).argtypes = [ctypes.c_int]
-            getattr(lib, name).restype = ctypes.c_int
-        lib.fs_decode_check.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsDecodeProblem)]
-        lib.fs_decode_check.restype = ctypes.c_int
-        lib.fs_decode_workspace_size.argtypes = [ctypes.c_char_p, ctypes.POINTER(FsDecodeProblem),
-                                                 ctypes.POINTER(ctypes.c_uint64)]
-        lib.fs_decode_workspace_size.restype = ctypes.c_int
-        lib.fs_run_decode.argtypes = ([ctypes.c_char_p, ctypes.POINTER(FsDecodeProblem)] + [ctypes.c_void_p] * 8
-                                      + [ctypes.c_uint64, ctypes.c_void_p])
-        lib.fs_run_decode.restype = ctypes.c_int
-        lib.fs_decode_kv_bytes.argtypes = [ctypes.POINTER(FsDecodeProblem), ctypes.POINTER(ctypes.c_int32)]
-        lib.fs_decode_kv_bytes.restype = ctypes.c_double
-        self.lib = lib
 
-    def steps(self) -> list[dict]:
-        out = []
-        for i in range(self.lib.fs_step_count()):
-            out.append({
-                "id": self.lib.fs_step_id(i).decode(),
-                "name": self.lib.fs_step_name(i).decode(),
-                "lesson": self.lib.fs_step_lesson(i).decode(),
-                "dir": self.lib.fs_step_dir(i).decode(),
-                "min_compute_capability": self.lib.fs_step_min_compute_capability(i),
-                "decodes": self.lib.fs_step_decodes(i) == 1,
-                "forward": self.lib.fs_step_has_forward(i) == 1,
-                "backward": self.lib.fs_step_has_backward(i) == 1,
-            })
-        return out
+def sweep_shape(lib, seqlen: int, head_dim: int, causal: bool, dtype: str, tokens: int) -> dict:
+    """The sweep's shape at (seqlen, head_dim): batch and heads from fs_sweep_shape; raises
+    ValueError (flash_steps.InvalidArgument) with the library's sentence when they do not divide."""
+    batch, heads = lib.sweep_shape(tokens, seqlen, head_dim)
+    return {"batch": batch, "seqlen": seqlen, "heads": heads, "head_dim": head_dim, "causal": causal, "dtype": dtype}
 
-    def problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
-                strides=None) -> FsProblem:
-        """fs_problem_init, then the strides of the actual tensors: {"q": (batch, row, head, dim), ...}."""
-        p = FsProblem()
-        self.lib.fs_problem_init(ctypes.byref(p), batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                                 DTYPE_CODES[dtype], int(causal))
-        for name, s in (strides or {}).items():
-            setattr(p, name, FsStrides(*s))
-        return p
 
-    def problem_for_tensors(self, q, k, v, o, causal: bool) -> FsProblem:
-        """The fs_problem of four framework tensors laid out (batch, seqlen, heads, head_dim), with their
-        own strides (a non-contiguous head_dim is passed on for the library to refuse). What the C ABI
-        cannot express is refused here with a sentence: mixed dtypes, a dtype other than fp16/bf16,
-        shapes that disagree."""
-        named = (("Q", q), ("K", k), ("V", v), ("O", o))
-        for name, t in named:
-            if len(t.shape) != 4:
-                raise ValueError(f"{name} has {len(t.shape)} dimensions; it must be (batch, seqlen, heads, head_dim)")
-        if len({str(t.dtype) for _, t in named}) > 1:
-            raise ValueError("dtype mismatch: " + ", ".join(f"{n} is {t.dtype}" for n, t in named)
-                             + "; Q, K, V and O must share one dtype")
-        dtype = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(q.dtype))
-        if dtype is None:
-            raise ValueError(f"the dtype is {q.dtype}; it must be torch.float16 or torch.bfloat16")
-        b, sq, hq, d = (int(x) for x in q.shape)
-        sk, hkv = int(k.shape[1]), int(k.shape[2])
-        if tuple(o.shape) != tuple(q.shape):
-            raise ValueError(f"O is {tuple(o.shape)} but Q is {tuple(q.shape)}; they must match")
-        if tuple(v.shape) != tuple(k.shape):
-            raise ValueError(f"V is {tuple(v.shape)} but K is {tuple(k.shape)}; they must match")
-        if int(k.shape[0]) != b or int(k.shape[3]) != d:
-            raise ValueError(f"K is {tuple(k.shape)} but Q is {tuple(q.shape)}; batch and head_dim must match")
-        strides = {n.lower(): tuple(int(x) for x in t.stride()) for n, t in named}
-        return self.problem(b, sq, sk, hq, hkv, d, dtype, causal, strides)
-
-    def last_error(self) -> str:
-        return self.lib.fs_last_error().decode(errors="replace")
-
-    def check(self, step_id: str, p: FsProblem) -> str:
-        """"" when the step can run p on the current device, else the library's sentence."""
-        rc = self.lib.fs_check(step_id.encode(), ctypes.byref(p))
-        return "" if rc == 0 else self.last_error()
-
-    def workspace_size(self, step_id: str, p: FsProblem) -> int:
-        """Bytes of device workspace the step needs for p (fs_workspace_size); raises if it refuses."""
-        n = ctypes.c_uint64(0)
-        if self.lib.fs_workspace_size(step_id.encode(), ctypes.byref(p), ctypes.byref(n)) != 0:
-            raise RuntimeError(f"fs_workspace_size({step_id}): {self.last_error()}")
-        return n.value
-
-    def runner(self, step_id: str, p: FsProblem, q: int, k: int, v: int, o: int, lse: int, stream: int,
-               workspace: int = 0, workspace_bytes: int = 0):
-        """A no-argument callable that enqueues the step (raises on a non-zero status)."""
-        fs_run, sid, pp = self.lib.fs_run, step_id.encode(), ctypes.byref(p)
-        args = (ctypes.c_void_p(q), ctypes.c_void_p(k), ctypes.c_void_p(v), ctypes.c_void_p(o),
-                ctypes.c_void_p(lse), ctypes.c_void_p(workspace or None), ctypes.c_uint64(workspace_bytes),
-                ctypes.c_void_p(stream))
-
-        def run():
-            if fs_run(sid, pp, *args) != 0:
-                raise RuntimeError(f"fs_run({step_id}): {self.last_error()}")
-        return run
-
-    # ---- decoding problems (fs_decode_problem) ----
-
-    def decode_problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
-                       page_size: int = 0) -> FsDecodeProblem:
-        """fs_decode_problem_init: contiguous Q and O, a contiguous (page_size 0) or paged cache."""
-        p = FsDecodeProblem()
-        self.lib.fs_decode_problem_init(ctypes.byref(p), batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                                        DTYPE_CODES[dtype], int(causal), page_size)
-        return p
-
-    def decode_check(self, step_id: str, p: FsDecodeProblem) -> str:
-        """"" when the step can run the decoding problem on the current device, else the library's sentence."""
-        rc = self.lib.fs_decode_check(step_id.encode(), ctypes.byref(p))
-        return "" if rc == 0 else self.last_error()
-
-    def decode_workspace_size(self, step_id: str, p: FsDecodeProblem) -> int:
-        n = ctypes.c_uint64(0)
-        if self.lib.fs_decode_workspace_size(step_id.encode(), ctypes.byref(p), ctypes.byref(n)) != 0:
-            raise RuntimeError(f"fs_decode_workspace_size({step_id}): {self.last_error()}")
-        return n.value
-
-    def decode_runner(self, step_id: str, p: FsDecodeProblem, q: int, k_cache: int, v_cache: int, block_table: int,
-                      cache_seqlens: int, o: int, lse: int, stream: int, workspace: int = 0, workspace_bytes: int = 0):
-        """A no-argument callable that enqueues fs_run_decode (raises on a non-zero status); 0 for a NULL pointer."""
-        run_decode, sid, pp = self.lib.fs_run_decode, step_id.encode(), ctypes.byref(p)
-        args = tuple(ctypes.c_void_p(x or None) for x in (q, k_cache, v_cache, block_table, cache_seqlens, o, lse,
-                                                          workspace)) + (ctypes.c_uint64(workspace_bytes),
-                                                                         ctypes.c_void_p(stream or None))
-
-        def run():
-            if run_decode(sid, pp, *args) != 0:
-                raise RuntimeError(f"fs_run_decode({step_id}): {self.last_error()}")
-        return run
-
-    def decode_kv_bytes(self, p: FsDecodeProblem) -> float:
-        """fs_decode_kv_bytes with every sequence at seqlen_k keys: the bytes of K and V a launch must read."""
-        return self.lib.fs_decode_kv_bytes(ctypes.byref(p), None)
-
-    # ---- the rules the tools share ----
-
-    def flops(self, p: FsProblem) -> float:
-        """fs_problem_flops: the FlashAttention convention."""
-        return self.lib.fs_problem_flops(ctypes.byref(p))
-
-    def shape_flops(self, s: dict) -> float:
-        """The FLOPs of a sweep shape {"batch", "seqlen", "heads", "head_dim", "causal", "dtype"}."""
-        return self.flops(self.problem(s["batch"], s["seqlen"], s["seqlen"], s["heads"], s["heads"], s["head_dim"],
-                                       s["dtype"], s["causal"]))
-
-    def tolerance(self, dtype: str, max_abs_v: float) -> tuple[float, float, float]:
-        """fs_tolerance: (atol, rtol, lse_tol) of common/compare.h."""
-        out = [ctypes.c_double() for _ in range(3)]
-        if self.lib.fs_tolerance(DTYPE_CODES[dtype], max_abs_v, *(ctypes.byref(x) for x in out)) != 0:
-            raise ValueError(f"fs_tolerance: {self.last_error()}")
-        return tuple(x.value for x in out)
-
-    def speedups(self, ids: list[str], ms: list[float]) -> list[tuple[float, float]]:
-        """fs_speedups: (x_step01, x_prev) per row; ms <= 0 for a row that was not timed."""
-        n = len(ids)
-        c_ids = (ctypes.c_char_p * n)(*(i.encode() for i in ids))
-        c_ms = (ctypes.c_double * n)(*ms)
-        x01, xprev = (ctypes.c_double * n)(), (ctypes.c_double * n)()
-        if self.lib.fs_speedups(n, c_ids, c_ms, x01, xprev) != 0:
-            raise ValueError(f"fs_speedups: {self.last_error()}")
-        return list(zip(x01, xprev))
-
-    def sweep_tokens(self) -> int:
-        return self.lib.fs_sweep_tokens()
-
-    def sweep(self, quick: bool) -> dict:
-        """{"seqlens", "head_dims", "dtypes"} of the full sweep or the quick one (fs_sweep_*)."""
-        def values(fn, ctype):
-            n = fn(int(quick), None, 0)
-            out = (ctype * n)()
-            fn(int(quick), out, n)
-            return list(out)
-        return {"seqlens": values(self.lib.fs_sweep_seqlens, ctypes.c_int64),
-                "head_dims": values(self.lib.fs_sweep_head_dims, ctypes.c_int64),
-                "dtypes": [DTYPE_NAMES[d] for d in values(self.lib.fs_sweep_dtypes, ctypes.c_int32)]}
-
-    def sweep_shape(self, seqlen: int, head_dim: int, causal: bool, dtype: str, tokens: int) -> dict:
-        """The sweep's shape at (seqlen, head_dim): batch and heads from fs_sweep_shape; raises
-        ValueError with the library's sentence when they do not divide."""
-        batch, heads = ctypes.c_int64(), ctypes.c_int64()
-        if self.lib.fs_sweep_shape(tokens, seqlen, head_dim, ctypes.byref(batch), ctypes.byref(heads)) != 0:
-            raise ValueError(self.last_error())
-        return {"batch": batch.value, "seqlen": seqlen, "heads": heads.value, "head_dim": head_dim,
-                "causal": causal, "dtype": dtype}
+def shape_flops(lib, s: dict) -> float:
+    """The forward FLOPs of a sweep shape {"batch", "seqlen", "heads", "head_dim", "causal", "dtype"}."""
+    return lib.flops(lib.problem(s["batch"], s["seqlen"], s["seqlen"], s["heads"], s["heads"], s["head_dim"],
+                                 s["dtype"], s["causal"]))
 
 
 # ---- shapes ------------------------------------------------------------------------------------
@@ -360,13 +141,13 @@ def describe(s: dict) -> str:
             + (" causal" if s["causal"] else ""))
 
 
-def sweep_shapes(lib: FlashSteps, seqlens, head_dims, causals, dtypes, tokens: int) -> list[dict]:
+def sweep_shapes(lib, seqlens, head_dims, causals, dtypes, tokens: int) -> list[dict]:
     """Grouped by (head_dim, causal, dtype), seqlen ascending: each launch is judged from the last."""
-    return [lib.sweep_shape(n, d, c, t, tokens) for d in head_dims for c in causals for t in dtypes
+    return [sweep_shape(lib, n, d, c, t, tokens) for d in head_dims for c in causals for t in dtypes
             for n in sorted(seqlens)]
 
 
-def resolve_sweep(args, lib: FlashSteps) -> None:
+def resolve_sweep(args, lib) -> None:
     """The sweep's lists and token count where the command line left them out: the library's full
     sweep, or its quick one with --quick."""
     sweep = lib.sweep(args.quick)
@@ -484,7 +265,7 @@ def reference_slice(torch, q, k, v, causal: bool, scale: float, heads: int, chun
 
 def compare(torch, o_bnhd, lse_bhn, ref, tol: tuple[float, float, float], o_flash_bnhd=None) -> dict:
     """The check of the module docstring. o_bnhd is (B, N, H, d); lse_bhn (B, H, N) fp32 or None;
-    tol = (atol, rtol, lse_tol) from FlashSteps.tolerance."""
+    tol = (atol, rtol, lse_tol) from Library.tolerance."""
     ref_o, ref_lse = ref
     heads = ref_o.shape[0]
     atol, rtol, lse_tol = tol
@@ -525,7 +306,7 @@ class Sweep:
     """Runs every implementation on every shape; keeps, per implementation, its last measured launch
     so that a launch that would be too slow is skipped before it runs."""
 
-    def __init__(self, torch, lib: FlashSteps, args, steps: list[dict], backends: list[str], env: dict,
+    def __init__(self, torch, lib, args, steps: list[dict], backends: list[str], env: dict,
                  ladder: dict):
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -558,7 +339,7 @@ class Sweep:
         t["ref"] = reference_slice(torch, t["q"], t["k"], t["v"], causal, scale, min(H, 2))
         t["tol"] = self.lib.tolerance(dtype, float(t["v"].abs().max()))
         t["o_flash"] = None
-        prob = self.lib.problem_for_tensors(t["q"], t["k"], t["v"], t["o"], causal)
+        prob = problem_for_tensors(t["q"], t["k"], t["v"], t["o"], causal)
         flops = self.lib.flops(prob)
         # The README's ladder needs every step at the ladder shape, the slow ones included.
         self.limit_ms = args.ladder_max_launch_ms if shape_key(shape) == self.ladder_key else args.max_launch_ms
@@ -579,16 +360,16 @@ class Sweep:
         add_speedups(self.lib, rows)
         return rows
 
-    def step(self, row: dict, step_id: str, prob: FsProblem, t: dict) -> None:
-        why = self.lib.check(step_id, prob)
+    def step(self, row: dict, step_id: str, prob, t: dict) -> None:
+        why = refusal(self.lib.check, step_id, prob)
         if why:
             row.update(status="refused", reason=why)
             return
         ws_bytes = self.lib.workspace_size(step_id, prob)
         ws = self.torch.empty(ws_bytes, dtype=self.torch.uint8, device=t["o"].device) if ws_bytes else None
         fn = self.lib.runner(step_id, prob, t["q"].data_ptr(), t["k"].data_ptr(), t["v"].data_ptr(),
-                             t["o"].data_ptr(), t["lse"].data_ptr(), self.stream,
-                             ws.data_ptr() if ws is not None else 0, ws_bytes)
+                             t["o"].data_ptr(), t["lse"].data_ptr(), ws.data_ptr() if ws is not None else 0,
+                             ws_bytes, self.stream)
 
         def checked():
             t["o"].fill_(float("nan"))  # poisoned: an element the step does not write fails the check
@@ -653,19 +434,20 @@ class Sweep:
         row.update(status="ok" if chk["pass"] else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=n,
                    tflops=flops / (ms * 1e-3) / 1e12)
         if not chk["pass"]:
-            row["reason"] = (f"check failed: {chk['mismatches']} elements outside tolerance of the fp64 reference, "
-                             f"{chk['nonfinite']} non-finite, {chk.get('mismatches_vs_flash', 0)} outside twice the "
-                             f"tolerance of PyTorch flash")
+            row["reason"] = chk.get("why") or (
+                f"check failed: {chk['mismatches']} elements outside tolerance of the fp64 reference, "
+                f"{chk['nonfinite']} non-finite, {chk.get('mismatches_vs_flash', 0)} outside twice the "
+                f"tolerance of PyTorch flash")
 
 
-def plan_shapes(args, lib: FlashSteps) -> tuple[list[dict], dict]:
+def plan_shapes(args, lib) -> tuple[list[dict], dict]:
     """The shapes to measure, ladder shape first when the sweep lacks it, and the ladder shape.
     Raises ValueError with the library's sentence for a seqlen or head_dim the sweep's rule refuses."""
     resolve_sweep(args, lib)
     causals = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
     shapes = sweep_shapes(lib, args.seqlens, args.head_dims, causals, args.dtypes, args.tokens)
-    ladder = lib.sweep_shape(args.ladder_seqlen, args.ladder_head_dim, args.ladder_causal, args.ladder_dtype,
-                             args.tokens)
+    ladder = sweep_shape(lib, args.ladder_seqlen, args.ladder_head_dim, args.ladder_causal, args.ladder_dtype,
+                         args.tokens)
     if shape_key(ladder) not in {shape_key(s) for s in shapes}:
         shapes.insert(0, ladder)
     return shapes, ladder
@@ -673,12 +455,11 @@ def plan_shapes(args, lib: FlashSteps) -> tuple[list[dict], dict]:
 
 def run(args) -> int:
     try:
-        lib = FlashSteps(args.lib)
-    except OSError as e:
-        print(f"compare_torch: cannot load {args.lib} ({e}); build it (cmake --build build) or pass --lib",
-              file=sys.stderr)
+        lib = load_library(args.lib)
+    except flash_steps.LibraryNotFound as e:
+        print(f"compare_torch: {e.message} (or pass --lib)", file=sys.stderr)
         return 1
-    steps = [s for s in lib.steps() if s["forward"]]  # a backward-only step has no forward pass to sweep
+    steps = [s for s in steps_of(lib) if s["has_forward"]]  # a backward-only step has no forward pass to sweep
     if args.steps:
         wanted = [s.strip() for s in args.steps.split(",") if s.strip()]
         steps = [s for s in steps if any(s["id"].startswith(w) for w in wanted)]
@@ -709,7 +490,7 @@ def run(args) -> int:
         "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit,
         "environment": env,
-        "library": os.path.abspath(args.lib),
+        "library": lib.path,
         "timing": {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
                    "budget_ms": args.budget_ms, "max_launch_ms": args.max_launch_ms,
                    "ladder_max_launch_ms": args.ladder_max_launch_ms, "l2_flush": True,
@@ -728,7 +509,7 @@ def run(args) -> int:
     out_base = Path(args.out_dir) / f"compare_torch-{date.strftime('%Y%m%d-%H%M%S')}"
     return measure_shapes(
         result, shapes, sweep, out_base, CSV_FIELDS,
-        heading=lambda shape: f"{describe(shape)}  ({lib.shape_flops(shape) / 1e9:.0f} GFLOP, ",
+        heading=lambda shape: f"{describe(shape)}  ({shape_flops(lib, shape) / 1e9:.0f} GFLOP, ",
         cell=lambda r: (f"{label(r['impl'])} {r['tflops']:.1f}" + ("!" if r["status"] == "fail" else "")
                         if r.get("tflops") else f"{label(r['impl'])} {r['status']}"),
         table=print_table)
@@ -768,7 +549,7 @@ def add_ratios(rows: list[dict]) -> None:
                     r[key] = base[impl] / r["ms"]
 
 
-def add_speedups(lib: FlashSteps, rows: list[dict]) -> None:
+def add_speedups(lib, rows: list[dict]) -> None:
     """x_step01 and x_prev of the step rows of one shape, by the library's rule (fs_speedups); set
     only where there is something to compare."""
     steps = [r for r in rows if r["kind"] == "step"]
@@ -803,9 +584,10 @@ def label(impl: str) -> str:
     return impl.replace("torch_", "pt:")[:10]
 
 
-def print_table(result: dict) -> None:
+def print_table(result: dict, labeler=label) -> None:
     """TFLOP/s, one line per shape, one column per step and for PyTorch flash and cuDNN (the files have
-    every backend); '-' not timed (refused, skipped, unsupported), '!' check failed."""
+    every backend); '-' not timed (refused, skipped, unsupported), '!' check failed. labeler(impl): the
+    column heading."""
     rows = result["rows"]
     impls = []
     for r in rows:
@@ -817,7 +599,7 @@ def print_table(result: dict) -> None:
             shapes.append(r)
     print(f"\nTFLOP/s (median), {result['environment'].get('gpu', '')}, commit {result['commit']}, {result['date']}"
           "   - = not run (refused/skipped),  ! = check failed")
-    head = f"{'shape':34}" + "".join(f"{label(i):>11}" for i in impls)
+    head = f"{'shape':34}" + "".join(f"{labeler(i):>11}" for i in impls)
     print(head)
     by = {(shape_key(r), r["impl"]): r for r in rows}
     for s in shapes:
@@ -908,7 +690,7 @@ def paged_copy(torch, cache, table, page_size: int):
 class DecodeSweep:
     """Every implementation on every decoding shape, on the same tensors; one checked launch, then timed."""
 
-    def __init__(self, torch, lib: FlashSteps, args, steps: list[dict], backends: list[str], env: dict, hbm: dict):
+    def __init__(self, torch, lib, args, steps: list[dict], backends: list[str], env: dict, hbm: dict):
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
         self.torch, self.F, self.sdpa_kernel = torch, F, sdpa_kernel
@@ -1000,7 +782,7 @@ class DecodeSweep:
         b, sk = shape["batch"], shape["seqlen_k"]
         prob = lib.decode_problem(b, shape["seqlen_q"], sk, shape["heads_q"], shape["heads_kv"], shape["head_dim"],
                                   shape["dtype"], shape["causal"], page_size)
-        why = lib.decode_check(step_id, prob)
+        why = refusal(lib.decode_check, step_id, prob)
         if why:
             row.update(status="refused", reason=why)
             return
@@ -1013,20 +795,20 @@ class DecodeSweep:
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda") if ws_bytes else None
         fn = lib.decode_runner(step_id, prob, t["q"].data_ptr(), k.data_ptr(), v.data_ptr(),
                                table.data_ptr() if table is not None else 0, 0, t["o"].data_ptr(), t["lse"].data_ptr(),
-                               self.stream, ws.data_ptr() if ws is not None else 0, ws_bytes)
+                               ws.data_ptr() if ws is not None else 0, ws_bytes, self.stream)
         self.measure(row, fn, lambda: self.checked_step(fn, t))
 
     def forward_step(self, row: dict, step_id: str, t: dict, causal: bool) -> None:
         lib = self.lib
-        prob = lib.problem_for_tensors(t["q"], t["k"], t["v"], t["o"], causal)
-        why = lib.check(step_id, prob)
+        prob = problem_for_tensors(t["q"], t["k"], t["v"], t["o"], causal)
+        why = refusal(lib.check, step_id, prob)
         if why:
             row.update(status="refused", reason=why)
             return
         ws_bytes = lib.workspace_size(step_id, prob)
         ws = self.torch.empty(ws_bytes, dtype=self.torch.uint8, device="cuda") if ws_bytes else None
         fn = lib.runner(step_id, prob, t["q"].data_ptr(), t["k"].data_ptr(), t["v"].data_ptr(), t["o"].data_ptr(),
-                        t["lse"].data_ptr(), self.stream, ws.data_ptr() if ws is not None else 0, ws_bytes)
+                        t["lse"].data_ptr(), ws.data_ptr() if ws is not None else 0, ws_bytes, self.stream)
         self.measure(row, fn, lambda: self.checked_step(fn, t))
 
     def checked_step(self, fn, t: dict) -> dict:
@@ -1133,13 +915,12 @@ def print_decode_table(result: dict) -> None:
 
 def run_decode(args) -> int:
     try:
-        lib = FlashSteps(args.lib)
-    except OSError as e:
-        print(f"compare_torch: cannot load {args.lib} ({e}); build it (cmake --build build) or pass --lib",
-              file=sys.stderr)
+        lib = load_library(args.lib)
+    except flash_steps.LibraryNotFound as e:
+        print(f"compare_torch: {e.message} (or pass --lib)", file=sys.stderr)
         return 1
     wanted = [w.strip() for w in (args.steps or DECODE_DEFAULT_STEPS).split(",") if w.strip()]
-    steps = [s for s in lib.steps() if s["forward"] and any(s["id"].startswith(w) for w in wanted)]
+    steps = [s for s in steps_of(lib) if s["has_forward"] and any(s["id"].startswith(w) for w in wanted)]
     backends = [b for b in args.backends.split(",") if b]
     try:
         unknown = [b for b in backends if b not in TORCH_BACKENDS]
@@ -1167,7 +948,7 @@ def run_decode(args) -> int:
         "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit,
         "environment": env,
-        "library": os.path.abspath(args.lib),
+        "library": lib.path,
         "timing": {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
                    "budget_ms": args.budget_ms, "l2_flush": True, "sleep_us": args.sleep_us,
                    "events": "one pair per launch"},
@@ -1191,11 +972,309 @@ def run_decode(args) -> int:
         table=print_decode_table, after_shape=torch.cuda.empty_cache)
 
 
+# ---- the backward pass (--backward) ------------------------------------------------------------
+
+def backward_label(impl: str) -> str:
+    """A column heading: pt:<backend>, or the step id's number part with ' det' for deterministic = 1."""
+    if impl.startswith("torch_"):
+        return label(impl)
+    return impl.split("_")[0] + (" det" if impl.endswith(DETERMINISTIC_SUFFIX) else "")
+
+
+DETERMINISTIC_SUFFIX = ":det"  # the impl of a step's deterministic row: "11_backward:det"
+
+
+def reference_backward_slice(torch, q, k, v, d_o, causal: bool, scale: float, heads: int, chunk: int = 1024):
+    """fp32 dQ (heads, Sq, d), dK and dV (heads, Sk, d) of batch 0, heads [0, heads), from the inputs alone
+    (P recomputed, D = rowsum(P∘dP)), bottom-right causal, in row chunks, with TF32 off. The sweep has
+    heads_q = heads_kv, so query head h reads K/V head h."""
+    qs, ks, vs, dos = (x[0, :, :heads].transpose(0, 1).float() for x in (q, k, v, d_o))
+    sq, sk = qs.shape[1], ks.shape[1]
+    dq, dk, dv = torch.zeros_like(qs), torch.zeros_like(ks), torch.zeros_like(vs)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for r0 in range(0, sq, chunk):
+            r1 = min(sq, r0 + chunk)
+            s = torch.matmul(qs[:, r0:r1], ks.transpose(1, 2)) * scale
+            if causal:
+                i = torch.arange(r0, r1, device=q.device)[:, None]
+                j = torch.arange(sk, device=q.device)[None, :]
+                s.masked_fill_(j > i + (sk - sq), float("-inf"))
+            m = s.amax(dim=-1, keepdim=True)
+            m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            p = torch.exp(s - m)
+            l = p.sum(dim=-1, keepdim=True)
+            p = torch.where(l > 0, p / l.clamp_min(1e-30), torch.zeros_like(p))  # a row with no key: P = 0
+            dp = torch.matmul(dos[:, r0:r1], vs.transpose(1, 2))
+            ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+            dq[:, r0:r1] = torch.matmul(ds, ks) * scale
+            dk += torch.matmul(ds.transpose(1, 2), qs[:, r0:r1]) * scale
+            dv += torch.matmul(p.transpose(1, 2), dos[:, r0:r1])
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return {"dq": dq, "dk": dk, "dv": dv}
+
+
+def gradient_errors(torch, grads: dict, exact: dict) -> dict:
+    """{name: (max |grad - exact| over the slice, max |exact|)} for dq, dk, dv given as full (B, N, H, d)
+    tensors, and "nonfinite": the count of NaN/inf in the full tensors. A non-finite element counts as an
+    infinite error."""
+    out = {"nonfinite": 0}
+    for name, g in grads.items():
+        ex = exact[name]
+        got = g[0, :, :ex.shape[0]].transpose(0, 1).float()
+        err = torch.nan_to_num((got - ex).abs(), nan=float("inf"))
+        out[name] = (float(err.max()), float(ex.abs().max()))
+        out["nonfinite"] += int((~torch.isfinite(g)).sum())
+    return out
+
+
+class BackwardSweep(Sweep):
+    """On every shape, the same Q, K, V and dO: SDPA's backward for each backend, and each step with a
+    backward pass at deterministic 0 and 1 from O and LSE of one forward of ours. Only the backward is
+    timed (module docstring); each is checked against an fp32 reference by fs_backward_bound."""
+
+    def __init__(self, torch, lib, args, steps: list[dict], backends: list[str], env: dict):
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        self.torch, self.F, self.sdpa_kernel = torch, F, sdpa_kernel
+        self.sdp = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                    "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+        self.lib, self.args = lib, args
+        self.impls = ([("torch_" + b, "torch", b) for b in backends]
+                      + [(s["id"] + (DETERMINISTIC_SUFFIX if det else ""), "step", (s["id"], det))
+                         for s in steps for det in (False, True)])
+        self.timer = Timer(torch, env["l2_bytes"] or (64 << 20), args.sleep_us)
+        self.stream = torch.cuda.current_stream().cuda_stream
+        self.last: dict[str, dict] = {}
+        self.limit_ms = args.max_launch_ms
+        self.ref_err, self.ref_impl = None, ""  # per shape: the first SDPA backend's errors, and its name
+
+    def shape(self, si: int, shape: dict) -> list[dict]:
+        torch, args, lib = self.torch, self.args, self.lib
+        self.ref_err, self.ref_impl = None, ""
+        B, N, H, D = shape["batch"], shape["seqlen"], shape["heads"], shape["head_dim"]
+        causal, dtype = shape["causal"], shape["dtype"]
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(args.seed + si)
+
+        def draw():  # (B, N, H, d), offset + sigma * N(0, 1), rounded to the dtype
+            x = torch.randn(B, N, H, D, device="cuda", dtype=torch.float32, generator=gen)
+            return (x * INPUT_SIGMA + INPUT_OFFSET).to(torch.float16 if dtype == "fp16" else torch.bfloat16)
+
+        t = {"q": draw(), "k": draw(), "v": draw(), "d_o": draw()}
+        scale = 1.0 / math.sqrt(D)
+        t["exact"] = reference_backward_slice(torch, t["q"], t["k"], t["v"], t["d_o"], causal, scale, min(H, 2))
+        flops = backward_shape_flops(lib, shape)
+        rows = []
+        for impl, kind, what in self.impls:
+            row = dict(shape, impl=impl, kind=kind, flops=flops, status="", reason="",
+                       deterministic=bool(kind == "step" and what[1]))
+            rows.append(row)
+            try:
+                if kind == "step":
+                    self.step_backward(row, what[0], what[1], t, causal, scale)
+                else:
+                    self.backend_backward(row, what, t, causal, scale)
+            except Exception as e:  # one implementation's failure must not end the sweep
+                msg = fmt_err(e)
+                unsupported = kind == "torch" and ("No available kernel" in msg or "not supported" in msg.lower())
+                row.update(status="unsupported" if unsupported else "error", reason=msg)
+        add_ratios(rows)
+        return rows
+
+    def judged(self, dtype: str, errors: dict, own_reference: bool) -> dict:
+        """The check's fields of a row: per gradient its error and fs_backward_bound(dtype, ref_err, max|exact|)
+        with ref_err the reference backend's error (the reference backend itself passes by definition)."""
+        res = {"nonfinite": errors["nonfinite"], "ref_impl": ""}
+        failed = []
+        for name in ("dq", "dk", "dv"):
+            err, max_exact = errors[name]
+            res[name + "_err"] = err
+            if own_reference:
+                continue
+            ref = self.ref_err
+            if ref is None:
+                failed.append(f"{name}: no SDPA backend gave the reference error")
+                continue
+            res["ref_impl"] = self.ref_impl
+            res[name + "_bound"] = bound = self.lib.backward_bound(dtype, ref[name][0], max_exact)
+            if not err <= bound:
+                failed.append(f"{name} error {err:.3g} over the bound {bound:.3g}")
+        if errors["nonfinite"]:
+            failed.append(f"{errors['nonfinite']} non-finite elements")
+        res["pass"] = not failed
+        if failed:
+            res["why"] = "check failed: " + "; ".join(failed) + (
+                f" (fs_backward_bound: 2*ref_err + u*max|exact|, ref_err of {self.ref_impl} against the fp32 "
+                "reference)" if self.ref_impl else "")
+        return res
+
+    def backend_backward(self, row: dict, backend: str, t: dict, causal: bool, scale: float) -> None:
+        torch = self.torch
+        leaves = [t[n].detach().requires_grad_() for n in ("q", "k", "v")]
+        qt, kt, vt = (x.transpose(1, 2) for x in leaves)  # (B, H, N, d) views of the same memory
+        out = {}
+        with self.sdpa_kernel([self.sdp[backend]]):
+            o = self.F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)  # the graph, once
+            d_o = torch.empty_like(o)  # dO in O's own layout, so that no backend copies it to match
+            d_o.copy_(t["d_o"].transpose(1, 2))
+
+            def fn():
+                out["g"] = torch.autograd.grad(o, (qt, kt, vt), d_o, retain_graph=True)
+
+            def checked():
+                fn()
+                torch.cuda.synchronize()
+                grads = dict(zip(("dq", "dk", "dv"), (g.transpose(1, 2) for g in out.pop("g"))))
+                errors = gradient_errors(torch, grads, t["exact"])
+                first = self.ref_err is None
+                if first:  # the first backend that gives gradients (flash by default) sets ref_err
+                    self.ref_err, self.ref_impl = errors, row["impl"]
+                return self.judged(row["dtype"], errors, own_reference=first)
+            self.measure(row, fn, checked)
+        out.clear()
+
+    def step_backward(self, row: dict, step_id: str, deterministic: bool, t: dict, causal: bool, scale: float) -> None:
+        torch, lib = self.torch, self.lib
+        if "o" not in t:  # our forward, once per shape: O and LSE for every backward step
+            fwd = self.args.forward_step or None
+            t["o"], t["lse"] = flash_steps.forward(t["q"], t["k"], t["v"], causal, scale, fwd)
+            t["forward_step"] = fwd or flash_steps.default_step(
+                "forward", problem_for_tensors(t["q"], t["k"], t["v"], t["o"], causal))
+            t["dq"], t["dk"], t["dv"] = (torch.empty_like(t[n]) for n in ("q", "k", "v"))
+        row["forward_step"] = t["forward_step"]
+        prob = flash_steps.backward_problem("compare_torch", t["q"], t["k"], t["v"], t["o"], t["lse"], t["d_o"],
+                                            t["dq"], t["dk"], t["dv"], causal, scale, deterministic)
+        why = refusal(lib.backward_check, step_id, prob)
+        if why:
+            row.update(status="refused", reason=why)
+            return
+        ws_bytes = lib.backward_workspace_size(step_id, prob)
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda") if ws_bytes else None
+        fn = lib.backward_runner(step_id, prob, *(t[n].data_ptr() for n in ("q", "k", "v", "o", "lse", "d_o", "dq",
+                                                                             "dk", "dv")),
+                                 ws.data_ptr() if ws is not None else 0, ws_bytes, self.stream)
+        grads = {n: t[n] for n in ("dq", "dk", "dv")}
+
+        def run_poisoned():
+            for g in grads.values():
+                g.fill_(float("nan"))  # an element the step does not write fails the check
+            fn()
+            torch.cuda.synchronize()
+
+        def checked():
+            run_poisoned()
+            res = self.judged(row["dtype"], gradient_errors(torch, grads, t["exact"]), own_reference=False)
+            if deterministic:  # bitwise the same on a second run
+                first = {n: g.clone() for n, g in grads.items()}
+                run_poisoned()
+                res["repeatable"] = all(torch.equal(first[n].view(torch.int16), g.view(torch.int16))
+                                        for n, g in grads.items())
+                if not res["repeatable"]:
+                    res["pass"] = False
+                    res["why"] = ((res.get("why", "") + "; ") if res.get("why") else "") + \
+                        "deterministic = 1 gave other bits on a second run"
+            return res
+        self.measure(row, fn, checked)
+
+
+BACKWARD_CSV_FIELDS = ["date", "commit", "gpu", "impl", "kind", "deterministic", "batch", "seqlen", "heads", "head_dim",
+                       "causal", "dtype", "flops", "status", "ms", "min_ms", "max_ms", "iters", "tflops", "x_flash",
+                       "x_cudnn", "forward_step", "dq_err", "dq_bound", "dk_err", "dk_bound", "dv_err", "dv_bound",
+                       "ref_impl", "nonfinite", "repeatable", "pass", "reason"]
+
+
+def backward_shape_flops(lib, s: dict) -> float:
+    """fs_backward_flops of a sweep shape."""
+    return lib.backward_flops(lib.backward_problem(s["batch"], s["seqlen"], s["seqlen"], s["heads"], s["heads"],
+                                                   s["head_dim"], s["dtype"], s["causal"]))
+
+
+def backward_shapes(args, lib) -> list[dict]:
+    """The sweep's shapes for --backward: the library's sweep from seqlen 1024 on (issue 15: N 1k-16k)
+    unless --seqlens says otherwise, grouped by (head_dim, causal, dtype), seqlen ascending."""
+    given = args.seqlens is not None
+    resolve_sweep(args, lib)
+    if not given:
+        args.seqlens = [n for n in args.seqlens if n >= 1024]
+    causals = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
+    return sweep_shapes(lib, args.seqlens, args.head_dims, causals, args.dtypes, args.tokens)
+
+
+def run_backward(args) -> int:
+    try:
+        lib = load_library(args.lib)
+    except flash_steps.LibraryNotFound as e:
+        print(f"compare_torch: {e.message} (or pass --lib)", file=sys.stderr)
+        return 1
+    wanted = [w.strip() for w in args.steps.split(",") if w.strip()]
+    steps = [s for s in steps_of(lib) if s["has_backward"] and (not wanted or any(s["id"].startswith(w)
+                                                                                  for w in wanted))]
+    backends = [b for b in args.backends.split(",") if b]
+    try:
+        unknown = [b for b in backends if b not in TORCH_BACKENDS]
+        if unknown:
+            raise ValueError(f"--backends: unknown {', '.join(unknown)} (known: {', '.join(TORCH_BACKENDS)})")
+        shapes = backward_shapes(args, lib)
+    except ValueError as e:
+        print(f"compare_torch: {e}", file=sys.stderr)
+        return 2
+    if not steps:
+        print("compare_torch: no registered step has a backward pass" + (f" among --steps {args.steps}" if wanted
+                                                                         else "") + "; only SDPA is measured",
+              file=sys.stderr)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("compare_torch: PyTorch sees no CUDA device", file=sys.stderr)
+        return 1
+    env = environment(torch)
+    sweep = BackwardSweep(torch, lib, args, steps, backends, env)
+    date = datetime.datetime.now(datetime.timezone.utc)
+    commit = args.commit or git_commit()
+    result = {
+        "tool": "compare_torch",
+        "mode": "backward",
+        "schema": 1,
+        "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit,
+        "environment": env,
+        "library": lib.path,
+        "timing": {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
+                   "budget_ms": args.budget_ms, "max_launch_ms": args.max_launch_ms, "l2_flush": True,
+                   "sleep_us": args.sleep_us, "events": "one pair per launch",
+                   "timed": "the backward alone: fs_run_backward from our forward's O and LSE; SDPA: "
+                            "torch.autograd.grad(o, (q, k, v), dO, retain_graph=True) on one forward's graph, "
+                            "dO in O's layout"},
+        "flops": "fs_backward_flops: 2.5 x fs_problem_flops (5 matrix products instead of 2)",
+        "check": "batch 0, heads 0-1 against an fp32 reference; each gradient within fs_backward_bound(dtype, "
+                 "ref_err, max|exact|) = 2*ref_err + u*max|exact|, ref_err = the first SDPA backend's error "
+                 "(flash by default)",
+        "steps": steps,
+        "backends": backends,
+        "complete": False,
+        "rows": [],
+    }
+    print(f"compare_torch --backward {commit} on {env['gpu']} (driver {env['driver']}, CUDA {env['cuda']}, torch "
+          f"{env['torch']}, cuDNN {env['cudnn']}): {len(shapes)} shapes x {len(sweep.impls)} implementations",
+          file=sys.stderr, flush=True)
+    out_base = Path(args.out_dir) / f"compare_torch_backward-{date.strftime('%Y%m%d-%H%M%S')}"
+    return measure_shapes(
+        result, shapes, sweep, out_base, BACKWARD_CSV_FIELDS,
+        heading=lambda shape: f"{describe(shape)}  ({backward_shape_flops(lib, shape) / 1e9:.0f} GFLOP backward, ",
+        cell=lambda r: (f"{backward_label(r['impl'])} {r['tflops']:.1f}" + ("!" if r["status"] == "fail" else "")
+                        if r.get("tflops") else f"{backward_label(r['impl'])} {r['status']}"),
+        table=lambda result: print_table(result, labeler=backward_label), after_shape=torch.cuda.empty_cache)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--lib", default=str(fs_results.library_path()),
-                    help="path of libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so)")
+    ap.add_argument("--lib", help="path of libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so, "
+                    "else the first build*/libflash_steps.so that loads)")
     ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"), help="where the JSON and CSV go")
     ap.add_argument("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
     ap.add_argument("--quick", action="store_true", help="the library's quick sweep (seqlen 1k, 2k, 4k; d 128; fp16); "
@@ -1206,7 +1285,8 @@ def parse_args(argv=None):
     ap.add_argument("--causal", choices=["off", "on", "both"], default="both")
     ap.add_argument("--tokens", type=int, help="B*N of every shape (default: the library's, 16384)")
     ap.add_argument("--steps", default="", help="only the steps whose id starts with one of these (comma-separated)")
-    ap.add_argument("--backends", help="PyTorch SDPA backends to time (default: all of them; flash,cudnn with --decode)")
+    ap.add_argument("--backends", help="PyTorch SDPA backends to time (default: all of them; flash,cudnn with --decode, "
+                    "flash,cudnn,efficient with --backward)")
     ap.add_argument("--iters", type=int, default=20, help="timed launches per measurement (at most)")
     ap.add_argument("--min-iters", type=int, default=5, help="timed launches per measurement (at least)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed launches before the timed ones")
@@ -1233,11 +1313,20 @@ def parse_args(argv=None):
                     help="bottom-right causal for seqlen_q > 1 (SDPA: causal_lower_right); default off")
     ap.add_argument("--page-sizes", type=int, nargs="*", default=[16, 64, 256],
                     help="paged copies of the cache for the steps with a decoding entry (none: contiguous only)")
+    ap.add_argument("--backward", action="store_true",
+                    help="the backward pass instead of the forward (see above): the sweep from seqlen 1024, every "
+                    "step with a backward at deterministic 0 and 1, --backends defaults to flash,cudnn,efficient")
+    ap.add_argument("--forward-step", default="",
+                    help="--backward: the step whose O and LSE the backward steps start from (default: the newest "
+                    "step that accepts the shape)")
     ap.add_argument("--ceilings", help="the ceilings file whose hbm_read gives the %% of HBM (default: the newest "
                     "bench/results/ceilings-*.json)")
     args = ap.parse_args(argv)
+    if args.decode and args.backward:
+        ap.error("--decode and --backward are two different runs; give one")
     if args.backends is None:
-        args.backends = "flash,cudnn" if args.decode else ",".join(TORCH_BACKENDS)
+        args.backends = ("flash,cudnn" if args.decode else "flash,cudnn,efficient" if args.backward
+                         else ",".join(TORCH_BACKENDS))
     if args.quick:
         args.iters = min(args.iters, 10)
         args.warmup = min(args.warmup, 1)
@@ -1248,7 +1337,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    return run_decode(args) if args.decode else run(args)
+    return run_decode(args) if args.decode else run_backward(args) if args.backward else run(args)
 
 
 if __name__ == "__main__":

@@ -496,7 +496,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--results", default=str(REPO / "bench" / "results"), help="where the input files are")
-    ap.add_argument("--compare", help="compare_torch JSON (default: the newest compare_torch-*.json)")
+    ap.add_argument("--compare", help="compare_torch JSON (default: the newest compare_torch-<date>.json, not --decode's)")
     ap.add_argument("--runner", help="flash-steps --json output (default: the newest runner-*.json)")
     ap.add_argument("--ceilings", help="flash_steps_ceilings JSON (default: the newest ceilings-*.json)")
     ap.add_argument("--out-dir", help="where the PNGs go (default: --results)")
@@ -507,7 +507,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     results = Path(args.results)
-    compare_path = Path(args.compare) if args.compare else newest(results, "compare_torch-*.json")
+    compare_path = Path(args.compare) if args.compare else newest(results, "compare_torch-[0-9]*.json")
     runner_path = Path(args.runner) if args.runner else newest(results, "runner-*.json")
     if compare_path is None and runner_path is None:
         print(f"plot.py: no compare_torch-*.json or runner-*.json in {results} (run bench/run_all.sh)",

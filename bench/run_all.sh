@@ -124,8 +124,8 @@ EOF
 
 phase "PyTorch comparison (bench/compare_torch.py)"
 quick_flag=(); ((quick)) && quick_flag=(--quick)
-latest() {  # the newest compare_torch JSON (the names sort by date), or nothing
-  local files=("$results"/compare_torch-*.json)
+latest() {  # the newest sweep JSON of compare_torch (the names sort by date; not --decode's), or nothing
+  local files=("$results"/compare_torch-[0-9]*.json)
   if [[ -e "${files[0]}" ]]; then echo "${files[-1]}"; fi
 }
 before="$(latest)"

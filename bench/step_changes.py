@@ -60,11 +60,12 @@ def compare_dirs(earlier: Path, later: Path) -> list[dict]:
 
 def lessons_by_dir(lib_path: Path) -> dict[str, list[tuple[str, str]]]:
     """{directory: [(step id, lesson), ...]} from the library's registry."""
-    from compare_torch import FlashSteps  # the ctypes binding of common/flash_steps.h
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+    import flash_steps  # the ctypes binding of common/flash_steps.h
 
     out: dict[str, list[tuple[str, str]]] = {}
-    for s in FlashSteps(lib_path).steps():
-        out.setdefault(s["dir"], []).append((s["id"], s["lesson"]))
+    for s in flash_steps.load_library(lib_path).steps():
+        out.setdefault(s.dir, []).append((s.id, s.lesson))
     return out
 
 

@@ -1,10 +1,10 @@
-"""bench/compare_torch.py without PyTorch or a GPU: its ctypes mirror of common/flash_steps.h (layout
-checked against a C compiler, and against the built library when there is one), the shapes, the
-ratios, and the rules it takes from the library (FLOPs, tolerance, speed-ups, the sweep)."""
-import ctypes
+"""bench/compare_torch.py without PyTorch or a GPU: the shapes, the ratios, the rules it takes from the
+library through the flash_steps package (FLOPs, tolerance, speed-ups, the sweep), the measuring loop
+and the backward mode's check and table. The package's own tests: test_flash_steps.py."""
+import contextlib
+import io
+import json
 import math
-import shutil
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -20,57 +20,6 @@ import fs_results  # noqa: E402
 def find_library():
     """$FLASH_STEPS_LIB, else build/libflash_steps.so (the README's build directory)."""
     return fs_results.library_path()
-
-
-class Layout(unittest.TestCase):
-    @unittest.skipUnless(shutil.which("cc"), "no C compiler")
-    def test_struct_matches_the_header(self):
-        src = r"""
-#include <stddef.h>
-#include <stdio.h>
-#include "flash_steps.h"
-int main(void) {
-  printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(fs_problem), sizeof(fs_strides),
-         offsetof(fs_problem, dtype), offsetof(fs_problem, causal), offsetof(fs_problem, softmax_scale),
-         offsetof(fs_problem, q), offsetof(fs_problem, k), offsetof(fs_problem, o));
-  return 0;
-}
-"""
-        with tempfile.TemporaryDirectory() as d:
-            (Path(d) / "layout.c").write_text(src)
-            exe = Path(d) / "layout"
-            subprocess.run(["cc", "-I", str(REPO / "common"), str(Path(d) / "layout.c"), "-o", str(exe)], check=True)
-            want = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
-        P = ct.FsProblem
-        got = [ctypes.sizeof(P), ctypes.sizeof(ct.FsStrides), P.dtype.offset, P.causal.offset,
-               P.softmax_scale.offset, P.q.offset, P.k.offset, P.o.offset]
-        self.assertEqual(got, want)
-
-
-class DecodeLayout(unittest.TestCase):
-    @unittest.skipUnless(shutil.which("cc"), "no C compiler")
-    def test_decode_struct_matches_the_header(self):
-        src = r"""
-#include <stddef.h>
-#include <stdio.h>
-#include "flash_steps.h"
-int main(void) {
-  printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(fs_decode_problem), offsetof(fs_decode_problem, softmax_scale),
-         offsetof(fs_decode_problem, num_splits), offsetof(fs_decode_problem, checked),
-         offsetof(fs_decode_problem, page_size), offsetof(fs_decode_problem, block_table_stride),
-         offsetof(fs_decode_problem, q), offsetof(fs_decode_problem, k), offsetof(fs_decode_problem, o));
-  return 0;
-}
-"""
-        with tempfile.TemporaryDirectory() as d:
-            (Path(d) / "layout.c").write_text(src)
-            exe = Path(d) / "layout"
-            subprocess.run(["cc", "-I", str(REPO / "common"), str(Path(d) / "layout.c"), "-o", str(exe)], check=True)
-            want = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
-        P = ct.FsDecodeProblem
-        got = [ctypes.sizeof(P), P.softmax_scale.offset, P.num_splits.offset, P.checked.offset, P.page_size.offset,
-               P.block_table_stride.offset, P.q.offset, P.k.offset, P.o.offset]
-        self.assertEqual(got, want)
 
 
 class DecodeArguments(unittest.TestCase):
@@ -112,8 +61,6 @@ class DecodeArguments(unittest.TestCase):
         self.assertAlmostEqual(rows[2]["x_contiguous"], 0.25 / 0.3)
         self.assertNotIn("x_contiguous", rows[1])
         self.assertEqual([ct.decode_label(r) for r in rows], ["pt:cudnn", "10", "10 p64", "07g"])
-        import contextlib
-        import io
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             ct.print_decode_table({"rows": rows, "environment": {"gpu": "H200"}, "commit": "x", "date": "d",
@@ -127,70 +74,41 @@ class DecodeArguments(unittest.TestCase):
 @unittest.skipUnless(find_library().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
 class Library(unittest.TestCase):
     def setUp(self):
-        self.lib = ct.FlashSteps(find_library())
+        self.lib = ct.load_library(find_library())
 
-    def test_registry(self):
-        steps = self.lib.steps()
-        self.assertGreaterEqual(len(steps), 1)
+    def test_steps_as_dicts(self):
+        steps = ct.steps_of(self.lib)
         self.assertEqual(steps[0]["id"], "01_naive")
-        self.assertTrue(all(s["lesson"] for s in steps))
-        self.assertEqual(steps[0]["dir"], "01_naive")
-        self.assertTrue(all(s["forward"] or s["backward"] for s in steps))  # a step runs one pass or both
-        self.assertTrue(steps[0]["forward"])
+        self.assertEqual(set(steps[0]), {"id", "name", "lesson", "dir", "min_compute_capability", "decodes",
+                                         "has_backward"})
+        json.dumps(steps)  # they go into the results file
 
-    def test_problem_init_and_strides(self):
-        p = self.lib.problem(2, 512, 512, 16, 16, 128, "bf16", True)
-        self.assertEqual((p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.dtype, p.causal), (2, 512, 16, 128, 1, 1))
-        self.assertAlmostEqual(p.softmax_scale, 128 ** -0.5, places=6)
-        self.assertEqual((p.q.batch, p.q.row, p.q.head, p.q.dim), (512 * 16 * 128, 16 * 128, 128, 1))
-        p = self.lib.problem(2, 512, 512, 16, 16, 128, "fp16", False, {"o": (1, 2, 3, 1)})
-        self.assertEqual((p.o.batch, p.o.row, p.o.head, p.o.dim), (1, 2, 3, 1))
-        self.assertIn("multiple of 8", self.lib.check("01_naive", p))  # the library read our struct
-
-    def test_decode_problem(self):
+    def test_refusal_is_the_sentence(self):
+        p = self.lib.problem(2, 512, 512, 16, 16, 12, "fp16", False)
+        self.assertIn("head_dim is 12", ct.refusal(self.lib.check, "07g_flash_attention2", p))
         p = self.lib.decode_problem(2, 1, 4096, 32, 8, 128, "fp16", False, 64)
-        self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride), (64, 128, 64, 64))
-        self.assertEqual((p.k.batch, p.k.row, p.k.head, p.k.dim), (64 * 8 * 128, 8 * 128, 128, 1))
-        self.assertEqual(self.lib.decode_kv_bytes(p), 2.0 * 2 * 4096 * 8 * 128 * 2)
-        self.assertIn("page_size is 24", self.lib.decode_check("10_decoding", self.lib.decode_problem(
-            2, 1, 4096, 32, 8, 128, "fp16", False, 24)))
-        self.assertIn("has no decoding entry", self.lib.decode_check("01_naive", p))
-        decoding = [s["id"] for s in self.lib.steps() if s["decodes"]]
-        self.assertEqual(decoding, ["10_decoding"])
-        run = self.lib.decode_runner("10_decoding", p, 0, 0, 0, 0, 0, 0, 0, 0)
-        with self.assertRaises(RuntimeError) as e:
-            run()
-        self.assertIn("Q is a null pointer", str(e.exception))
-
-    def test_refusals_are_sentences(self):
-        p = self.lib.problem(2, 512, 512, 16, 16, 128, "fp16", False)
-        self.assertIn("no step has id", self.lib.check("99_nothing", p))
-        run = self.lib.runner("01_naive", p, 0, 0, 0, 0, 0, 0)
-        with self.assertRaises(RuntimeError) as e:
-            run()
-        self.assertIn("null", str(e.exception))
+        self.assertIn("has no decoding entry", ct.refusal(self.lib.decode_check, "01_naive", p))
+        self.assertEqual(ct.refusal(lambda: None), "")
 
 
 class FakeTensor:
-    """Just what problem_for_tensors reads of a torch tensor: shape, stride() and dtype."""
+    """Just what problem_for_tensors reads of a torch tensor: shape, stride(), dtype and device."""
 
     def __init__(self, shape, dtype="torch.float16", strides=None):
-        self.shape, self.dtype = tuple(shape), dtype
+        self.shape, self.dtype, self.device = tuple(shape), dtype, "cuda:0"
         self._strides = strides or tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
 
     def stride(self):
         return self._strides
 
 
-@unittest.skipUnless(find_library().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
 class Tensors(unittest.TestCase):
     def setUp(self):
-        self.lib = ct.FlashSteps(find_library())
         self.q = FakeTensor((2, 64, 8, 128))
         self.kv = FakeTensor((2, 96, 2, 128))
 
     def test_problem_from_tensors(self):
-        p = self.lib.problem_for_tensors(self.q, self.kv, self.kv, self.q, True)
+        p = ct.problem_for_tensors(self.q, self.kv, self.kv, self.q, True)
         self.assertEqual((p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim, p.causal),
                          (2, 64, 96, 8, 2, 128, 1))
         self.assertEqual((p.k.batch, p.k.row, p.k.head, p.k.dim), (96 * 2 * 128, 2 * 128, 128, 1))
@@ -198,25 +116,26 @@ class Tensors(unittest.TestCase):
     def test_dtype_mismatch_is_refused(self):
         bf = FakeTensor((2, 96, 2, 128), "torch.bfloat16")
         with self.assertRaises(ValueError) as e:
-            self.lib.problem_for_tensors(self.q, bf, self.kv, self.q, False)
+            ct.problem_for_tensors(self.q, bf, self.kv, self.q, False)
         self.assertIn("dtype mismatch: Q is torch.float16, K is torch.bfloat16", str(e.exception))
         f32 = FakeTensor((2, 64, 8, 128), "torch.float32")
         with self.assertRaises(ValueError) as e:
-            self.lib.problem_for_tensors(f32, f32, f32, f32, False)
+            ct.problem_for_tensors(f32, f32, f32, f32, False)
         self.assertIn("must be torch.float16 or torch.bfloat16", str(e.exception))
 
     def test_shapes_that_disagree_are_refused(self):
         with self.assertRaises(ValueError) as e:
-            self.lib.problem_for_tensors(self.q, self.kv, FakeTensor((2, 95, 2, 128)), self.q, False)
+            ct.problem_for_tensors(self.q, self.kv, FakeTensor((2, 95, 2, 128)), self.q, False)
         self.assertIn("V is (2, 95, 2, 128) but K is (2, 96, 2, 128)", str(e.exception))
         with self.assertRaises(ValueError) as e:
-            self.lib.problem_for_tensors(FakeTensor((64, 8, 128)), self.kv, self.kv, self.q, False)
+            ct.problem_for_tensors(FakeTensor((64, 8, 128)), self.kv, self.kv, self.q, False)
         self.assertIn("Q has 3 dimensions", str(e.exception))
 
-    def test_non_contiguous_head_dim_is_refused_by_the_library(self):
+    def test_non_contiguous_head_dim_is_refused(self):
         q = FakeTensor((2, 64, 8, 128), strides=(64 * 8 * 256, 8 * 256, 256, 2))
-        p = self.lib.problem_for_tensors(q, self.kv, self.kv, self.q, False)
-        self.assertIn("Q's head_dim stride is 2; the last dimension must be contiguous", self.lib.check("01_naive", p))
+        with self.assertRaises(ValueError) as e:
+            ct.problem_for_tensors(q, self.kv, self.kv, self.q, False)
+        self.assertIn("Q's last dimension (head_dim) has stride 2; it must be 1", str(e.exception))
 
 
 class Arguments(unittest.TestCase):
@@ -237,6 +156,13 @@ class Arguments(unittest.TestCase):
         self.assertAlmostEqual(rows[2]["x_cudnn"], 0.625)
         self.assertNotIn("x_flash", rows[3])
 
+    def test_load_failure_is_a_message(self):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(ct.main(["--lib", "/nowhere/libflash_steps.so"]), 1)
+            self.assertEqual(ct.main(["--backward", "--lib", "/nowhere/libflash_steps.so"]), 1)
+        self.assertIn("/nowhere/libflash_steps.so does not exist", err.getvalue())
+
     def test_cudnn_version(self):
         self.assertEqual(ct.cudnn_version(91900), "9.19.0")
         self.assertEqual(ct.cudnn_version(None), "none")
@@ -247,14 +173,14 @@ class SharedRules(unittest.TestCase):
     """FLOPs, tolerance, speed-ups and the sweep come from the library (common/flash_steps.h)."""
 
     def setUp(self):
-        self.lib = ct.FlashSteps(find_library())
+        self.lib = ct.load_library(find_library())
 
     def test_sweep_shapes(self):
-        s = self.lib.sweep_shape(2048, 128, False, "fp16", self.lib.sweep_tokens())
+        s = ct.sweep_shape(self.lib, 2048, 128, False, "fp16", self.lib.sweep_tokens())
         self.assertEqual((s["batch"], s["heads"]), (8, 16))
-        self.assertEqual(self.lib.sweep_shape(512, 64, True, "bf16", 16384)["heads"], 32)
+        self.assertEqual(ct.sweep_shape(self.lib, 512, 64, True, "bf16", 16384)["heads"], 32)
         with self.assertRaises(ValueError) as e:
-            self.lib.sweep_shape(3000, 128, False, "fp16", 16384)
+            ct.sweep_shape(self.lib, 3000, 128, False, "fp16", 16384)
         self.assertIn("seqlen is 3000", str(e.exception))
 
     def test_default_and_quick_sweeps(self):
@@ -278,9 +204,10 @@ class SharedRules(unittest.TestCase):
         self.assertEqual(len({ct.shape_key(s) for s in shapes}), 8)
 
     def test_flops(self):
-        s = self.lib.sweep_shape(2048, 128, False, "fp16", 16384)
-        self.assertEqual(self.lib.shape_flops(s), 4.0 * 8 * 16 * 2048 * 2048 * 128)
-        self.assertEqual(self.lib.shape_flops(dict(s, causal=True)), 2.0 * 8 * 16 * 2048 * 2048 * 128)
+        s = ct.sweep_shape(self.lib, 2048, 128, False, "fp16", 16384)
+        self.assertEqual(ct.shape_flops(self.lib, s), 4.0 * 8 * 16 * 2048 * 2048 * 128)
+        self.assertEqual(ct.shape_flops(self.lib, dict(s, causal=True)), 2.0 * 8 * 16 * 2048 * 2048 * 128)
+        self.assertEqual(ct.backward_shape_flops(self.lib, s), 2.5 * 4.0 * 8 * 16 * 2048 * 2048 * 128)
 
     def test_tolerance(self):
         atol, rtol, lse_tol = self.lib.tolerance("bf16", 2.0)
@@ -306,10 +233,6 @@ class SharedRules(unittest.TestCase):
         self.assertEqual(by["05_async"]["x_prev"], 1.25)     # against the faster 04
         self.assertEqual(by["05_async"]["x_step01"], 10.0)
         self.assertNotIn("x_step01", by["06_mma"])
-
-
-if __name__ == "__main__":
-    unittest.main()
 
 
 class MeasureShapes(unittest.TestCase):
@@ -350,3 +273,122 @@ class MeasureShapes(unittest.TestCase):
             written = json.loads((Path(d) / "out.json").read_text())
             self.assertFalse(written["complete"])
             self.assertEqual(len(written["rows"]), 1)
+
+
+class FakeBoundLibrary:
+    """fs_backward_bound's rule (test_flash_steps checks the library gives the same)."""
+
+    def backward_bound(self, dtype, ref_err, max_abs_exact):
+        return 2 * ref_err + {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[dtype] * max_abs_exact
+
+
+class FakeTimer:
+    def __init__(self, ms):
+        self.ms, self.calls = ms, 0
+
+    def times(self, fn, n):
+        self.calls += n
+        return [self.ms] * n
+
+
+class Backward(unittest.TestCase):
+    """--backward without a GPU: its arguments, labels, the check by fs_backward_bound, the measuring of
+    one row with a fake timer, and the loop and table with a fake sweep."""
+
+    def sweep(self):
+        s = object.__new__(ct.BackwardSweep)  # what judged() and measure() use, without PyTorch
+        s.lib, s.args = FakeBoundLibrary(), ct.parse_args(["--backward"])
+        s.timer, s.last, s.limit_ms = FakeTimer(2.0), {}, 100.0
+        s.ref_err, s.ref_impl = None, ""
+        return s
+
+    def test_arguments(self):
+        a = ct.parse_args(["--backward"])
+        self.assertTrue(a.backward)
+        self.assertEqual(a.backends, "flash,cudnn,efficient")
+        self.assertEqual(a.forward_step, "")
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            ct.parse_args(["--backward", "--decode"])
+
+    def test_labels(self):
+        self.assertEqual([ct.backward_label(i) for i in ("torch_flash", "11_backward", "11_backward:det")],
+                         ["pt:flash", "11", "11 det"])
+
+    def test_check_by_the_bound(self):
+        s = self.sweep()
+        flash = {"dq": (0.01, 4.0), "dk": (0.02, 8.0), "dv": (0.005, 2.0), "nonfinite": 0}
+        res = s.judged("fp16", flash, own_reference=True)  # the reference backend: its own errors, no bound
+        self.assertTrue(res["pass"])
+        self.assertEqual((res["dq_err"], res.get("dq_bound")), (0.01, None))
+        s.ref_err, s.ref_impl = flash, "torch_flash"
+        ours = {"dq": (0.02, 4.0), "dk": (0.05, 8.0), "dv": (0.0, 2.0), "nonfinite": 0}
+        res = s.judged("fp16", ours, own_reference=False)
+        self.assertAlmostEqual(res["dq_bound"], 2 * 0.01 + 2.0 ** -11 * 4.0)
+        self.assertFalse(res["pass"])
+        self.assertTrue(res["why"].startswith("check failed: dk error 0.05 over the bound 0.0439"), res["why"])
+        self.assertIn("ref_err of torch_flash", res["why"])
+        self.assertEqual(res["ref_impl"], "torch_flash")
+        res = s.judged("fp16", dict(ours, dk=(0.0, 8.0), nonfinite=3), own_reference=False)
+        self.assertEqual(res["why"].split(" (")[0], "check failed: 3 non-finite elements")
+        self.assertTrue(s.judged("bf16", dict(ours, dk=(0.0, 8.0)), own_reference=False)["pass"])
+        s.ref_err = None
+        self.assertIn("no SDPA backend gave the reference error", s.judged("fp16", ours, False)["why"])
+
+    def test_one_row_measured(self):
+        s = self.sweep()
+        s.ref_err, s.ref_impl = {"dq": (0.01, 4.0), "dk": (0.02, 8.0), "dv": (0.005, 2.0), "nonfinite": 0}, "torch_flash"
+        row = {"impl": "11_backward", "flops": 5e12, "head_dim": 128, "causal": False, "dtype": "fp16"}
+        s.measure(row, lambda: None, lambda: s.judged("fp16", {"dq": (0.0, 4.0), "dk": (0.1, 8.0), "dv": (0.0, 2.0),
+                                                                "nonfinite": 0}, False))
+        self.assertEqual((row["status"], row["ms"]), ("fail", 2.0))
+        self.assertAlmostEqual(row["tflops"], 2500.0)
+        self.assertTrue(row["reason"].startswith("check failed: dk error 0.1 over the bound"))
+
+    class FakeBackwardSweep:
+        def shape(self, si, shape):
+            rows = [("torch_flash", "torch", False, 1.0), ("torch_cudnn", "torch", False, 0.8),
+                    ("11_backward", "step", False, 1.25), ("11_backward:det", "step", True, 2.0)]
+            out = [dict(shape, impl=i, kind=k, deterministic=d, status="ok", ms=ms, tflops=10.0 / ms, reason="")
+                   for i, k, d, ms in rows]
+            ct.add_ratios(out)
+            return out
+
+    def test_the_loop_files_and_table(self):
+        shape = {"batch": 8, "seqlen": 2048, "heads": 16, "head_dim": 128, "causal": True, "dtype": "bf16"}
+        result = {"date": "d", "commit": "c", "environment": {"gpu": "H200"}, "complete": False, "rows": []}
+        out, err = io.StringIO(), io.StringIO()
+        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = ct.measure_shapes(result, [shape], self.FakeBackwardSweep(), Path(d) / "bw",
+                                       ct.BACKWARD_CSV_FIELDS, heading=lambda s: f"{ct.describe(s)}  (",
+                                       cell=lambda r: ct.backward_label(r["impl"]),
+                                       table=lambda r: ct.print_table(r, labeler=ct.backward_label))
+            csv_text = (Path(d) / "bw.csv").read_text()
+        self.assertEqual(status, 0)
+        self.assertTrue(result["complete"])
+        self.assertEqual(csv_text.splitlines()[0].split(",")[:6], ["date", "commit", "gpu", "impl", "kind",
+                                                                  "deterministic"])
+        self.assertIn("11_backward:det,step,True", csv_text)
+        by = {r["impl"]: r for r in result["rows"]}
+        self.assertAlmostEqual(by["11_backward"]["x_flash"], 0.8)
+        self.assertAlmostEqual(by["11_backward:det"]["x_cudnn"], 0.4)
+        table = out.getvalue().splitlines()
+        head = next(line for line in table if line.startswith("shape"))
+        self.assertEqual(head.split()[1:], ["pt:flash", "pt:cudnn", "11", "11", "det"])
+        self.assertIn("b8 h16 n2048 d128 bf16 causal", out.getvalue())
+        self.assertIn("8.0", out.getvalue())
+
+    @unittest.skipUnless(find_library().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
+    def test_shapes(self):
+        lib = ct.load_library(find_library())
+        a = ct.parse_args(["--backward"])
+        shapes = ct.backward_shapes(a, lib)
+        self.assertEqual(a.seqlens, [1024, 2048, 4096, 8192, 16384])  # issue 15: N 1k-16k
+        self.assertEqual(len(shapes), 5 * 2 * 2 * 2)
+        a = ct.parse_args(["--backward", "--seqlens", "512", "--head-dims", "64", "--causal", "on", "--dtypes", "fp16"])
+        self.assertEqual([(s["seqlen"], s["heads"], s["causal"]) for s in ct.backward_shapes(a, lib)],
+                         [(512, 32, True)])
+        self.assertEqual(len(ct.backward_shapes(ct.parse_args(["--backward", "--quick"]), lib)), 3 * 2)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,397 @@
+"""The flash_steps package (python/flash_steps) without PyTorch or a GPU: importing it, finding and
+loading the library, the registry, refusals through the ctypes layer raised with the library's
+sentence, the structs against a C compiler and against the library, and the Python-side argument
+checks on fake tensors (objects with shape, stride(), dtype and device, as a torch tensor has)."""
+import ctypes
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "bench"))
+
+import flash_steps as fs  # noqa: E402
+import fs_results  # noqa: E402
+
+LIB = fs_results.library_path()  # $FLASH_STEPS_LIB (ctest sets it), else build/libflash_steps.so
+needs_library = unittest.skipUnless(LIB.exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
+
+
+def run_python(code: str, pythonpath: Path, env_lib: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "FLASH_STEPS_LIB"}
+    if env_lib is not None:
+        env["FLASH_STEPS_LIB"] = env_lib
+    env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+
+
+class Import(unittest.TestCase):
+    def test_import_needs_no_torch(self):
+        # torch made unimportable: the package imports, lists its API, and says so only when a tensor
+        # function is called.
+        code = ("import sys; sys.modules['torch'] = None\n"
+                "import flash_steps\n"
+                "assert callable(flash_steps.attention) and callable(flash_steps.steps)\n"
+                "try:\n    flash_steps.forward(None, None, None)\nexcept ImportError:\n    print('no torch')\n")
+        out = run_python(code, REPO / "python")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), "no torch")
+
+
+class Discovery(unittest.TestCase):
+    """The order: FLASH_STEPS_LIB, else build/ of the repository, else the other build*/ directories."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.repo = Path(self.tmp.name)
+        shutil.copytree(REPO / "python" / "flash_steps", self.repo / "python" / "flash_steps",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def library(self, env_lib=None):
+        return run_python("import flash_steps\nprint(flash_steps.library().path)", self.repo / "python", env_lib)
+
+    def test_missing_library_says_where_it_looked_and_how_to_build(self):
+        out = self.library()
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("LibraryNotFound", out.stderr)
+        self.assertIn(f"none of {self.repo / 'build' / 'libflash_steps.so'} exists", out.stderr)
+        self.assertIn("cmake -B build -G Ninja && cmake --build build", out.stderr)
+        out = self.library("/nowhere/libflash_steps.so")
+        self.assertIn("FLASH_STEPS_LIB is /nowhere/libflash_steps.so, which does not exist", out.stderr)
+
+    def test_candidates(self):
+        for d in ("build", "build-release", "build-asan", "buildx"):
+            (self.repo / d).mkdir()
+        (self.repo / "build.txt").write_text("not a directory")
+        got = [str(p.relative_to(self.repo)) for p in fs.library_candidates(self.repo)]
+        self.assertEqual(got, ["build/libflash_steps.so", "build-asan/libflash_steps.so",
+                               "build-release/libflash_steps.so", "buildx/libflash_steps.so"])
+
+    @needs_library
+    def test_build_dirs_are_searched_and_one_that_fails_to_load_is_passed_over(self):
+        (self.repo / "build").mkdir()
+        (self.repo / "build" / "libflash_steps.so").write_text("not a shared library")
+        (self.repo / "build-2").mkdir()
+        (self.repo / "build-2" / "libflash_steps.so").symlink_to(LIB.resolve())
+        out = self.library()
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), str(self.repo / "build-2" / "libflash_steps.so"))
+        out = self.library(str(LIB))  # FLASH_STEPS_LIB first
+        self.assertEqual(out.stdout.strip(), str(LIB))
+
+
+class Layout(unittest.TestCase):
+    """The ctypes structs against the header, compiled by a C compiler."""
+
+    @unittest.skipUnless(shutil.which("cc"), "no C compiler")
+    def test_structs_match_the_header(self):
+        fields = {
+            fs.FsStrides: ("fs_strides", ["batch", "row", "head", "dim"]),
+            fs.FsProblem: ("fs_problem", [f for f, _ in fs.FsProblem._fields_]),
+            fs.FsDecodeProblem: ("fs_decode_problem", [f for f, _ in fs.FsDecodeProblem._fields_]),
+            fs.FsBackwardProblem: ("fs_backward_problem", [f for f, _ in fs.FsBackwardProblem._fields_]),
+        }
+        lines = []
+        for struct, (cname, names) in fields.items():
+            lines.append(f'printf("%zu\\n", sizeof({cname}));')
+            lines += [f'printf("%zu\\n", offsetof({cname}, {n}));' for n in names]
+        src = "#include <stddef.h>\n#include <stdio.h>\n#include \"flash_steps.h\"\nint main(void) {\n" + \
+            "\n".join(lines) + "\nreturn 0;\n}\n"
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "layout.c").write_text(src)
+            exe = Path(d) / "layout"
+            subprocess.run(["cc", "-I", str(REPO / "common"), str(Path(d) / "layout.c"), "-o", str(exe)], check=True)
+            want = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+        got = []
+        for struct, (_, names) in fields.items():
+            got.append(ctypes.sizeof(struct))
+            got += [getattr(struct, n).offset for n in names]
+        self.assertEqual(got, want)
+
+    def test_every_function_of_the_header_has_a_signature(self):
+        header = (REPO / "common" / "flash_steps.h").read_text()
+        import re
+        declared = set(re.findall(r"FS_API\s+[\w\s\*]+?\b(fs_\w+)\s*\(", header))
+        self.assertEqual(declared, set(fs._capi.SIGNATURES))
+
+
+@needs_library
+class Library(unittest.TestCase):
+    def setUp(self):
+        self.lib = fs.library(LIB)
+
+    def test_every_function_is_exported(self):
+        self.assertEqual(self.lib.missing, [])
+
+    def test_steps(self):
+        steps = fs.steps()
+        self.assertEqual(steps[0].id, "01_naive")
+        self.assertEqual(steps[0].dir, "01_naive")
+        self.assertEqual(len({s.id for s in steps}), len(steps))
+        self.assertTrue(all(s.lesson and s.name and s.min_compute_capability >= 80 for s in steps))
+        self.assertEqual([s.id for s in steps if s.decodes], ["10_decoding"])
+        self.assertFalse(any(s.has_backward for s in steps if s.id < "11"))  # the backward starts at step 11
+        self.assertTrue(all(s.has_forward or s.has_backward for s in steps))  # a step runs one pass or both
+        self.assertFalse(any(s.has_forward for s in steps if s.id.startswith("11")))  # step 11: backward only
+
+    def test_problem_init_and_strides(self):
+        p = self.lib.problem(2, 512, 512, 16, 16, 128, "bf16", True)
+        self.assertEqual((p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.dtype, p.causal), (2, 512, 16, 128, 1, 1))
+        self.assertAlmostEqual(p.softmax_scale, 128 ** -0.5, places=6)
+        self.assertEqual((p.q.batch, p.q.row, p.q.head, p.q.dim), (512 * 16 * 128, 16 * 128, 128, 1))
+        p = self.lib.problem(2, 512, 512, 16, 16, 128, "fp16", False, {"o": (1, 2, 3, 1)})
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.check("01_naive", p)  # the library read our strides
+        self.assertIn("multiple of 8", e.exception.message)
+
+    def test_a_refusal_is_raised_with_the_library_sentence(self):
+        p = self.lib.problem(2, 512, 512, 16, 16, 12, "fp16", False)
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.check("07g_flash_attention2", p)
+        self.assertEqual(e.exception.status, fs._capi.FS_ERR_INVALID)
+        self.assertEqual(e.exception.status_name, "FS_ERR_INVALID")
+        self.assertEqual(e.exception.function, "fs_check")
+        self.assertIn("head_dim is 12", e.exception.message)
+        self.assertIn("head_dim is 12", str(e.exception))
+        self.assertIsInstance(e.exception, ValueError)
+        with self.assertRaises(fs.UnknownStep) as e:
+            self.lib.check("99_nothing", p)
+        self.assertIn("no step has id '99_nothing'", e.exception.message)
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.run("01_naive", self.lib.problem(2, 512, 512, 16, 16, 128, "fp16", False), 0, 0, 0, 0, 0)
+        self.assertIn("null", e.exception.message)
+        self.assertTrue(str(e.exception).startswith("fs_run(01_naive): "))
+
+    def test_decode_problem(self):
+        p = self.lib.decode_problem(2, 1, 4096, 32, 8, 128, "fp16", False, 64)
+        self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride), (64, 128, 64, 64))
+        self.assertEqual(self.lib.decode_kv_bytes(p), 2.0 * 2 * 4096 * 8 * 128 * 2)
+        self.assertEqual(self.lib.decode_kv_bytes(p, [1024, 0]), 2.0 * 1024 * 8 * 128 * 2)
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.decode_check("01_naive", p)
+        self.assertIn("has no decoding entry", e.exception.message)
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.decode_runner("10_decoding", p, 0, 0, 0, 0, 0, 0, 0)()
+        self.assertIn("Q is a null pointer", e.exception.message)
+
+    def test_backward_problem_written_by_the_library(self):
+        p = self.lib.backward_problem(2, 256, 512, 8, 2, 64, "bf16", True, deterministic=True)
+        self.assertEqual((p.forward.batch, p.forward.seqlen_q, p.forward.seqlen_k, p.forward.heads_q,
+                          p.forward.heads_kv, p.forward.head_dim, p.forward.dtype, p.forward.causal),
+                         (2, 256, 512, 8, 2, 64, 1, 1))
+        self.assertEqual(p.deterministic, 1)
+        self.assertEqual((p.d_o.batch, p.d_o.row, p.d_o.head, p.d_o.dim), (256 * 8 * 64, 8 * 64, 64, 1))
+        self.assertEqual((p.dk.batch, p.dk.row, p.dk.head, p.dk.dim), (512 * 2 * 64, 2 * 64, 64, 1))
+        self.assertEqual((p.dv.row, p.dq.row), (2 * 64, 8 * 64))
+        p = self.lib.backward_problem(2, 256, 512, 8, 2, 64, "bf16", True, strides={"dq": (1, 2, 3, 1), "k": (0, 0, 0, 1)})
+        self.assertEqual((p.dq.batch, p.forward.k.batch), (1, 0))
+
+    def test_backward_refusals(self):
+        no_backward = next(s.id for s in fs.steps() if not s.has_backward)
+        p = self.lib.backward_problem(2, 256, 256, 8, 8, 64, "fp16", False)
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.backward_check(no_backward, p)
+        self.assertIn("backward", e.exception.message)
+        p.deterministic = 2
+        for s in [s.id for s in fs.steps() if s.has_backward]:
+            with self.assertRaises(fs.InvalidArgument) as e:
+                self.lib.backward_check(s, p)
+            self.assertIn("deterministic is 2", e.exception.message)
+
+    def test_forward_only_rules(self):
+        for s in [s.id for s in fs.steps() if s.has_backward and s.id.startswith("11")]:
+            with self.assertRaises(fs.InvalidArgument):  # step 11 is backward only
+                self.lib.check(s, self.lib.problem(2, 256, 256, 8, 8, 64, "fp16", False))
+
+    def test_shared_rules(self):
+        p = self.lib.problem(8, 2048, 2048, 16, 16, 128, "fp16", False)
+        self.assertEqual(self.lib.flops(p), 4.0 * 8 * 16 * 2048 * 2048 * 128)
+        b = self.lib.backward_problem(8, 2048, 2048, 16, 16, 128, "fp16", True)
+        self.assertEqual(self.lib.backward_flops(b), 2.5 * 2.0 * 8 * 16 * 2048 * 2048 * 128)
+        self.assertEqual(self.lib.backward_bound("fp16", 0.25, 8.0), 2 * 0.25 + 2.0 ** -11 * 8.0)
+        self.assertEqual(self.lib.backward_bound("bf16", 0.0, 4.0), 2.0 ** -8 * 4.0)
+        with self.assertRaises(fs.InvalidArgument):
+            self.lib.backward_bound("fp16", -1.0, 1.0)
+        self.assertEqual(self.lib.tolerance("bf16", 2.0), (2 * 2.0 ** -7, 2.0 ** -7, 1e-4))
+        with self.assertRaises(fs.InvalidArgument):
+            self.lib.tolerance("fp16", float("nan"))
+        self.assertEqual(self.lib.speedups(["01_naive", "02_x"], [4.0, 2.0]), [(1.0, 0.0), (2.0, 2.0)])
+        self.assertEqual(self.lib.sweep_shape(16384, 2048, 128), (8, 16))
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.sweep_shape(16384, 3000, 128)
+        self.assertIn("seqlen is 3000", e.exception.message)
+        self.assertEqual(self.lib.sweep(True)["seqlens"], [1024, 2048, 4096])
+
+
+class FakeTensor:
+    """What the checks read of a torch tensor: shape, stride(), dtype and device (by their names)."""
+
+    def __init__(self, shape, dtype="torch.float16", strides=None, device="cuda:0"):
+        self.shape, self.dtype, self.device = tuple(shape), dtype, device
+        self._strides = strides or tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
+
+    def stride(self):
+        return self._strides
+
+
+class Arguments(unittest.TestCase):
+    """flash_steps.forward_problem / backward_problem / decode_problem: the checks before the C call."""
+
+    def setUp(self):
+        self.q = FakeTensor((2, 64, 8, 128))
+        self.kv = FakeTensor((2, 96, 2, 128))
+
+    def refused(self, fn, *args):
+        with self.assertRaises(fs.InvalidArgument) as e:
+            fn("test", *args)
+        self.assertEqual(e.exception.status, fs._capi.FS_ERR_INVALID)
+        return e.exception.message
+
+    def test_problem_of_tensors(self):
+        p = fs.forward_problem("test", self.q, self.kv, self.kv, self.q, True, None)
+        self.assertEqual((p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim, p.causal, p.dtype),
+                         (2, 64, 96, 8, 2, 128, 1, fs.FS_FP16))
+        self.assertAlmostEqual(p.softmax_scale, 128 ** -0.5, places=6)
+        self.assertEqual((p.k.batch, p.k.row, p.k.head, p.k.dim), (96 * 2 * 128, 2 * 128, 128, 1))
+        bshd = FakeTensor((2, 64, 8, 128), "torch.bfloat16", strides=(64 * 8 * 128, 128, 64 * 128, 1))  # a (B,H,N,d) transposed
+        p = fs.forward_problem("test", bshd, bshd, bshd, FakeTensor((2, 64, 8, 128), "torch.bfloat16"), False, 0.5)
+        self.assertEqual((p.q.row, p.q.head, p.dtype, p.softmax_scale), (128, 64 * 128, fs.FS_BF16, 0.5))
+
+    def test_wrong_dimensions(self):
+        msg = self.refused(fs.forward_problem, FakeTensor((64, 8, 128)), self.kv, self.kv, self.q, False, None)
+        self.assertEqual(msg, "Q has 3 dimensions (shape (64, 8, 128)); it must have 4, (batch, seqlen, heads, head_dim)")
+
+    def test_mixed_and_unsupported_dtypes(self):
+        bf = FakeTensor((2, 96, 2, 128), "torch.bfloat16")
+        msg = self.refused(fs.forward_problem, self.q, bf, self.kv, self.q, False, None)
+        self.assertIn("dtype mismatch: Q is torch.float16, K is torch.bfloat16, V is torch.float16", msg)
+        f32 = FakeTensor((2, 64, 8, 128), "torch.float32")
+        msg = self.refused(fs.forward_problem, f32, f32, f32, f32, False, None)
+        self.assertEqual(msg, "Q is torch.float32; the dtype must be torch.float16 or torch.bfloat16")
+
+    def test_devices(self):
+        cpu = [FakeTensor(t.shape, device="cpu") for t in (self.q, self.kv, self.kv, self.q)]
+        self.assertIn("Q is on cpu; flash_steps runs on a CUDA device", self.refused(fs.forward_problem, *cpu, False, None))
+        other = FakeTensor(self.kv.shape, device="cuda:1")
+        self.assertIn("V is on cuda:1 but Q is on cuda:0",
+                      self.refused(fs.forward_problem, self.q, self.kv, other, self.q, False, None))
+
+    def test_shapes_that_disagree(self):
+        msg = self.refused(fs.forward_problem, self.q, self.kv, FakeTensor((2, 95, 2, 128)), self.q, False, None)
+        self.assertIn("V is (2, 95, 2, 128) but K is (2, 96, 2, 128); they must match", msg)
+        msg = self.refused(fs.forward_problem, self.q, FakeTensor((3, 96, 2, 128)), FakeTensor((3, 96, 2, 128)),
+                           self.q, False, None)
+        self.assertIn("batch (dimension 0) and head_dim (dimension 3) must match", msg)
+        msg = self.refused(fs.forward_problem, self.q, self.kv, self.kv, FakeTensor((2, 64, 8, 64)), False, None)
+        self.assertIn("O is (2, 64, 8, 64) but Q is (2, 64, 8, 128)", msg)
+
+    def test_gqa_must_divide(self):
+        kv3 = FakeTensor((2, 96, 3, 128))
+        msg = self.refused(fs.forward_problem, self.q, kv3, kv3, self.q, False, None)
+        self.assertEqual(msg, "Q has 8 heads and K, V 3; heads_q must be a multiple of heads_kv (GQA)")
+
+    def test_last_stride_must_be_1(self):
+        q = FakeTensor((2, 64, 8, 128), strides=(64 * 8 * 256, 8 * 256, 256, 2))
+        msg = self.refused(fs.forward_problem, q, self.kv, self.kv, self.q, False, None)
+        self.assertEqual(msg, "Q's last dimension (head_dim) has stride 2; it must be 1 (contiguous)")
+
+    def test_scale(self):
+        for bad in (0.0, -1.0, float("inf"), float("nan")):
+            self.assertIn("it must be finite and > 0",
+                          self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, bad))
+
+    def test_backward_arguments(self):
+        lse = FakeTensor((2, 8, 64), "torch.float32")
+        args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv]
+        p = fs.backward_problem("test", *args, True, None, True)
+        self.assertEqual((p.forward.heads_kv, p.deterministic, p.dk.row, p.d_o.row), (2, 1, 256, 1024))
+        bad = list(args)
+        bad[7] = FakeTensor((2, 96, 8, 128))  # dK with Q's heads
+        self.assertIn("dK is (2, 96, 8, 128) but K is (2, 96, 2, 128)", self.refused(fs.backward_problem, *bad, False, None, False))
+        bad = list(args)
+        bad[4] = FakeTensor((2, 64, 8), "torch.float32")
+        self.assertIn("LSE is (2, 64, 8); it must be (batch, heads_q, seqlen_q) = (2, 8, 64)",
+                      self.refused(fs.backward_problem, *bad, False, None, False))
+        bad[4] = FakeTensor((2, 8, 64), "torch.float16")
+        self.assertIn("LSE is torch.float16; it must be torch.float32",
+                      self.refused(fs.backward_problem, *bad, False, None, False))
+        bad = list(args)
+        bad[5] = FakeTensor((2, 64, 8, 128), "torch.bfloat16")
+        self.assertIn("dO is torch.bfloat16", self.refused(fs.backward_problem, *bad, False, None, False))
+
+    def test_decode_arguments(self):
+        q = FakeTensor((4, 1, 32, 128))
+        cache = FakeTensor((4, 4096, 8, 128))
+        lens = FakeTensor((4,), "torch.int32")
+        p = fs.decode_problem("test", q, cache, cache, q, lens, None, False, None, None, 0, False)
+        self.assertEqual((p.batch, p.seqlen_k, p.heads_kv, p.page_size, p.num_pages), (4, 4096, 8, 0, 0))
+        pages = FakeTensor((300, 64, 8, 128))
+        table = FakeTensor((4, 70), "torch.int32")
+        p = fs.decode_problem("test", q, pages, pages, q, lens, table, True, None, 2048, 3, True)
+        self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride, p.seqlen_k,
+                          p.num_splits, p.checked, p.causal), (64, 300, 70, 70, 2048, 3, 1, 1))
+        self.assertIn("max_seqlen_k is 5000; it must be between 0 and the cache's capacity, 4480",
+                      self.refused(fs.decode_problem, q, pages, pages, q, lens, table, False, None, 5000, 0, False))
+        self.assertIn("cache_seqlens is torch.int64",
+                      self.refused(fs.decode_problem, q, cache, cache, q, FakeTensor((4,), "torch.int64"), None, False,
+                                   None, None, 0, False))
+        self.assertIn("a contiguous cache's batch (dimension 0) must match",
+                      self.refused(fs.decode_problem, q, pages, pages, q, None, None, False, None, None, 0, False))
+
+
+class DefaultStep(unittest.TestCase):
+    """The step used when none is given: the newest that accepts the problem, among those with the pass."""
+
+    class FakeLibrary:
+        def __init__(self, refuse):
+            self.refuse, self.calls = refuse, []
+            self.check = self.backward_check = self.decode_check = self.accepts
+
+        def steps(self):
+            def step(i, decodes=False, forward=True, backward=False):
+                return fs.Step(i, i, "lesson", i, 80, decodes, forward, backward)
+            return [step("07g_fa2"), step("08_hopper"), step("10_decoding", decodes=True),
+                    step("11_backward", forward=False, backward=True)]
+
+        def accepts(self, step_id, p):
+            self.calls.append(step_id)
+            if step_id in self.refuse:
+                raise fs.InvalidArgument(1, "fs_check", f"{step_id} refuses")
+
+    def setUp(self):
+        fs._torch._defaults.clear()
+
+    def test_newest_that_accepts(self):
+        lib = self.FakeLibrary({"10_decoding"})  # 11 has no forward (not asked), 10 refuses this one
+        p = fs.FsProblem(batch=1, head_dim=64)
+        self.assertEqual(fs._torch._default_step(lib, "forward", p, 0), "08_hopper")
+        self.assertEqual(lib.calls, ["10_decoding", "08_hopper"])
+        self.assertEqual(fs._torch._default_step(lib, "forward", p, 0), "08_hopper")  # remembered
+        self.assertEqual(len(lib.calls), 2)
+        self.assertEqual(fs._torch._default_step(lib, "forward", fs.FsProblem(batch=2), 0), "08_hopper")
+        self.assertEqual(len(lib.calls), 4)  # another problem: asked again
+
+    def test_only_steps_with_the_pass(self):
+        lib = self.FakeLibrary(set())
+        self.assertEqual(fs._torch._default_step(lib, "backward", fs.FsBackwardProblem(), 0), "11_backward")
+        self.assertEqual(fs._torch._default_step(lib, "decode", fs.FsDecodeProblem(), 0), "10_decoding")
+
+    def test_none_accepts(self):
+        lib = self.FakeLibrary({"11_backward"})
+        with self.assertRaises(fs.InvalidArgument) as e:
+            fs._torch._default_step(lib, "backward", fs.FsBackwardProblem(), 0)
+        self.assertEqual(e.exception.message, "no registered step runs this backward problem on this device "
+                                              "(11_backward: 11_backward refuses)")
+
+
+if __name__ == "__main__":
+    unittest.main()
