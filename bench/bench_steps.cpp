@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
 
   const char* filter = std::getenv("FLASH_STEPS_BENCH_FILTER");
   for (const fs::Step& s : fs::steps()) {
-    if (filter && s.id.rfind(filter, 0) != 0) continue;
+    if (!s.has_forward() || (filter && s.id.rfind(filter, 0) != 0)) continue;  // the forward pass only
     for (const fs::Problem& p : mode.problems)
       benchmark::RegisterBenchmark(("step" + s.id + "/" + fs::describe(p)).c_str(), bench_step, &s, p)
           ->UseManualTime()

@@ -459,7 +459,7 @@ def run(args) -> int:
     except flash_steps.LibraryNotFound as e:
         print(f"compare_torch: {e.message} (or pass --lib)", file=sys.stderr)
         return 1
-    steps = steps_of(lib)
+    steps = [s for s in steps_of(lib) if s["has_forward"]]  # a backward-only step has no forward pass to sweep
     if args.steps:
         wanted = [s.strip() for s in args.steps.split(",") if s.strip()]
         steps = [s for s in steps if any(s["id"].startswith(w) for w in wanted)]
@@ -920,7 +920,7 @@ def run_decode(args) -> int:
         print(f"compare_torch: {e.message} (or pass --lib)", file=sys.stderr)
         return 1
     wanted = [w.strip() for w in (args.steps or DECODE_DEFAULT_STEPS).split(",") if w.strip()]
-    steps = [s for s in steps_of(lib) if any(s["id"].startswith(w) for w in wanted)]
+    steps = [s for s in steps_of(lib) if s["has_forward"] and any(s["id"].startswith(w) for w in wanted)]
     backends = [b for b in args.backends.split(",") if b]
     try:
         unknown = [b for b in backends if b not in TORCH_BACKENDS]

@@ -68,6 +68,9 @@ double backward_flops(const BackwardProblem& p);
 // The largest error a step's gradient may have: 2·ref_err + u·max_abs_exact (see above).
 double backward_bound(int32_t dtype, double ref_err, double max_abs_exact);
 
+// A short description, e.g. "backward b2 h16/16 sq2048 sk2048 d128 fp16 causal deterministic".
+std::string describe(const BackwardProblem& p);
+
 // dQ = 0 (seqlen_k == 0) or dK = dV = 0 (seqlen_q == 0): the answer when one side is empty.
 void fill_empty_gradients(const BackwardProblem& p, const BackwardTensors& t, cudaStream_t stream);
 

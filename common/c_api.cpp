@@ -80,8 +80,8 @@ const fs::Step* step_at(int index) {
   return index >= 0 && size_t(index) < all.size() ? &all[size_t(index)] : nullptr;
 }
 
-// Looks up the step, then runs `body`; any exception becomes a status and last_error. P is fs_problem
-// or fs_decode_problem.
+// Looks up the step, then runs `body`; any exception becomes a status and last_error. P is fs_problem,
+// fs_decode_problem or fs_backward_problem.
 template <typename P, typename F>
 fs_status guarded(const char* step_id, const P* p, F&& body) noexcept {
   last_error.clear();
@@ -224,6 +224,66 @@ FS_API fs_status fs_run_decode(const char* step_id, const fs_decode_problem* p, 
   });
 }
 
+FS_API void fs_backward_problem_init(fs_backward_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
+                                     int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
+                                     int32_t causal, int32_t deterministic) {
+  if (!p) return;
+  const bool ok = guard(false, [&] {
+    *p = fs::make_backward_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+                                   static_cast<fs::DType>(dtype), causal != 0, deterministic != 0);
+    p->forward.causal = causal;    // kept as given, so that a bad one is reported by fs_backward_check
+    p->deterministic = deterministic;
+    return true;
+  });
+  if (!ok) *p = fs_backward_problem{};  // all zero: fs_backward_check refuses it ("batch is 0")
+}
+
+FS_API int fs_step_has_forward(int index) {
+  return guard(-1, [&] { return step_at(index) ? int(step_at(index)->has_forward()) : -1; });
+}
+
+FS_API int fs_step_has_backward(int index) {
+  return guard(-1, [&] { return step_at(index) ? int(step_at(index)->backward.present()) : -1; });
+}
+
+FS_API fs_status fs_backward_check(const char* step_id, const fs_backward_problem* p) {
+  return guarded(step_id, p, [](const fs::Step& step, const fs_backward_problem& prob) {
+    const std::string why = fs::check_backward_static(step, prob);  // before touching the GPU
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    const fs::Plan plan = fs::plan_backward_for(step, prob, fs::current_device());
+    return plan.accepted() ? FS_OK : fail(FS_ERR_INVALID, plan.refusal);
+  });
+}
+
+FS_API fs_status fs_backward_workspace_size(const char* step_id, const fs_backward_problem* p, uint64_t* bytes) {
+  return guarded(step_id, p, [&](const fs::Step& step, const fs_backward_problem& prob) {
+    if (!bytes) return fail(FS_ERR_INVALID, "bytes is a null pointer");
+    const std::string why = fs::check_backward_static(step, prob);  // before touching the GPU
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    const fs::Plan plan = fs::plan_backward_for(step, prob, fs::current_device());
+    if (!plan.accepted()) return fail(FS_ERR_INVALID, plan.refusal);
+    *bytes = plan.workspace_bytes;
+    return FS_OK;
+  });
+}
+
+FS_API fs_status fs_run_backward(const char* step_id, const fs_backward_problem* p, const void* q, const void* k,
+                                 const void* v, const void* o, const float* lse, const void* d_o, void* dq,
+                                 void* dk, void* dv, void* workspace, uint64_t workspace_bytes, void* stream) {
+  return guarded(step_id, p, [&](const fs::Step& step, const fs_backward_problem& prob) {
+    const fs::BackwardTensors t{q, k, v, o, lse, d_o, dq, dk, dv};
+    std::string why = fs::check_backward_static(step, prob);  // before touching the GPU
+    if (why.empty()) why = fs::validate_backward_tensors(prob, t);
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    const fs::Plan plan = fs::plan_backward_for(step, prob, fs::current_device());
+    why = plan.refusal;
+    if (why.empty()) why = fs::check_workspace(plan, workspace, size_t(workspace_bytes), "fs_backward_workspace_size");
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    fs::run_backward(step, prob, plan, t, workspace, size_t(workspace_bytes), static_cast<cudaStream_t>(stream));
+    return FS_OK;
+  });
+}
+
 FS_API const char* fs_last_error(void) { return last_error.c_str(); }  // cannot throw
 
 }  // extern "C"
@@ -244,6 +304,27 @@ int copy_list(const std::vector<T>& values, U* out, int max) {
 extern "C" {
 
 FS_API double fs_problem_flops(const fs_problem* p) { return p ? fs::attention_flops(*p) : 0.0; }
+
+FS_API double fs_backward_flops(const fs_backward_problem* p) { return p ? fs::backward_flops(*p) : 0.0; }
+
+FS_API fs_status fs_backward_bound(int32_t dtype, double ref_err, double max_abs_exact, double* bound) {
+  last_error.clear();
+  try {
+    if (dtype != FS_FP16 && dtype != FS_BF16)
+      return fail(FS_ERR_INVALID, "dtype is " + std::to_string(dtype) + "; it must be FS_FP16 (0) or FS_BF16 (1)");
+    if (!std::isfinite(ref_err) || ref_err < 0)
+      return fail(FS_ERR_INVALID, "ref_err is " + std::to_string(ref_err) + "; it must be finite and >= 0");
+    if (!std::isfinite(max_abs_exact) || max_abs_exact < 0)
+      return fail(FS_ERR_INVALID, "max_abs_exact is " + std::to_string(max_abs_exact) + "; it must be finite and >= 0");
+    if (!bound) return fail(FS_ERR_INVALID, "bound is a null pointer");
+    *bound = fs::backward_bound(dtype, ref_err, max_abs_exact);
+    return FS_OK;
+  } catch (const std::exception& e) {
+    return fail(FS_ERR_INVALID, e.what());
+  } catch (...) {
+    return fail(FS_ERR_INVALID, "fs_backward_bound: unknown exception");
+  }
+}
 
 FS_API double fs_decode_kv_bytes(const fs_decode_problem* p, const int32_t* lengths) {
   if (!p || p->batch < 0) return 0.0;

@@ -110,6 +110,9 @@ FS_API const char* fs_step_name(int index);   /* e.g. "naive" */
 FS_API const char* fs_step_lesson(int index); /* one line */
 FS_API const char* fs_step_dir(int index);    /* e.g. "04_bank_conflicts": its directory under steps/ */
 FS_API int fs_step_min_compute_capability(int index); /* e.g. 80 for sm_80 */
+/* 1 when the step at `index` runs forward problems (fs_run), 0 for a backward-only step (its fs_check
+ * refuses every forward problem; see fs_step_has_backward), -1 out of range. */
+FS_API int fs_step_has_forward(int index);
 
 /* FS_OK when `step_id` can run `p` on the current CUDA device. */
 FS_API fs_status fs_check(const char* step_id, const fs_problem* p);

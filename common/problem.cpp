@@ -102,38 +102,6 @@ std::string check_size(const char* names, const char* seqlen_name, const char* h
   return m.str();
 }
 
-// "" when no two elements of O share an address. The rule: sorted by stride, every dimension of
-// extent > 1 starts at or past the span of the dimensions below it (the largest offset they reach,
-// plus 1). Every dense or padded layout, in any dimension order, follows it.
-std::string check_output_overlap(const Problem& p) {
-  struct Dim {
-    const char* what;
-    const char* size_name;
-    int64_t extent, stride;
-  };
-  Dim dims[] = {{"head_dim", "head_dim", p.head_dim, p.o.dim},
-                {"head", "heads_q", p.heads_q, p.o.head},
-                {"row", "seqlen_q", p.seqlen_q, p.o.row},
-                {"batch", "batch", p.batch, p.o.batch}};
-  if (std::any_of(std::begin(dims), std::end(dims), [](const Dim& d) { return d.extent == 0; })) return "";  // empty
-  std::stable_sort(std::begin(dims), std::end(dims), [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
-  int64_t span = 1;  // offsets reached by the dimensions below: 0 ... span - 1
-  std::string below;
-  for (const Dim& d : dims) {
-    if (d.extent <= 1) continue;
-    if (d.stride < span) {
-      std::ostringstream m;
-      m << "O's " << d.what << " stride is " << d.stride << " with " << d.size_name << " " << d.extent;
-      if (!below.empty()) m << ", less than the " << span << " elements spanned by its " << below << " dimensions";
-      m << ": two elements of O would share one address (O must not overlap itself; Q, K and V may)";
-      return m.str();
-    }
-    span += (d.extent - 1) * d.stride;  // no overflow: O's extent was checked first
-    below += below.empty() ? d.what : std::string(" and ") + d.what;
-  }
-  return "";
-}
-
 // "" when the view spans at most kMaxTensorElements from its base pointer.
 std::string check_extent(const char* name, const Strides& s, const char* dim0_stride, const char* dim0_name,
                          int64_t dim0, const char* rows_name, int64_t rows, const char* heads_name, int64_t heads,
@@ -150,6 +118,38 @@ std::string check_extent(const char* name, const Strides& s, const char* dim0_st
 }
 
 }  // namespace
+
+std::string validate_no_overlap(const char* name, const char* may_overlap, const Strides& s, int64_t batch,
+                                const char* rows_name, int64_t rows, const char* heads_name, int64_t heads,
+                                int64_t head_dim) {
+  struct Dim {
+    const char* what;
+    const char* size_name;
+    int64_t extent, stride;
+  };
+  Dim dims[] = {{"head_dim", "head_dim", head_dim, s.dim},
+                {"head", heads_name, heads, s.head},
+                {"row", rows_name, rows, s.row},
+                {"batch", "batch", batch, s.batch}};
+  if (std::any_of(std::begin(dims), std::end(dims), [](const Dim& d) { return d.extent == 0; })) return "";  // empty
+  std::stable_sort(std::begin(dims), std::end(dims), [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  int64_t span = 1;  // offsets reached by the dimensions below: 0 ... span - 1
+  std::string below;
+  for (const Dim& d : dims) {
+    if (d.extent <= 1) continue;
+    if (d.stride < span) {
+      std::ostringstream m;
+      m << name << "'s " << d.what << " stride is " << d.stride << " with " << d.size_name << " " << d.extent;
+      if (!below.empty()) m << ", less than the " << span << " elements spanned by its " << below << " dimensions";
+      m << ": two elements of " << name << " would share one address (" << name << " must not overlap itself; "
+        << may_overlap << " may)";
+      return m.str();
+    }
+    span += (d.extent - 1) * d.stride;  // no overflow: the view's extent was checked first
+    below += below.empty() ? d.what : std::string(" and ") + d.what;
+  }
+  return "";
+}
 
 std::string validate(const Problem& p) {
   std::ostringstream m;
@@ -225,7 +225,7 @@ std::string validate(const Problem& p) {
                            p.head_dim)).empty())
       return s;
   }
-  return check_output_overlap(p);
+  return validate_no_overlap("O", "Q, K and V", p.o, p.batch, "seqlen_q", p.seqlen_q, "heads_q", p.heads_q, p.head_dim);
 }
 
 std::string validate_view(const char* names, const char* name, const Strides& s, const char* dim0_name,

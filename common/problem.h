@@ -76,6 +76,15 @@ std::string validate_view(const char* names, const char* name, const Strides& s,
                           const char* dim0_stride, int64_t dim0, const char* rows_name, int64_t rows,
                           const char* heads_name, int64_t heads, int64_t head_dim);
 
+// "" when no two elements of a (batch, rows, heads, head_dim) view share an address, as validate()
+// requires of O (and validate_backward of dQ, dK, dV). The rule: sorted by stride, every dimension of
+// extent > 1 starts at or past the span of the dimensions below it (the largest offset they reach,
+// plus 1); every dense or padded layout, in any dimension order, follows it. `may_overlap` names, in
+// the sentence, the tensors that may overlap themselves ("Q, K and V"). Call after validate_view.
+std::string validate_no_overlap(const char* name, const char* may_overlap, const Strides& s, int64_t batch,
+                                const char* rows_name, int64_t rows, const char* heads_name, int64_t heads,
+                                int64_t head_dim);
+
 // "" when the pointers are usable for `p`: Q, K, V, O non-null and 16-byte aligned; lse may be null
 // and must be 4-byte aligned.
 std::string validate_tensors(const Problem& p, const Tensors& t);

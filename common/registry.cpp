@@ -14,11 +14,18 @@ namespace fs {
 #undef FS_STEP
 
 void Registry::add(Step step) {
-  if (step.id.empty() || !step.limits || !step.plan || !step.launch || !step.claims)
-    throw Error("a step must have an id, limits(), plan(), launch() and claims()");
+  if (step.id.empty()) throw Error("a step must have an id");
+  if (step.has_forward() && !(step.limits && step.plan && step.launch && step.claims))
+    throw Error("step " + step.id + "'s forward pass must have all of limits(), plan(), launch() and claims()");
   const DecodeEntry& d = step.decode;
   if (d.present() && !(d.limits && d.plan && d.launch && d.claims))
     throw Error("step " + step.id + "'s decoding entry must have all of limits(), plan(), launch() and claims()");
+  const BackwardEntry& b = step.backward;
+  if (b.present() && !(b.limits && b.plan && b.launch && b.claims))
+    throw Error("step " + step.id + "'s backward entry must have all of limits(), plan(), launch() and claims()");
+  if (!step.has_forward() && !b.present())
+    throw Error("step " + step.id + " has neither a forward pass (limits(), plan(), launch(), claims()) nor a "
+                "backward entry");
   if (std::any_of(steps_.begin(), steps_.end(), [&](const Step& s) { return s.id == step.id; }))
     throw Error("step id '" + step.id + "' is registered twice");
   step.dir = dir_;
@@ -47,6 +54,8 @@ const Step* find_step(std::string_view id) {
 }
 
 std::string check_static(const Step& step, const Problem& p) {
+  if (!step.has_forward())
+    return "step " + step.id + " has no forward pass (it is a backward step: fs_run_backward)";
   std::string why = validate(p);
   if (why.empty()) why = step.limits(p);
   return why;
@@ -100,6 +109,27 @@ Plan plan_decode_for(const Step& step, const DecodeProblem& p, const DeviceInfo&
   return plan;
 }
 
+std::string check_backward_static(const Step& step, const BackwardProblem& p) {
+  if (!step.backward.present()) {
+    std::string with;
+    for (const Step& s : steps())
+      if (s.backward.present()) with += (with.empty() ? "" : ", ") + s.id;
+    return "step " + step.id + " has no backward pass; " +
+           (with.empty() ? std::string("no registered step has one") : "the steps with one are: " + with);
+  }
+  std::string why = validate_backward(p);
+  if (why.empty()) why = step.backward.limits(p);
+  return why;
+}
+
+Plan plan_backward_for(const Step& step, const BackwardProblem& p, const DeviceInfo& dev) {
+  Plan refused;
+  refused.refusal = check_backward_static(step, p);
+  if (refused.accepted()) refused.refusal = check_architecture(step, dev);
+  if (!refused.accepted()) return refused;
+  return step.backward.plan(p, dev);
+}
+
 std::string check_workspace(const Plan& plan, const void* workspace, size_t workspace_bytes, const char* size_function) {
   std::ostringstream m;
   if (plan.workspace_bytes == 0) return "";
@@ -123,6 +153,7 @@ std::string check_workspace(const Plan& plan, const void* workspace, size_t work
 void run(const Step& step, const Problem& p, const Plan& plan, const Tensors& t, void* workspace,
          size_t workspace_bytes, cudaStream_t stream) {
   std::string why = plan.refusal;
+  if (why.empty() && !step.has_forward()) why = check_static(step, p);  // a plan made for another step
   if (why.empty()) why = validate_tensors(p, t);
   if (why.empty()) why = check_workspace(plan, workspace, workspace_bytes);
   if (!why.empty()) throw Error("step " + step.id + " refused " + describe(p) + ": " + why);
@@ -153,6 +184,20 @@ void run_decode(const Step& step, const DecodeProblem& p, const Plan& plan, cons
   }
   const bool step_needs_workspace = plan.workspace_bytes > (p.checked ? kDecodeCheckBytes : 0);
   step.decode.launch(p, t, plan, step_needs_workspace ? step_workspace : nullptr, stream);
+}
+
+void run_backward(const Step& step, const BackwardProblem& p, const Plan& plan, const BackwardTensors& t,
+                  void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  std::string why = plan.refusal;
+  if (why.empty() && !step.backward.present()) why = check_backward_static(step, p);  // a plan made for another step
+  if (why.empty()) why = validate_backward_tensors(p, t);
+  if (why.empty()) why = check_workspace(plan, workspace, workspace_bytes, "fs_backward_workspace_size");
+  if (!why.empty()) throw Error("step " + step.id + " refused " + describe(p) + ": " + why);
+  if (p.forward.seqlen_q == 0 || p.forward.seqlen_k == 0) {
+    fill_empty_gradients(p, t, stream);
+    return;
+  }
+  step.backward.launch(p, t, plan, plan.workspace_bytes ? workspace : nullptr, stream);
 }
 
 std::string step_key(std::string_view id) { return std::string(id.substr(0, id.find('_'))); }
@@ -207,6 +252,16 @@ PreparedDecode::PreparedDecode(const Step& step, const DecodeProblem& p, const D
 
 void PreparedDecode::launch(const DecodeTensors& t, cudaStream_t stream) const {
   run_decode(*step_, problem_, plan_, t, workspace_.get(), workspace_.bytes(), stream);
+}
+
+PreparedBackward::PreparedBackward(const Step& step, const BackwardProblem& p, const DeviceInfo& dev)
+    : step_(&step), problem_(p), plan_(plan_backward_for(step, p, dev)) {
+  if (!plan_.accepted()) throw Error("step " + step.id + " refused " + describe(p) + ": " + plan_.refusal);
+  workspace_ = DeviceBuffer(plan_.workspace_bytes);
+}
+
+void PreparedBackward::launch(const BackwardTensors& t, cudaStream_t stream) const {
+  run_backward(*step_, problem_, plan_, t, workspace_.get(), workspace_.bytes(), stream);
 }
 
 }  // namespace fs

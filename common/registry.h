@@ -114,6 +114,9 @@ struct Step {
   DecodeEntry decode = {};
   // Optional: the backward pass (all four functions, or none).
   BackwardEntry backward = {};
+  // A backward-only step (11_backward) leaves limits, plan, launch and claims empty: it has no forward
+  // pass, and plan_for refuses it. Every step has a forward pass, a backward pass, or both.
+  bool has_forward() const { return limits || plan || launch || claims; }
 };
 
 class Registry {
@@ -134,6 +137,7 @@ const std::vector<Step>& steps();
 const Step* find_step(std::string_view id);
 
 // "" when the problem passes the harness's rules and the step's limits: what can be said without a device.
+// A step without a forward pass refuses every forward problem.
 std::string check_static(const Step& step, const Problem& p);
 
 // The plan of `step` for `p` on `dev`: the static checks, the compute capability, then the step's plan().

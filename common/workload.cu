@@ -57,7 +57,8 @@ __global__ void max_abs_kernel(const T* x, Strides st, int64_t batch, int64_t se
   atomicMax(result, __float_as_uint(m));
 }
 
-// O = 0 and LSE = -inf for every query row: the answer when no row has a key to attend.
+// O = 0 and LSE = -inf for every query row: the answer when no row has a key to attend. With lse
+// null, only the zeros: fill_zero's kernel for any (batch, rows, heads, head_dim) view.
 template <typename T>
 __global__ void fill_empty_kernel(T* o, Strides os, float* lse, int64_t batch, int64_t seqlen_q,
                                   int64_t heads, int64_t head_dim) {
@@ -93,6 +94,18 @@ void fill_empty_output(const Problem& p, const Tensors& t, cudaStream_t stream) 
     using T = typename decltype(tag)::type;
     fill_empty_kernel<T><<<grid_for(rows), kThreads, 0, stream>>>(static_cast<T*>(t.o), p.o, t.lse, p.batch,
                                                                   p.seqlen_q, p.heads_q, p.head_dim);
+    CHECK_LAUNCH();
+  });
+}
+
+void fill_zero(void* x, const Strides& s, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim, int32_t dtype,
+               cudaStream_t stream) {
+  const int64_t n = batch * rows * heads;
+  if (n == 0) return;
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    fill_empty_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(x), s, nullptr, batch, rows, heads,
+                                                               head_dim);
     CHECK_LAUNCH();
   });
 }

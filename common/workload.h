@@ -71,6 +71,10 @@ std::vector<float> download_as_float(const void* src, int64_t n, int32_t dtype);
 // Writes O = 0 and LSE = -inf for every query row: the answer when seqlen_k == 0.
 void fill_empty_output(const Problem& p, const Tensors& t, cudaStream_t stream);
 
+// Writes 0 to every element of a (batch, rows, heads, head_dim) fp16/bf16 view with strides `s`.
+void fill_zero(void* x, const Strides& s, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim, int32_t dtype,
+               cudaStream_t stream);
+
 // Bottom-right causal alignment: may query row i attend to key j?
 FS_HD inline bool causal_allows(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k) {
   return j <= i + seqlen_k - seqlen_q;

@@ -2,6 +2,7 @@
 // INT32/INT64 limits, negatives, NaN and infinite scales, odd strides, output strides that overlap.
 // The invariant: a problem that validate() accepts has every size representable (checked here with
 // 128-bit arithmetic, independently of common/checked.h) and an output that never overlaps itself;
+// so does a backward problem that validate_backward() accepts, for dO and its gradients dQ, dK, dV;
 // every refusal is a sentence. CI runs this file in the AddressSanitizer + UBSan build too, where any
 // overflow or bad access aborts the run (FLASH_STEPS_SANITIZE, .ci/run).
 #include <algorithm>
@@ -118,15 +119,19 @@ i128 extent128(const fs::Strides& s, int64_t b, int64_t seqlen, int64_t heads, i
   return i128(b - 1) * s.batch + i128(seqlen - 1) * s.row + i128(heads - 1) * s.head + head_dim;
 }
 
-// Every element of O at its own address, by enumeration (small problems only).
-bool output_is_injective(const fs::Problem& p) {
+// Every element of a view at its own address, by enumeration (small views only).
+bool view_is_injective(const fs::Strides& s, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim) {
   std::vector<int64_t> offsets;
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t i = 0; i < p.seqlen_q; ++i)
-      for (int64_t h = 0; h < p.heads_q; ++h)
-        for (int64_t c = 0; c < p.head_dim; ++c) offsets.push_back(b * p.o.batch + i * p.o.row + h * p.o.head + c);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t c = 0; c < head_dim; ++c) offsets.push_back(b * s.batch + i * s.row + h * s.head + c);
   std::sort(offsets.begin(), offsets.end());
   return std::adjacent_find(offsets.begin(), offsets.end()) == offsets.end();
+}
+
+bool output_is_injective(const fs::Problem& p) {
+  return view_is_injective(p.o, p.batch, p.seqlen_q, p.heads_q, p.head_dim);
 }
 
 // The invariant of an accepted problem, each part checked in 128 bits.
@@ -220,6 +225,56 @@ TEST_CASE("fuzz: every accepted problem has representable sizes and a non-overla
             << " outputs enumerated element by element), " << refused << " refused by validate() with a sentence; "
             << planned << " step plans, " << step_refusals << " of them refusals with a sentence\n";
   CHECK(accepted > kProblems / 10);
+  CHECK(refused > kProblems / 10);
+  CHECK(enumerated > 1000);
+}
+
+TEST_CASE("fuzz: every accepted backward problem has representable gradients that never overlap", "[fuzz]") {
+  constexpr int kProblems = 100000;
+  Draw d(20261130);
+  int64_t accepted = 0, refused = 0, enumerated = 0;
+  for (int n = 0; n < kProblems; ++n) {
+    bool strides_drawn = false;
+    fs::BackwardProblem p = fs::backward_of(draw_problem(d, strides_drawn), d.coin(2));
+    if (d.coin(20)) p.deterministic = int32_t(d.extreme());
+    for (fs::Strides* s : {&p.d_o, &p.dq, &p.dk, &p.dv})
+      if (d.coin(6)) *s = draw_strides(d, *s, p.forward.head_dim);
+    const std::string why = fs::validate_backward(p);
+    if (!why.empty()) {
+      INFO(why);
+      REQUIRE(why.size() > 15);
+      // The forward problem's rules come first, with their own sentence.
+      if (const std::string forward = fs::validate(p.forward); !forward.empty()) REQUIRE(why == forward);
+      ++refused;
+      continue;
+    }
+    ++accepted;
+    const fs::Problem& f = p.forward;
+    CAPTURE(fs::describe(f), p.deterministic, p.dq.batch, p.dq.row, p.dq.head, p.dk.batch, p.dk.row, p.dk.head);
+    REQUIRE(fs::validate(f).empty());
+    REQUIRE((p.deterministic == 0 || p.deterministic == 1));
+    struct View {
+      const fs::Strides& s;
+      int64_t rows, heads;
+      bool written;
+    };
+    const View views[] = {{p.d_o, f.seqlen_q, f.heads_q, false}, {p.dq, f.seqlen_q, f.heads_q, true},
+                          {p.dk, f.seqlen_k, f.heads_kv, true}, {p.dv, f.seqlen_k, f.heads_kv, true}};
+    for (const View& v : views) {
+      REQUIRE(v.s.dim == 1);
+      const i128 extent = extent128(v.s, f.batch, v.rows, v.heads, f.head_dim);
+      REQUIRE((extent >= 0 && extent <= kMaxElements));
+      REQUIRE(i128(fs::view_extent(v.s, f.batch, v.rows, v.heads, f.head_dim)) == extent);
+      const i128 elems = i128(f.batch) * v.rows * v.heads * f.head_dim;
+      if (v.written && elems > 0 && elems <= (1 << 15)) {
+        ++enumerated;
+        REQUIRE(view_is_injective(v.s, f.batch, v.rows, v.heads, f.head_dim));
+      }
+    }
+  }
+  std::cout << "fuzz: " << kProblems << " backward problems drawn: " << accepted << " accepted (" << enumerated
+            << " gradients enumerated element by element), " << refused << " refused by validate_backward()\n";
+  CHECK(accepted > kProblems / 20);  // fewer than forward problems: four more views may break a rule
   CHECK(refused > kProblems / 10);
   CHECK(enumerated > 1000);
 }

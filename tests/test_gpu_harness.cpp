@@ -98,6 +98,7 @@ TEST_CASE("C ABI runs every step on device pointers", "[harness]") {
   const fs::DeviceInfo dev = fs::current_device();
   int ran = 0;
   for (const fs::Step& s : fs::steps()) {
+    if (!s.has_forward()) continue;  // a backward-only step: fs_check refuses it (the C ABI tests say so)
     CAPTURE(s.id);
     if (fs_check(s.id.c_str(), &p) != FS_OK) {
       INFO("refusal: " << fs_last_error());

@@ -1,5 +1,6 @@
 // The registry × shape matrix: every registered step on every shape, against the reference.
-// A new step is covered by registering it; nothing here names a step.
+// A new step is covered by registering it; nothing here names a step. Backward-only steps (no
+// forward pass, Step::has_forward) are left out: the backward tests cover them.
 #include <algorithm>
 #include <cstring>
 #include <iomanip>
@@ -81,7 +82,7 @@ void check_all_steps(const Case& c) {
   bool reference_ready = false;
   fs::Reference ref;
   for (const fs::Step& s : fs::steps()) {
-    if (!fs::test::step_selected(s.id)) continue;
+    if (!s.has_forward() || !fs::test::step_selected(s.id)) continue;
     INFO("step " << s.id << " on " << fs::describe(w.problem()) << (c.layout == fs::Layout::packed_qkv ? " packed QKV" : ""));
     const fs::Plan plan = fs::plan_for(s, w.problem(), dev);
     if (!plan.accepted()) {
@@ -120,7 +121,7 @@ TEST_CASE("every step matches the reference on the edge shapes", "[edge]") {
 TEST_CASE("every step handles empty work", "[steps]") {
   const fs::DeviceInfo dev = fs::current_device();
   for (const fs::Step& s : fs::steps()) {
-    if (!fs::test::step_selected(s.id)) continue;
+    if (!s.has_forward() || !fs::test::step_selected(s.id)) continue;
     CAPTURE(s.id);
     // seqlen_k == 0: no key for any row, so O = 0 and LSE = -inf.
     fs::Workload w(fs::make_problem(2, 5, 0, 2, 1, 64, fs::DType::fp16, false), 4);
@@ -151,7 +152,7 @@ TEST_CASE("numerics: huge and equal scores stay finite, and runs are bitwise ide
       fs::Workload w(p, 77);
       const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
       for (const fs::Step& s : fs::steps()) {
-        if (!fs::test::step_selected(s.id)) continue;
+        if (!s.has_forward() || !fs::test::step_selected(s.id)) continue;
         INFO("step " << s.id << ", " << v.what << (causal ? ", causal" : ""));
         if (const fs::Plan plan = fs::plan_for(s, p, dev); !plan.accepted()) {
           INFO("refusal: " << plan.refusal);
@@ -168,7 +169,7 @@ TEST_CASE("numerics: huge and equal scores stay finite, and runs are bitwise ide
   const fs::Problem p = fs::make_problem(2, 300, 301, 4, 2, 128, fs::DType::bf16, true);
   fs::Workload w(p, 78);
   for (const fs::Step& s : fs::steps()) {
-    if (!fs::test::step_selected(s.id)) continue;
+    if (!s.has_forward() || !fs::test::step_selected(s.id)) continue;
     CAPTURE(s.id);
     if (const fs::Plan plan = fs::plan_for(s, p, dev); !plan.accepted()) {
       INFO("refusal: " << plan.refusal);
@@ -260,7 +261,7 @@ TEST_CASE("tensors of more than 2^32 elements use 64-bit offsets", "[large]") {
   fs::Workload w(p, 99);
   fs::GpuReference gpu;
   for (const fs::Step& s : fs::steps()) {
-    if (!fs::test::step_selected(s.id)) continue;
+    if (!s.has_forward() || !fs::test::step_selected(s.id)) continue;
     INFO("step " << s.id);
     const fs::Plan plan = fs::plan_for(s, p, dev);
     if (!plan.accepted()) {

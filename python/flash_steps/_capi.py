@@ -141,13 +141,15 @@ class FsBackwardProblem(ctypes.Structure):
 
 @dataclass(frozen=True)
 class Step:
-    """One registered step (fs_step_*): has_backward is False where the library predates the backward."""
+    """One registered step (fs_step_*). has_forward is False for a backward-only step (step 11); where the
+    library predates the backward pass, has_forward is True and has_backward False."""
     id: str
     name: str
     lesson: str
     dir: str
     min_compute_capability: int
     decodes: bool
+    has_forward: bool
     has_backward: bool
 
 
@@ -209,6 +211,7 @@ SIGNATURES = {
     "fs_step_lesson": ([_INT], _STR),
     "fs_step_dir": ([_INT], _STR),
     "fs_step_min_compute_capability": ([_INT], _INT),
+    "fs_step_has_forward": ([_INT], _INT),
     "fs_check": ([_STR, _P(FsProblem)], _INT),
     "fs_workspace_size": ([_STR, _P(FsProblem), _P(_U64)], _INT),
     "fs_run": ([_STR, _P(FsProblem)] + [_PTR] * 6 + [_U64, _PTR], _INT),
@@ -276,11 +279,13 @@ class Library:
 
     def steps(self) -> list[Step]:
         lib = self.lib
-        has_backward = (lambda i: False) if "fs_step_has_backward" in self.missing else lib.fs_step_has_backward
+        has_forward = (lambda i: 1) if "fs_step_has_forward" in self.missing else lib.fs_step_has_forward
+        has_backward = (lambda i: 0) if "fs_step_has_backward" in self.missing else lib.fs_step_has_backward
         return [Step(id=lib.fs_step_id(i).decode(), name=lib.fs_step_name(i).decode(),
                      lesson=lib.fs_step_lesson(i).decode(), dir=lib.fs_step_dir(i).decode(),
                      min_compute_capability=lib.fs_step_min_compute_capability(i),
-                     decodes=lib.fs_step_decodes(i) == 1, has_backward=has_backward(i) == 1)
+                     decodes=lib.fs_step_decodes(i) == 1, has_forward=has_forward(i) == 1,
+                     has_backward=has_backward(i) == 1)
                 for i in range(lib.fs_step_count())]
 
     # ---- the forward problem ----

@@ -140,6 +140,8 @@ class Library(unittest.TestCase):
         self.assertTrue(all(s.lesson and s.name and s.min_compute_capability >= 80 for s in steps))
         self.assertEqual([s.id for s in steps if s.decodes], ["10_decoding"])
         self.assertFalse(any(s.has_backward for s in steps if s.id < "11"))  # the backward starts at step 11
+        self.assertTrue(all(s.has_forward for s in steps if s.id < "11"))
+        self.assertTrue(all(s.has_forward or s.has_backward for s in steps))
 
     def test_problem_init_and_strides(self):
         p = self.lib.problem(2, 512, 512, 16, 16, 128, "bf16", True)
@@ -205,9 +207,9 @@ class Library(unittest.TestCase):
                 self.lib.backward_check(s, p)
             self.assertIn("deterministic is 2", e.exception.message)
 
-    def test_forward_only_rules(self):
-        for s in [s.id for s in fs.steps() if s.has_backward and s.id.startswith("11")]:
-            with self.assertRaises(fs.InvalidArgument):  # step 11 is backward only
+    def test_a_backward_only_step_refuses_forward_problems(self):
+        for s in [s.id for s in fs.steps() if not s.has_forward]:
+            with self.assertRaises(fs.InvalidArgument):
                 self.lib.check(s, self.lib.problem(2, 256, 256, 8, 8, 64, "fp16", False))
 
     def test_shared_rules(self):
@@ -356,7 +358,7 @@ class DefaultStep(unittest.TestCase):
 
         def steps(self):
             def step(i, decodes=False, backward=False):
-                return fs.Step(i, i, "lesson", i, 80, decodes, backward)
+                return fs.Step(i, i, "lesson", i, 80, decodes, not backward, backward)
             return [step("07g_fa2"), step("08_hopper"), step("10_decoding", decodes=True),
                     step("11_backward", backward=True)]
 
@@ -369,14 +371,14 @@ class DefaultStep(unittest.TestCase):
         fs._torch._defaults.clear()
 
     def test_newest_that_accepts(self):
-        lib = self.FakeLibrary({"11_backward", "10_decoding"})  # 11 has no forward, 10 refuses this one
+        lib = self.FakeLibrary({"10_decoding"})  # 11 has no forward (not asked), 10 refuses this one
         p = fs.FsProblem(batch=1, head_dim=64)
         self.assertEqual(fs._torch._default_step(lib, "forward", p, 0), "08_hopper")
-        self.assertEqual(lib.calls, ["11_backward", "10_decoding", "08_hopper"])
+        self.assertEqual(lib.calls, ["10_decoding", "08_hopper"])
         self.assertEqual(fs._torch._default_step(lib, "forward", p, 0), "08_hopper")  # remembered
-        self.assertEqual(len(lib.calls), 3)
+        self.assertEqual(len(lib.calls), 2)
         self.assertEqual(fs._torch._default_step(lib, "forward", fs.FsProblem(batch=2), 0), "08_hopper")
-        self.assertEqual(len(lib.calls), 6)  # another problem: asked again
+        self.assertEqual(len(lib.calls), 4)  # another problem: asked again
 
     def test_only_steps_with_the_pass(self):
         lib = self.FakeLibrary(set())
