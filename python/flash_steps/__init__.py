@@ -38,7 +38,8 @@ def library(path: str | os.PathLike | None = None) -> Library:
 
 
 def steps() -> list[Step]:
-    """The registered steps, in order: id, name, lesson, dir, min_compute_capability, decodes, has_backward."""
+    """The registered steps, in order: id, name, lesson, dir, min_compute_capability, decodes, has_forward,
+    has_backward."""
     return library().steps()
 
 

@@ -141,8 +141,8 @@ class FsBackwardProblem(ctypes.Structure):
 
 @dataclass(frozen=True)
 class Step:
-    """One registered step (fs_step_*): has_forward is True and has_backward False where the library
-    predates the backward."""
+    """One registered step (fs_step_*). has_forward is False for a backward-only step (step 11); where the
+    library predates the backward pass, has_forward is True and has_backward False."""
     id: str
     name: str
     lesson: str
@@ -211,6 +211,7 @@ SIGNATURES = {
     "fs_step_lesson": ([_INT], _STR),
     "fs_step_dir": ([_INT], _STR),
     "fs_step_min_compute_capability": ([_INT], _INT),
+    "fs_step_has_forward": ([_INT], _INT),
     "fs_check": ([_STR, _P(FsProblem)], _INT),
     "fs_workspace_size": ([_STR, _P(FsProblem), _P(_U64)], _INT),
     "fs_run": ([_STR, _P(FsProblem)] + [_PTR] * 6 + [_U64, _PTR], _INT),
@@ -222,7 +223,6 @@ SIGNATURES = {
     "fs_run_decode": ([_STR, _P(FsDecodeProblem)] + [_PTR] * 8 + [_U64, _PTR], _INT),
     "fs_decode_kv_bytes": ([_P(FsDecodeProblem), _P(_I32)], _DBL),
     "fs_backward_problem_init": ([_P(FsBackwardProblem)] + [_I64] * 6 + [_I32] * 3, None),
-    "fs_step_has_forward": ([_INT], _INT),
     "fs_step_has_backward": ([_INT], _INT),
     "fs_backward_check": ([_STR, _P(FsBackwardProblem)], _INT),
     "fs_backward_workspace_size": ([_STR, _P(FsBackwardProblem), _P(_U64)], _INT),

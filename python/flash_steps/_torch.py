@@ -32,14 +32,15 @@ _defaults: dict = {}
 
 
 def _default_step(lib: Library, kind: str, p, device: int) -> str:
-    """The newest registered step that accepts p on this device: for kind "forward" among the steps
-    with a forward pass (fs_check), "backward" among the steps with a backward (fs_backward_check),
-    "decode" among the steps with a decoding entry (fs_decode_check). Remembered per problem and device."""
+    """The newest registered step that accepts p on this device: for kind "forward" among the steps with a
+    forward pass (fs_check), "backward" among the steps with a backward (fs_backward_check), "decode"
+    among the steps with a decoding entry (fs_decode_check). Remembered per problem and device."""
     key = (kind, bytes(p), device)
     if key in _defaults:
         return _defaults[key]
     check = {"forward": lib.check, "backward": lib.backward_check, "decode": lib.decode_check}[kind]
-    eligible = {"forward": lambda s: s.has_forward, "backward": lambda s: s.has_backward, "decode": lambda s: s.decodes}[kind]
+    eligible = {"forward": lambda s: s.has_forward, "backward": lambda s: s.has_backward,
+                "decode": lambda s: s.decodes}[kind]
     refusals = []
     for s in reversed(lib.steps()):
         if not eligible(s):

@@ -80,7 +80,9 @@ class Library(unittest.TestCase):
         steps = ct.steps_of(self.lib)
         self.assertEqual(steps[0]["id"], "01_naive")
         self.assertEqual(set(steps[0]), {"id", "name", "lesson", "dir", "min_compute_capability", "decodes",
-                                         "has_backward"})
+                                         "has_forward", "has_backward"})
+        self.assertTrue(all(s["has_forward"] or s["has_backward"] for s in steps))  # a step runs one pass or both
+        self.assertTrue(steps[0]["has_forward"])
         json.dumps(steps)  # they go into the results file
 
     def test_refusal_is_the_sentence(self):

@@ -140,8 +140,8 @@ class Library(unittest.TestCase):
         self.assertTrue(all(s.lesson and s.name and s.min_compute_capability >= 80 for s in steps))
         self.assertEqual([s.id for s in steps if s.decodes], ["10_decoding"])
         self.assertFalse(any(s.has_backward for s in steps if s.id < "11"))  # the backward starts at step 11
-        self.assertTrue(all(s.has_forward or s.has_backward for s in steps))  # a step runs one pass or both
-        self.assertFalse(any(s.has_forward for s in steps if s.id.startswith("11")))  # step 11: backward only
+        self.assertTrue(all(s.has_forward for s in steps if s.id < "11"))
+        self.assertTrue(all(s.has_forward or s.has_backward for s in steps))
 
     def test_problem_init_and_strides(self):
         p = self.lib.problem(2, 512, 512, 16, 16, 128, "bf16", True)
@@ -207,9 +207,9 @@ class Library(unittest.TestCase):
                 self.lib.backward_check(s, p)
             self.assertIn("deterministic is 2", e.exception.message)
 
-    def test_forward_only_rules(self):
-        for s in [s.id for s in fs.steps() if s.has_backward and s.id.startswith("11")]:
-            with self.assertRaises(fs.InvalidArgument):  # step 11 is backward only
+    def test_a_backward_only_step_refuses_forward_problems(self):
+        for s in [s.id for s in fs.steps() if not s.has_forward]:
+            with self.assertRaises(fs.InvalidArgument):
                 self.lib.check(s, self.lib.problem(2, 256, 256, 8, 8, 64, "fp16", False))
 
     def test_shared_rules(self):
@@ -357,10 +357,10 @@ class DefaultStep(unittest.TestCase):
             self.check = self.backward_check = self.decode_check = self.accepts
 
         def steps(self):
-            def step(i, decodes=False, forward=True, backward=False):
-                return fs.Step(i, i, "lesson", i, 80, decodes, forward, backward)
+            def step(i, decodes=False, backward=False):
+                return fs.Step(i, i, "lesson", i, 80, decodes, not backward, backward)
             return [step("07g_fa2"), step("08_hopper"), step("10_decoding", decodes=True),
-                    step("11_backward", forward=False, backward=True)]
+                    step("11_backward", backward=True)]
 
         def accepts(self, step_id, p):
             self.calls.append(step_id)
