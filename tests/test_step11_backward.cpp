@@ -2,8 +2,8 @@
 // every ldmatrix of backward_kernel and dq_kernel, simulated over the kernel's shared memory with the
 // PTX ISA's tables (tests/ptx_isa.h), delivers the mma operand the code assumes, dSᵀ included (stored
 // by 4-byte stores, read back transposed); those accesses are free of bank conflicts; the work split
-// against brute force; the table of configurations and its shared memory; step 11's copies of step
-// 07's maps. Nothing here needs the registry or a GPU.
+// against brute force; the tile copies; the table of configurations and its shared memory; step 11's
+// copies of step 07's maps. Nothing here needs the registry or a GPU.
 #include <algorithm>
 #include <array>
 #include <functional>
@@ -480,6 +480,56 @@ TEST_CASE("step 11: the ISA's C map is the A map of the next mma, and the kernel
 
 TEST_CASE("step 11: every ldmatrix of both kernels delivers its mma operand, conflict-free", "[step11][bank]") {
   check_all_kernels(std::make_integer_sequence<int, bw::kNumConfigs>{});
+}
+
+// copy_tile_async (kernel.cuh) with ROWS rows of Layout and NUM_THREADS threads, as it computes its
+// indices: every 16-byte chunk of the tile is copied by exactly one (thread, pass), and each warp's
+// 16-byte stores into shared memory are conflict-free.
+template <class Layout, int ROWS, int NUM_THREADS>
+void check_copy_tile() {
+  constexpr int CHUNKS = Layout::kCols / 8, ROWS_PER_PASS = NUM_THREADS / CHUNKS;
+  constexpr int PASSES = (ROWS + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
+  CAPTURE(Layout::kCols, ROWS, NUM_THREADS);
+  std::vector<int> copies(size_t(Layout::size(ROWS)), 0);
+  int conflicted = 0;
+  for (int i = 0; i < PASSES; ++i)
+    for (int warp = 0; warp < NUM_THREADS / 32; ++warp) {
+      fs::bank::WarpAccess a{};
+      a.width = 16;
+      a.active = 0;
+      for (int lane = 0; lane < kLanes; ++lane) {
+        const int tid = 32 * warp + lane;
+        const int row0 = tid / CHUNKS, col = tid % CHUNKS * 8;
+        const int row = row0 + i * ROWS_PER_PASS;
+        if (!((NUM_THREADS % CHUNKS == 0 || row0 < ROWS_PER_PASS) && (ROWS % ROWS_PER_PASS == 0 || row < ROWS)))
+          continue;
+        REQUIRE((row >= 0 && row < ROWS));
+        const int e = Layout::offset(row, col);
+        for (int k = 0; k < 8; ++k) ++copies[size_t(e + k)];
+        a.active |= 1u << lane;
+        a.addr[lane] = uint32_t(e * 2);
+      }
+      if (fs::bank::wavefronts(a) != fs::bank::ideal_wavefronts(a)) ++conflicted;
+    }
+  int wrong = 0;
+  for (int c : copies) wrong += c != 1;
+  CHECK(wrong == 0);
+  CHECK(conflicted == 0);
+}
+
+TEST_CASE("step 11: the tile copies cover each chunk once, conflict-free", "[step11][bank]") {
+  auto check = [](auto tr, auto dq) {
+    using Tr = decltype(tr);
+    using Dq = decltype(dq);
+    check_copy_tile<typename Tr::Layout, Tr::BLOCK_KV, Tr::NUM_THREADS>();  // K, V
+    check_copy_tile<typename Tr::Layout, Tr::BLOCK_Q, Tr::NUM_THREADS>();   // Q, dO
+    check_copy_tile<typename Dq::Layout, Dq::BLOCK_Q, Dq::NUM_THREADS>();   // dq_kernel's Q, dO
+    check_copy_tile<typename Dq::Layout, Dq::BLOCK_KV, Dq::NUM_THREADS>();  // dq_kernel's K, V
+  };
+  check(bw::TraitsOf<bw::kD64>{}, bw::DqTraitsOf<bw::kD64>{});
+  check(bw::TraitsOf<bw::kD128>{}, bw::DqTraitsOf<bw::kD128>{});
+  check(bw::TraitsOf<bw::kD192>{}, bw::DqTraitsOf<bw::kD192>{});
+  check(bw::TraitsOf<bw::kD256>{}, bw::DqTraitsOf<bw::kD256>{});
 }
 
 TEST_CASE("step 11: the swizzle's origin identity behind the kernels' lane offsets", "[step11]") {
