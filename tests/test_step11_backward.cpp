@@ -1,15 +1,20 @@
 // Step 11's index math on the CPU (steps/11_backward/traits.h and the addresses kernel.cuh computes):
 // every ldmatrix of backward_kernel and dq_kernel, simulated over the kernel's shared memory with the
-// PTX ISA's tables (tests/ptx_isa.h), delivers the mma operand the code assumes, dSᵀ included (stored
-// by 4-byte stores, read back transposed); those accesses are free of bank conflicts; the work split
-// against brute force; the tile copies; the table of configurations and its shared memory; step 11's
-// copies of step 07's maps. Nothing here needs the registry or a GPU.
+// PTX ISA's tables (tests/ptx_isa.h), delivers the mma operand the code assumes, for every warp of the
+// split (key groups, and the warps of a group sharing queries and columns), Pᵀ and dSᵀ included
+// (stored by 4-byte stores, read back as A, and dSᵀ transposed for dQ), or Pᵀ and dSᵀ as A straight
+// from the accumulators when a warp has every query; the warps' dK, dV and dQ pieces cover their tiles
+// once; those accesses are free of bank conflicts (the 64-byte swizzle of 32-query dSᵀ included); the
+// work split against brute force; the tile copies; the table of configurations and its shared memory;
+// step 11's copies of step 07's maps and swizzles. Nothing here needs the registry or a GPU.
 #include <algorithm>
 #include <array>
 #include <functional>
+#include <initializer_list>
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -137,7 +142,8 @@ struct LaneOffsets {
 };
 
 // ---- backward_kernel ---------------------------------------------------------------------------
-// Its buffers as it carves them from shared memory (element offsets; the row arrays in bytes).
+// Its buffers as it carves them from shared memory (element offsets; the row arrays in bytes): Pᵀ
+// has a tile only when warps share keys (COL_GROUPS > 1).
 template <class Tr>
 struct MainBuffers {
   static constexpr int k = 0;
@@ -145,12 +151,45 @@ struct MainBuffers {
   static constexpr int q = v + Tr::KV_ELEMS;
   static constexpr int d_o = q + Tr::Q_STAGES * Tr::Q_ELEMS;
   static constexpr int ds = d_o + Tr::Q_STAGES * Tr::Q_ELEMS;
-  static constexpr int lse_byte = (ds + Tr::DS_ELEMS) * 2;
+  static constexpr int p = ds + Tr::DS_ELEMS;
+  static constexpr int lse_byte = (p + (Tr::COL_GROUPS > 1 ? Tr::DS_ELEMS : 0)) * 2;
   static constexpr int dd_byte = lse_byte + Tr::Q_STAGES * Tr::BLOCK_Q * 4;
   static constexpr int end_byte = dd_byte + Tr::Q_STAGES * Tr::BLOCK_Q * 4;
 };
 // Buffer numbers of the codes.
-enum : int { kK = 1, kV = 2, kQ = 3, kDo = 5, kDsT = 7 };  // kQ + stage, kDo + stage
+enum : int { kK = 1, kV = 2, kQ = 3, kDo = 5, kDsT = 7, kPT = 9 };  // kQ + stage, kDo + stage
+
+// Warp w of a block whose slice starts at column col0: keys kr0 … kr0 + WARP_KEYS - 1 of the block
+// (key group w / COL_GROUPS), queries wq0 … wq0 + WARP_QUERIES - 1 of Sᵀ and dPᵀ, columns
+// wc0 … wc0 + WARP_COLS - 1 of dK and dV (w % COL_GROUPS picks both).
+template <class Tr>
+struct WarpShare {
+  int kr0, wq0, wc0;
+  WarpShare(int warp, int col0)
+      : kr0(warp / Tr::COL_GROUPS * Tr::WARP_KEYS),
+        wq0(warp % Tr::COL_GROUPS * Tr::WARP_QUERIES),
+        wc0(col0 + warp % Tr::COL_GROUPS * Tr::WARP_COLS) {}
+};
+
+// Every element of a [rows, cols] tile (from row0, col0) produced exactly once: `outside` counts
+// elements outside it or produced twice, `missing` those never produced.
+struct Coverage {
+  int row0, rows, col0, cols, outside = 0;
+  std::set<std::pair<int, int>> seen;
+  Coverage(int row0_, int rows_, int col0_, int cols_) : row0(row0_), rows(rows_), col0(col0_), cols(cols_) {}
+  void add(int row, int col) {
+    if (row < row0 || row >= row0 + rows || col < col0 || col >= col0 + cols || !seen.insert({row, col}).second)
+      ++outside;
+  }
+  int missing() const { return rows * cols - int(seen.size()); }
+};
+
+std::string where(const char* what, std::initializer_list<std::pair<const char*, int>> values) {
+  std::ostringstream s;
+  s << what;
+  for (const auto& [name, value] : values) s << " " << name << " " << value;
+  return s.str();
+}
 
 template <int CONFIG>
 void check_backward_kernel() {
@@ -158,7 +197,9 @@ void check_backward_kernel() {
   using L = typename Tr::Layout;
   using DL = typename Tr::DsLayout;
   using B = MainBuffers<Tr>;
-  CAPTURE(CONFIG, Tr::HEAD_DIM, Tr::BLOCK_Q, Tr::BLOCK_KV, Tr::D_SLICES);
+  using W = WarpShare<Tr>;
+  constexpr int M = Tr::KEY_TILES;
+  CAPTURE(CONFIG, Tr::HEAD_DIM, Tr::BLOCK_Q, Tr::BLOCK_KV, Tr::D_SLICES, Tr::KEY_TILES, Tr::COL_GROUPS);
   REQUIRE(B::end_byte == Tr::SMEM_BYTES);
 
   Smem s(Tr::SMEM_BYTES);
@@ -169,110 +210,202 @@ void check_backward_kernel() {
     s.fill<L>(B::d_o + st * Tr::Q_ELEMS, Tr::BLOCK_Q, kDo + st);
   }
   const LaneOffsets<L> off;
+  auto q_or_do = [](int buf, int st) { return (buf == kQ + st ? B::q : B::d_o) + st * Tr::Q_ELEMS; };
 
-  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K and V rows of the warp as A (keys × dims), Q and dO as the B of the
-  // n8 tiles 2·np, 2·np + 1 (s_acc[nt] holds queries 8·nt …): B(k, n) = Q[8·nt + n][16·ks + k].
+  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: the rows of the warp's key tile mi as A (keys × dims), Q and dO rows
+  // of its queries as the B of the n8 tiles 2·np, 2·np + 1 (s_acc[mi][nt] holds queries wq0 + 8·nt …):
+  // A(m, k) = K[kr0 + 16·mi + m][16·ks + k], B(k, n) = Q[wq0 + 8·nt + n][16·ks + k].
   Tally s_dp;
-  for (int warp = 0; warp < Tr::NUM_WARPS; ++warp)
+  for (int warp = 0; warp < Tr::NUM_WARPS; ++warp) {
+    const W w(warp, 0);
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks) {
       const int u = ks % 4, col = ks / 4 * 64;
-      for (int buf : {kK, kV}) {
-        const int base = (buf == kK ? B::k : B::v) + L::origin(16 * warp, 0);
-        const auto address = per_lane([&](int lane) { return base + off.quad[u][lane] + col; });
-        check_load(s_dp, s, address, false,
-                   a_operand([&](int m, int k) { return code(buf, 16 * warp + m, 16 * ks + k); }),
-                   "K/V warp " + std::to_string(warp) + " ks " + std::to_string(ks));
-      }
+      for (int mi = 0; mi < M; ++mi)
+        for (int buf : {kK, kV}) {
+          const int base = (buf == kK ? B::k : B::v) + L::origin(w.kr0, 0);  // k_warp, v_warp
+          const auto address = per_lane([&](int lane) { return base + off.quad[u][lane] + L::origin(16 * mi, col); });
+          check_load(s_dp, s, address, false,
+                     a_operand([&](int m, int k) { return code(buf, w.kr0 + 16 * mi + m, 16 * ks + k); }),
+                     where("K/V", {{"warp", warp}, {"ks", ks}, {"mi", mi}}));
+        }
       for (int st = 0; st < Tr::Q_STAGES; ++st)
         for (int np = 0; np < Tr::Q_N_TILES / 2; ++np)
           for (int buf : {kQ + st, kDo + st}) {
-            const int tile = (buf == kQ + st ? B::q : B::d_o) + st * Tr::Q_ELEMS;
-            const auto address =
-                per_lane([&](int lane) { return tile + off.pair[u][lane] + L::origin(16 * np, col); });
-            check_load(s_dp, s, address, false,
-                       b_pair([&](int j, int k, int n) { return code(buf, 8 * (2 * np + j) + n, 16 * ks + k); }),
-                       "Q/dO stage " + std::to_string(st) + " ks " + std::to_string(ks) + " np " + std::to_string(np));
+            const auto address = per_lane([&](int lane) {
+              return q_or_do(buf, st) + off.pair[u][lane] + L::origin(w.wq0 + 16 * np, col);
+            });
+            const auto q_b = [&](int j, int k, int n) { return code(buf, w.wq0 + 8 * (2 * np + j) + n, 16 * ks + k); };
+            check_load(s_dp, s, address, false, b_pair(q_b),
+                       where("Q/dO", {{"warp", warp}, {"stage", st}, {"ks", ks}, {"np", np}}));
           }
     }
-  report(s_dp, "S^T and dP^T: K, V as A; Q, dO as B pairs");
-
-  // dV += Pᵀ·dO and dK += dSᵀ·Q: dO and Q through .trans as B of the n8 tiles 2·np, 2·np + 1 of the
-  // slice (dv_acc[nt] holds columns col0 + 8·nt …): B(k, n) = dO[16·kk + k][col0 + 8·nt + n].
-  Tally dv_dk;
-  for (int slice = 0; slice < Tr::D_SLICES; ++slice) {
-    const int col0 = slice * Tr::SLICE;
-    for (int st = 0; st < Tr::Q_STAGES; ++st)
-      for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
-        for (int np = 0; np < Tr::SLICE_N_TILES / 2; ++np) {
-          const int col = col0 + np / 4 * 64;
-          for (int buf : {kDo + st, kQ + st}) {
-            const int tile = (buf == kQ + st ? B::q : B::d_o) + st * Tr::Q_ELEMS;
-            const auto address =
-                per_lane([&](int lane) { return tile + off.quad[np % 4][lane] + L::origin(16 * kk, col); });
-            check_load(dv_dk, s, address, true,
-                       b_pair([&](int j, int k, int n) { return code(buf, 16 * kk + k, col0 + 8 * (2 * np + j) + n); }),
-                       "dO/Q.trans slice " + std::to_string(slice) + " kk " + std::to_string(kk) + " np " +
-                           std::to_string(np));
-          }
-        }
   }
-  report(dv_dk, "dV and dK: dO, Q through .trans as B pairs of the slice");
+  report(s_dp, "S^T and dP^T: K, V as A; Q, dO as B pairs at wq0");
 
-  // dSᵀ into ds_smem: warp w's C tile nt holds dSᵀ[16·w + row][8·nt + col] (the ISA's C map); the
-  // kernel stores elements 2r, 2r+1 of it with one 4-byte store at DsLayout::offset(of frag::mma_c).
-  int store_conflicts = 0, outside = 0;
-  for (int warp = 0; warp < Tr::NUM_WARPS; ++warp)
-    for (int nt = 0; nt < Tr::Q_N_TILES; ++nt)
-      for (int r = 0; r < 2; ++r) {
-        fs::bank::WarpAccess a{};
-        a.width = 4;
-        for (int lane = 0; lane < kLanes; ++lane) {
-          const frag::Coord c = frag::mma_c(lane, 2 * r);
-          const int e = B::ds + DL::offset(16 * warp + c.row, nt * 8 + c.col);
-          a.addr[lane] = uint32_t(e * 2);
-          if (e % 2 != 0 || e < B::ds || e + 2 > B::ds + Tr::DS_ELEMS) {
-            ++outside;
-            continue;
+  // store_rows: warp w's C tile (mi, nt) holds Pᵀ (dSᵀ) [kr0 + 16·mi + row][wq0 + 8·nt + col] (the
+  // ISA's C map); the kernel stores elements 2r, 2r+1 of it with one 4-byte store at
+  // DsLayout::offset(of frag::mma_c). dSᵀ always (dQ reads it; with COL_GROUPS > 1 dK does too), Pᵀ
+  // when COL_GROUPS > 1. Together the warps' stores must fill each [BLOCK_KV, BLOCK_Q] tile once.
+  int store_conflicts = 0, outside = 0, unwritten = 0;
+  auto store_rows = [&](int base, int buf) {
+    for (int warp = 0; warp < Tr::NUM_WARPS; ++warp) {
+      const W w(warp, 0);
+      for (int mi = 0; mi < M; ++mi)
+        for (int nt = 0; nt < Tr::Q_N_TILES; ++nt)
+          for (int r = 0; r < 2; ++r) {
+            fs::bank::WarpAccess a{};
+            a.width = 4;
+            for (int lane = 0; lane < kLanes; ++lane) {
+              const frag::Coord c = frag::mma_c(lane, 2 * r);
+              const int e = base + DL::offset(w.kr0 + 16 * mi + c.row, w.wq0 + nt * 8 + c.col);
+              a.addr[lane] = uint32_t(e * 2);
+              if (e % 2 != 0 || e < base || e + 2 > base + Tr::DS_ELEMS) {
+                ++outside;
+                continue;
+              }
+              for (int half = 0; half < 2; ++half) {
+                const isa::Element v = isa::mma_c(lane, 2 * r + half);
+                REQUIRE(s.cell[size_t(e + half)] == -1);  // no element stored twice
+                s.cell[size_t(e + half)] = code(buf, w.kr0 + 16 * mi + v.row, w.wq0 + 8 * nt + v.col);
+              }
+            }
+            if (fs::bank::wavefronts(a) != fs::bank::ideal_wavefronts(a)) ++store_conflicts;
           }
-          for (int half = 0; half < 2; ++half) {
-            const isa::Element v = isa::mma_c(lane, 2 * r + half);
-            REQUIRE(s.cell[size_t(e + half)] == -1);  // no element stored twice
-            s.cell[size_t(e + half)] = code(kDsT, 16 * warp + v.row, 8 * nt + v.col);
-          }
-        }
-        if (fs::bank::wavefronts(a) != fs::bank::ideal_wavefronts(a)) ++store_conflicts;
-      }
-  int unwritten = 0;
-  for (int e = B::ds; e < B::ds + Tr::DS_ELEMS; ++e) unwritten += s.cell[size_t(e)] == -1;
-
+    }
+    for (int e = base; e < base + Tr::DS_ELEMS; ++e) unwritten += s.cell[size_t(e)] == -1;
+  };
+  store_rows(B::ds, kDsT);
+  if (Tr::COL_GROUPS > 1) store_rows(B::p, kPT);
   {
-    INFO("dS^T: the 4-byte stores stay in ds_smem, fill it, and are conflict-free");
+    INFO("store_rows: the 4-byte stores of dS^T (and P^T) stay in their tiles, fill them, and are conflict-free");
     CHECK(outside == 0);
     CHECK(unwritten == 0);
     CHECK(store_conflicts == 0);
   }
 
-  // dQ[q0 …, slice] += dS·K: warp (dq_m, column group). dS [query][key] read from dSᵀ [key][query]
-  // through .trans with ds_off as A: A(m, k) = dSᵀ[16·kk + k][16·dq_m + m]; K through .trans with
-  // dq_k_off as B pairs: B(k, n) = K[16·kk + k][dq_col + 8·nt + n].
-  Tally dq;
-  std::set<std::pair<int, int>> dq_elements;  // (query row, column) of the dQ tile, per slice
-  int dq_outside = 0;
+  // a_fragment: the A operand of Pᵀ (dSᵀ) for keys kr0 + 16·mi …, queries 16·kk …:
+  // A(m, k) = Pᵀ[kr0 + 16·mi + m][16·kk + k].
+  Tally p_ds;
+  int reg_wrong = 0, reg_twice = 0, reg_unset = 0;
+  std::string first_reg_wrong;
+  for (int warp = 0; warp < Tr::NUM_WARPS; ++warp) {
+    const W w(warp, 0);
+    for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
+      for (int mi = 0; mi < M; ++mi)
+        for (int buf : {kPT, kDsT}) {
+          if (Tr::COL_GROUPS > 1) {
+            // ldmatrix.x4 from the tile the key group wrote, at DsLayout::origin(kr0 + 16·mi, 0) + pq_off[kk].
+            const int base = buf == kPT ? B::p : B::ds;
+            const auto address = per_lane([&](int lane) {
+              const frag::Coord qd = frag::ldmatrix_x4_quadrants(lane);
+              const int pq_off = DL::offset(qd.row, 16 * kk + qd.col);
+              return base + DL::origin(w.kr0 + 16 * mi, 0) + pq_off;
+            });
+            check_load(p_ds, s, address, false,
+                       a_operand([&](int m, int k) { return code(buf, w.kr0 + 16 * mi + m, 16 * kk + k); }),
+                       where(buf == kPT ? "P^T as A" : "dS^T as A", {{"warp", warp}, {"kk", kk}, {"mi", mi}}));
+          } else {
+            // From the warp's own accumulators: register mma_a_reg_of_c(n_half, i) of the A operand
+            // packs C elements i, i+1 of n8 tile 2·kk + n_half (queries wq0 + 8·(2·kk + n_half) …).
+            int a[kLanes][4][2];
+            for (auto& lane_regs : a)
+              for (auto& reg : lane_regs) reg[0] = reg[1] = -1;
+            for (int lane = 0; lane < kLanes; ++lane)
+              for (int n_half = 0; n_half < 2; ++n_half)
+                for (int i = 0; i < 4; i += 2)
+                  for (int half = 0; half < 2; ++half) {
+                    const int nt = 2 * kk + n_half;
+                    const isa::Element c = isa::mma_c(lane, i + half);
+                    const int reg = frag::mma_a_reg_of_c(n_half, i);
+                    REQUIRE((reg >= 0 && reg < 4 && nt < Tr::Q_N_TILES));
+                    if (a[lane][reg][half] != -1) ++reg_twice;
+                    a[lane][reg][half] = code(buf, w.kr0 + 16 * mi + c.row, w.wq0 + 8 * nt + c.col);
+                  }
+            for (int lane = 0; lane < kLanes; ++lane)
+              for (int reg = 0; reg < 4; ++reg)
+                for (int half = 0; half < 2; ++half) {
+                  const isa::Element e = isa::mma_a(lane, 2 * reg + half);
+                  const int want = code(buf, w.kr0 + 16 * mi + e.row, 16 * kk + e.col);
+                  if (a[lane][reg][half] == -1) ++reg_unset;
+                  if (a[lane][reg][half] != want && reg_wrong++ == 0)
+                    first_reg_wrong = where("registers", {{"warp", warp}, {"kk", kk}, {"mi", mi}, {"lane", lane},
+                                                          {"reg", reg}, {"half", half}}) +
+                                      " hold " + describe(a[lane][reg][half]) + ", the mma needs " + describe(want);
+                }
+          }
+        }
+  }
+  if (Tr::COL_GROUPS > 1) {
+    report(p_ds, "P^T and dS^T read back as A by ldmatrix at pq_off");
+  } else {
+    INFO("P^T and dS^T as A from the accumulators (mma_a_reg_of_c); first wrong: " << first_reg_wrong);
+    CHECK(reg_wrong == 0);
+    CHECK(reg_twice == 0);
+    CHECK(reg_unset == 0);
+  }
+
+  // dV += Pᵀ·dO and dK += dSᵀ·Q: dO and Q through .trans as B of the warp's n8 tiles 2·np, 2·np + 1
+  // (dv_acc[mi][nt] holds columns wc0 + 8·nt …): B(k, n) = dO[16·kk + k][wc0 + 8·nt + n]. The
+  // epilogue's pieces (keys kr0 + 16·mi + row, columns wc0 + 8·nt + col) cover the block's keys and
+  // its slice once.
+  Tally dv_dk;
+  int dkv_outside = 0, dkv_missing = 0;
   for (int slice = 0; slice < Tr::D_SLICES; ++slice) {
     const int col0 = slice * Tr::SLICE;
-    dq_elements.clear();
+    Coverage pieces(0, Tr::BLOCK_KV, col0, Tr::SLICE);
     for (int warp = 0; warp < Tr::NUM_WARPS; ++warp) {
-      const int dq_m = warp % Tr::DQ_M_TILES, dq_col = col0 + warp / Tr::DQ_M_TILES * Tr::DQ_COLS;
-      const auto ds_off = per_lane([&](int lane) {
-        const frag::Coord kp = bw::ldmatrix_x4_k_pair(lane);
-        return DL::offset(kp.row, 16 * dq_m + kp.col);
-      });
+      const W w(warp, col0);
+      for (int st = 0; st < Tr::Q_STAGES; ++st)
+        for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
+          for (int np = 0; np < Tr::SLICE_N_TILES / 2; ++np) {
+            const int col = w.wc0 + np / 4 * 64;
+            for (int buf : {kDo + st, kQ + st}) {
+              const auto address = per_lane(
+                  [&](int lane) { return q_or_do(buf, st) + off.quad[np % 4][lane] + L::origin(16 * kk, col); });
+              const auto b = [&](int j, int k, int n) { return code(buf, 16 * kk + k, w.wc0 + 8 * (2 * np + j) + n); };
+              check_load(dv_dk, s, address, true, b_pair(b),
+                         where("dO/Q.trans", {{"slice", slice}, {"warp", warp}, {"st", st}, {"kk", kk}, {"np", np}}));
+            }
+          }
+      for (int mi = 0; mi < M; ++mi)
+        for (int nt = 0; nt < Tr::SLICE_N_TILES; ++nt)
+          for (int lane = 0; lane < kLanes; ++lane)
+            for (int r = 0; r < 2; ++r) {
+              const frag::Coord c = frag::mma_c(lane, 2 * r);
+              for (int half = 0; half < 2; ++half) pieces.add(w.kr0 + 16 * mi + c.row, w.wc0 + nt * 8 + c.col + half);
+            }
+    }
+    dkv_outside += pieces.outside;
+    dkv_missing += pieces.missing();
+  }
+  report(dv_dk, "dV and dK: dO, Q through .trans as B pairs at wc0");
+  {
+    INFO("dK, dV: the warps' pieces cover the block's keys and the slice once");
+    CHECK(dkv_outside == 0);
+    CHECK(dkv_missing == 0);
+  }
+
+  // dQ[q0 …, slice] += dS·K: warp w has rows dq_row0 = 32·(w % DQ_ROW_GROUPS) … (m16 tiles mi = 0, 1)
+  // and columns dq_col = col0 + DQ_COLS·(w / DQ_ROW_GROUPS) …. dS [query][key] read from dSᵀ
+  // [key][query] through .trans with ds_off[mi] as A: A(m, k) = dSᵀ[16·kk + k][dq_row0 + 16·mi + m];
+  // K through .trans with dq_k_off[np] as B pairs: B(k, n) = K[16·kk + k][dq_col + 8·nt + n].
+  Tally dq;
+  int dq_outside = 0, dq_missing = 0;
+  for (int slice = 0; slice < Tr::D_SLICES; ++slice) {
+    const int col0 = slice * Tr::SLICE;
+    Coverage pieces(0, Tr::BLOCK_Q, col0, Tr::SLICE);
+    for (int warp = 0; warp < Tr::NUM_WARPS; ++warp) {
+      const int dq_row0 = warp % Tr::DQ_ROW_GROUPS * 32, dq_col = col0 + warp / Tr::DQ_ROW_GROUPS * Tr::DQ_COLS;
       for (int kk = 0; kk < Tr::KV_K_STEPS; ++kk) {
-        const auto a_address =
-            per_lane([&](int lane) { return B::ds + DL::origin(16 * kk, 0) + ds_off[size_t(lane)]; });
-        check_load(dq, s, a_address, true,
-                   a_operand([&](int m, int k) { return code(kDsT, 16 * kk + k, 16 * dq_m + m); }),
-                   "dS.trans warp " + std::to_string(warp) + " kk " + std::to_string(kk));
+        for (int mi = 0; mi < Tr::DQ_M_TILES; ++mi) {
+          const auto a_address = per_lane([&](int lane) {
+            const frag::Coord kp = bw::ldmatrix_x4_k_pair(lane);
+            return B::ds + DL::origin(16 * kk, 0) + DL::offset(kp.row, dq_row0 + 16 * mi + kp.col);
+          });
+          check_load(dq, s, a_address, true,
+                     a_operand([&](int m, int k) { return code(kDsT, 16 * kk + k, dq_row0 + 16 * mi + m); }),
+                     where("dS.trans", {{"slice", slice}, {"warp", warp}, {"kk", kk}, {"mi", mi}}));
+        }
         for (int np = 0; np < Tr::DQ_N_TILES / 2; ++np) {
           const auto b_address = per_lane([&](int lane) {
             const frag::Coord qd = frag::ldmatrix_x4_quadrants(lane);
@@ -280,26 +413,28 @@ void check_backward_kernel() {
           });
           check_load(dq, s, b_address, true,
                      b_pair([&](int j, int k, int n) { return code(kK, 16 * kk + k, dq_col + 8 * (2 * np + j) + n); }),
-                     "K.trans for dQ slice " + std::to_string(slice) + " warp " + std::to_string(warp) + " kk " +
-                         std::to_string(kk) + " np " + std::to_string(np));
+                     where("K.trans for dQ", {{"slice", slice}, {"warp", warp}, {"kk", kk}, {"np", np}}));
         }
       }
-      // The elements this warp adds to dQ (the epilogue's rows 16·dq_m + c.row, columns dq_col + 8·nt + c.col).
-      for (int nt = 0; nt < Tr::DQ_N_TILES; ++nt)
-        for (int lane = 0; lane < kLanes; ++lane)
-          for (int i = 0; i < 4; ++i) {
-            const isa::Element c = isa::mma_c(lane, i);
-            const int row = 16 * dq_m + c.row, col = dq_col + 8 * nt + c.col;
-            if (row >= Tr::BLOCK_Q || col < col0 || col >= col0 + Tr::SLICE) ++dq_outside;
-            if (!dq_elements.insert({row, col}).second) ++dq_outside;
-          }
+      // The elements this warp adds to dQ (the atomics' rows dq_row0 + 16·mi + c.row, columns
+      // dq_col + 8·nt + c.col and the next).
+      for (int mi = 0; mi < Tr::DQ_M_TILES; ++mi)
+        for (int nt = 0; nt < Tr::DQ_N_TILES; ++nt)
+          for (int lane = 0; lane < kLanes; ++lane)
+            for (int r = 0; r < 2; ++r) {
+              const frag::Coord c = frag::mma_c(lane, 2 * r);
+              for (int half = 0; half < 2; ++half)
+                pieces.add(dq_row0 + 16 * mi + c.row, dq_col + 8 * nt + c.col + half);
+            }
     }
-    if (int(dq_elements.size()) != Tr::BLOCK_Q * Tr::SLICE) ++dq_outside;
+    dq_outside += pieces.outside;
+    dq_missing += pieces.missing();
   }
   report(dq, "dQ: dS^T read back through .trans as A, K through .trans as B pairs");
   {
     INFO("dQ: the warps cover the slice of the query tile once");
     CHECK(dq_outside == 0);
+    CHECK(dq_missing == 0);
   }
 
   // LSE₂ and D of a visit: threads 0 … BLOCK_Q/4 - 1 copy 16-byte chunks of LSE₂, the next as many
@@ -443,7 +578,7 @@ std::vector<int64_t> seqlens() {
   return v;
 }
 // (BLOCK_Q, BLOCK_KV): the main kernel's, the dQ kernel's and a few others.
-constexpr std::pair<int, int> kBlocks[] = {{64, 128}, {64, 64}, {128, 64}, {16, 32}, {32, 16}};
+constexpr std::pair<int, int> kBlocks[] = {{32, 128}, {64, 128}, {64, 64}, {128, 64}, {16, 32}, {32, 16}};
 
 }  // namespace
 
@@ -456,7 +591,7 @@ TEST_CASE("step 11: the ISA's C map is the A map of the next mma, and the kernel
       // dq_kernel's lse_r[i / 2], dd_r[i / 2] are the rows of mma_c(lane, 2·(i / 2)).
       CHECK(frag::mma_c(lane, 2 * (i / 2)).row == c.row);
     }
-    // The 4-byte stores of a C pair (dSᵀ, dK, dV, dQ) and the float2 atomics: elements 2r, 2r+1 are
+    // The 4-byte stores of a C pair (Pᵀ, dSᵀ, dK, dV, dQ) and the float2 atomics: elements 2r, 2r+1 are
     // neighbours in one row, from an even column.
     for (int r = 0; r < 2; ++r) {
       const isa::Element lo = isa::mma_c(lane, 2 * r), hi = isa::mma_c(lane, 2 * r + 1);
@@ -548,6 +683,42 @@ TEST_CASE("step 11: the swizzle's origin identity behind the kernels' lane offse
   check(bw::Swizzled128Layout<128>{}, 128);
   check(bw::Swizzled128Layout<192>{}, 64);
   check(bw::Swizzled128Layout<256>{}, 64);
+  // The 64-byte swizzle of 32-query dSᵀ and Pᵀ: it repeats every 8 rows too (a_fragment's and dQ's
+  // DsLayout::origin(row0, 0) + per-lane offset, row0 a multiple of 16).
+  using S64 = bw::Swizzled64Layout<32>;
+  int bad = 0;
+  for (int row0 = 0; row0 < 128; row0 += 8)
+    for (int r = 0; r < 8; ++r)
+      for (int c = 0; c < 32; ++c) bad += S64::offset(row0 + r, c) != S64::offset(r, c) + S64::origin(row0, 0);
+  CHECK(bad == 0);
+}
+
+TEST_CASE("step 11: the dS^T layouts are bijections onto their tiles, 16-byte chunks kept whole", "[step11]") {
+  // Every element of [rows, COLS] lands once in [0, size(rows)), and the 8 elements of an aligned
+  // 16-byte chunk stay together, in order, at a 16-byte boundary (ldmatrix rows, 4-byte stores).
+  auto check = [](auto layout, int rows) {
+    using L = decltype(layout);
+    CAPTURE(L::kCols, rows);
+    std::vector<int> hits(size_t(L::size(rows)), 0);
+    int outside = 0, split = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < L::kCols; ++c) {
+        const int e = L::offset(r, c);
+        if (e < 0 || e >= L::size(rows)) {
+          ++outside;
+          continue;
+        }
+        ++hits[size_t(e)];
+        split += e % 8 != c % 8 || e / L::kCols != r;
+      }
+    CHECK(outside == 0);
+    CHECK(split == 0);
+    CHECK(std::count(hits.begin(), hits.end(), 1) == L::size(rows));
+  };
+  check(bw::Swizzled64Layout<32>{}, 128);
+  check(bw::Swizzled128Layout<64>{}, 128);
+  check(bw::TraitsOf<bw::kD64>::DsLayout{}, bw::TraitsOf<bw::kD64>::BLOCK_KV);
+  check(bw::TraitsOf<bw::kD128>::DsLayout{}, bw::TraitsOf<bw::kD128>::BLOCK_KV);
 }
 
 TEST_CASE("step 11: the first query tile of a K/V tile is the first that sees one of its keys", "[step11]") {
@@ -643,13 +814,28 @@ TEST_CASE("step 11: the table has the narrowest tiles for every head_dim, and it
     CHECK(Tr::BLOCK_KV == cfg.block_kv);
     CHECK(Tr::Q_STAGES == cfg.q_stages);
     CHECK(Tr::D_SLICES == cfg.d_slices);
-    CHECK(Tr::NUM_THREADS == 32 * cfg.block_kv / 16);  // a warp per 16 keys
+    CHECK(Tr::MIN_BLOCKS == cfg.min_blocks);
+    CHECK(Tr::KEY_TILES == cfg.key_tiles);
+    CHECK(Tr::COL_GROUPS == cfg.col_groups);
+    // A warp per 16·KEY_TILES keys and share of the queries and columns: COL_GROUPS warps per key group.
+    CHECK(Tr::NUM_THREADS == 32 * cfg.col_groups * cfg.block_kv / (16 * cfg.key_tiles));
+    CHECK(Tr::WARP_QUERIES * cfg.col_groups == cfg.block_q);
+    CHECK(Tr::WARP_COLS * cfg.col_groups * cfg.d_slices == cfg.head_dim);
     CHECK(Tr::SLICE * cfg.d_slices == cfg.head_dim);
-    CHECK(Tr::DQ_M_TILES * Tr::DQ_COL_GROUPS == Tr::NUM_WARPS);
-    // K, V [BLOCK_KV, HEAD_DIM]; Q, dO stages × [BLOCK_Q, HEAD_DIM]; dSᵀ [BLOCK_KV, BLOCK_Q], 2 bytes
-    // each; LSE₂ and D stages × BLOCK_Q, 4 bytes each.
+    // dQ: 32-row warp tiles, the warps' row groups times column groups.
+    CHECK(Tr::DQ_ROW_GROUPS * 32 == cfg.block_q);
+    CHECK(Tr::DQ_ROW_GROUPS * Tr::DQ_COL_GROUPS == Tr::NUM_WARPS);
+    CHECK(Tr::DQ_COLS * Tr::DQ_COL_GROUPS == Tr::SLICE);
+    // dSᵀ rows of 32 queries take step 07's 64-byte swizzle, wider rows the 128-byte one.
+    constexpr bool swizzle64 = std::is_same_v<typename Tr::DsLayout, bw::Swizzled64Layout<Tr::BLOCK_Q>>;
+    constexpr bool swizzle128 = std::is_same_v<typename Tr::DsLayout, bw::Swizzled128Layout<Tr::BLOCK_Q>>;
+    CHECK(swizzle64 == (cfg.block_q == 32));
+    CHECK(swizzle128 == (cfg.block_q != 32));
+    // K, V [BLOCK_KV, HEAD_DIM]; Q, dO stages × [BLOCK_Q, HEAD_DIM]; dSᵀ [BLOCK_KV, BLOCK_Q] and, when
+    // warps share keys, Pᵀ [BLOCK_KV, BLOCK_Q], 2 bytes each; LSE₂ and D stages × BLOCK_Q, 4 bytes each.
+    const int64_t ds_tiles = cfg.col_groups > 1 ? 2 : 1;
     const int64_t main = 2 * (2 * cfg.block_kv * cfg.head_dim) + 2 * (2 * cfg.q_stages * cfg.block_q * cfg.head_dim) +
-                         2 * (cfg.block_kv * cfg.block_q) + 4 * (2 * cfg.q_stages * cfg.block_q);
+                         2 * (ds_tiles * cfg.block_kv * cfg.block_q) + 4 * (2 * cfg.q_stages * cfg.block_q);
     CHECK(Tr::SMEM_BYTES == main);
     // dq_kernel: Q, dO [BLOCK_Q, HEAD_DIM]; K, V two stages of [BLOCK_KV, HEAD_DIM].
     CHECK(Dq::HEAD_DIM == cfg.head_dim);
@@ -712,4 +898,5 @@ TEST_CASE("step 11: its copies of step 07's fragment maps and swizzle are step 0
   same(bw::Swizzled128Layout<128>{}, fs::step07::Swizzled128Layout<128>{}, 128);
   same(bw::Swizzled128Layout<192>{}, fs::step07::Swizzled128Layout<192>{}, 64);
   same(bw::Swizzled128Layout<256>{}, fs::step07::Swizzled128Layout<256>{}, 64);
+  same(bw::Swizzled64Layout<32>{}, fs::step07::Swizzled64Layout<32>{}, 128);
 }
