@@ -1,7 +1,7 @@
 // Step 06's fragment maps (steps/06_ldmatrix_mma/traits.h) against the PTX ISA, and step 06's ldmatrix
 // addresses simulated on the CPU over swizzled shared-memory tiles.
 //
-// The PTX ISA's tables are written out again here, in the ISA's own terms (element index a_i / b_i
+// The PTX ISA's tables (tests/ptx_isa.h) are written in the ISA's own terms (element index a_i / b_i
 // / c_i, groupID, threadID_in_group; for ldmatrix, which lane receives each element of the stored
 // matrix), independently of the header's (lane, register, half) functions.
 #include <algorithm>
@@ -15,62 +15,33 @@
 #include "steps/03_smem_tiling/traits.h"
 #include "steps/04_bank_conflicts/traits.h"
 #include "steps/06_ldmatrix_mma/traits.h"
+#include "ptx_isa.h"
 
 namespace {
 
 namespace frag = fs::step06::frag;
 using frag::Coord;
-constexpr int kLanes = 32;
+using fs::ptx_isa::kLanes;
+using fs::ptx_isa::LaneHalf;
+using fs::ptx_isa::ldmatrix_wavefronts;
+using fs::ptx_isa::Regs;
 
-// ---- the PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" -----------------
-// groupID = laneid >> 2, threadID_in_group = laneid % 4.
-// A (.f16/.bf16, 16×16): elements a0..a7, two per .f16x2 register.
+// The ISA's tables as step 06's Coord.
 Coord isa_a(int lane, int i) {
-  const int group = lane >> 2, tig = lane % 4;
-  const int row = (i < 2 || (i >= 4 && i < 6)) ? group : group + 8;
-  const int col = i < 4 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8;
-  return {row, col};
+  const fs::ptx_isa::Element e = fs::ptx_isa::mma_a(lane, i);
+  return {e.row, e.col};
 }
-// B (16×8): elements b0..b3.
 Coord isa_b(int lane, int i) {
-  const int group = lane >> 2, tig = lane % 4;
-  const int row = i < 2 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8;
-  return {row, group};
+  const fs::ptx_isa::Element e = fs::ptx_isa::mma_b(lane, i);
+  return {e.row, e.col};
 }
-// C/D (.f32, 16×8): elements c0..c3.
 Coord isa_c(int lane, int i) {
-  const int group = lane >> 2, tig = lane % 4;
-  return {i < 2 ? group : group + 8, tig * 2 + (i & 1)};
+  const fs::ptx_isa::Element e = fs::ptx_isa::mma_c(lane, i);
+  return {e.row, e.col};
 }
-
-// ---- the PTX ISA, ldmatrix: who receives element (row, col) of a stored 8×8 matrix --------------
-// Without .trans, the four lanes 4·row … 4·row+3 share row `row`, two consecutive elements each;
-// with .trans the matrix is transposed first, so the same holds with row and col exchanged.
-struct LaneHalf {
-  int lane, half;
-};
-LaneHalf isa_ldmatrix_receiver(int row, int col, bool trans) {
-  if (trans) std::swap(row, col);
-  return {4 * row + col / 2, col % 2};
-}
-
-// ---- a CPU ldmatrix ----------------------------------------------------------------------------
-// `smem` holds 16-bit elements (here: codes), `address[l]` is the element offset of the 16-byte row
-// that lane l supplies. Returns value[lane][matrix][half].
-using Regs = std::array<std::array<std::array<int, 2>, 4>, kLanes>;
+LaneHalf isa_ldmatrix_receiver(int row, int col, bool trans) { return fs::ptx_isa::ldmatrix_receiver(row, col, trans); }
 Regs ldmatrix_cpu(const std::vector<int>& smem, const std::array<int, kLanes>& address, int num_matrices, bool trans) {
-  Regs out{};
-  for (int m = 0; m < num_matrices; ++m)
-    for (int row = 0; row < 8; ++row) {
-      const int a = address[size_t(8 * m + row)];  // lane 8m + row gives row `row` of matrix m
-      REQUIRE(a % 8 == 0);                         // 16-byte aligned
-      REQUIRE(a + 8 <= int(smem.size()));
-      for (int col = 0; col < 8; ++col) {
-        const LaneHalf to = isa_ldmatrix_receiver(row, col, trans);
-        out[size_t(to.lane)][size_t(m)][size_t(to.half)] = smem[size_t(a + col)];
-      }
-    }
-  return out;
+  return fs::ptx_isa::ldmatrix(smem, address, num_matrices, trans);
 }
 
 // A [rows, cols] tile stored with `Layout`; the element at logical (r, c) holds code(r, c).
@@ -81,27 +52,6 @@ std::vector<int> make_tile(int rows) {
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < Layout::kCols; ++c) smem[size_t(Layout::offset(r, c))] = code(r, c);
   return smem;
-}
-
-// An ldmatrix as the bank model (common/bank_model.h) sees it: each address lane reads one 16-byte
-// row, and the 8 rows of one 8×8 matrix (lanes 8m … 8m+7) are served together, like the 8 lanes of
-// a phase of any 16-byte access. So ldmatrix.xN is a 16-byte access by lanes 0 … 8N-1, one phase
-// per matrix; `address` holds element offsets of 2-byte elements in a tile at shared byte 0.
-fs::bank::WarpAccess ldmatrix_access(const std::array<int, kLanes>& address, int num_matrices) {
-  fs::bank::WarpAccess a{};
-  a.width = 16;
-  a.active = num_matrices == 4 ? 0xffffffffu : (1u << frag::ldmatrix_address_lanes(num_matrices)) - 1u;
-  for (int l = 0; l < kLanes; ++l) a.addr[l] = uint32_t(address[size_t(l)] * 2);
-  return a;
-}
-
-// Worst ratio, over the phases of one ldmatrix, of wavefronts to the conflict-free one per phase.
-int ldmatrix_wavefronts(const std::array<int, kLanes>& address, int num_matrices) {
-  const fs::bank::WarpAccess a = ldmatrix_access(address, num_matrices);
-  int worst = 0;
-  for (int m = 0; m < num_matrices; ++m) worst = std::max(worst, fs::bank::phase_wavefronts(a, m));
-  REQUIRE(fs::bank::wavefronts(a) >= fs::bank::ideal_wavefronts(a));
-  return worst;
 }
 
 // Step 06's lane addresses, written exactly as the kernel writes them
