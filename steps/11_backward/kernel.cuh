@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
   for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
     pq_off[kk] = DsLayout::offset(frag::ldmatrix_x4_quadrants(lane).row, 16 * kk + frag::ldmatrix_x4_quadrants(lane).col);
 
-  float dk_acc[M][Tr::SLICE_N_TILES][4] = {};  // [WARP_KEYS, SLICE] fp32, C layout
+  float dk_acc[M][Tr::SLICE_N_TILES][4] = {};  // [WARP_KEYS, WARP_COLS] fp32, C layout
   float dv_acc[M][Tr::SLICE_N_TILES][4] = {};
 
   // dQ's share of this warp: 32 rows from dq_row0 of the query tile, DQ_COLS columns from dq_col.
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
     const float* dd_tile = dd_smem + stage * BLOCK_Q;
     const int h = head_of(t), q0 = q0_of(t);
 
-    // ---- Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   [WARP_KEYS, BLOCK_Q] each, k16 steps over head dims; each Q and
+    // ---- Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   [WARP_KEYS, WARP_QUERIES] each, k16 steps over head dims; each Q and
     // dO fragment feeds the warp's M m16 tiles of keys
     float s_acc[M][Tr::Q_N_TILES][4] = {};
     float dp_acc[M][Tr::Q_N_TILES][4] = {};
@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
     }
 
     if constexpr (ATOMIC_DQ) {
-      // ---- dQ[q0 …, slice] += dS·K   [BLOCK_Q, SLICE]: warp (dq_m, column group), k16 steps over keys.
+      // ---- dQ[q0 …, slice] += dS·K   [BLOCK_Q, SLICE]: warp (32-row group, column group), k16 steps over keys.
       // dS [query][key] is read from dSᵀ stored [key][query] through .trans, K stored [key][dim] too.
       float dq_acc[Tr::DQ_M_TILES][Tr::DQ_N_TILES][4] = {};
 #pragma unroll

@@ -111,22 +111,27 @@ FS_HD constexpr frag::Coord ldmatrix_x4_k_pair(int lane) {
 // (BLOCK_Q rows) of every query head of the group. head_dim is padded to a multiple of 64 (zero-filled
 // columns change no score and no stored gradient).
 //
-// Register budget, per thread, of a warp that owns WARP_KEYS keys:
-//   dk_acc, dv_acc  2 · WARP_KEYS·SLICE/32 fp32    (live for the whole loop)
-//   s_acc, dp_acc   2 · WARP_KEYS·BLOCK_Q/32 fp32  (one query tile)
-// within the 255 registers a thread may have. Every warp reads all of Q and dO per query tile (as B
-// of Sᵀ and dPᵀ, and through .trans as B of dK and dV), so the shared-memory traffic per mma falls
-// as WARP_KEYS grows: that is what limits this kernel (ncu: shared memory ~80 % busy, notes/11).
+// Register budget, per thread, of a warp that owns WARP_KEYS keys (shared by COL_GROUPS warps, each
+// with WARP_QUERIES = BLOCK_Q / COL_GROUPS queries of Sᵀ and WARP_COLS = SLICE / COL_GROUPS columns of
+// dK and dV):
+//   dk_acc, dv_acc  2 · WARP_KEYS·WARP_COLS/32 fp32     (live for the whole loop)
+//   s_acc, dp_acc   2 · WARP_KEYS·WARP_QUERIES/32 fp32  (one query tile)
+// within the 255 registers a thread may have. A warp reads its queries of Q and dO per tile as B of
+// Sᵀ and dPᵀ, and all of them through .trans as B of dK and dV, so the shared-memory traffic per mma
+// falls as WARP_KEYS grows: shared memory is what limits this kernel (notes/11_backward.md has the
+// ncu counters).
 //   HEAD_DIM 64:  32 keys per warp, 32-query tiles: 128 + 64 registers, 4 warps, 2 blocks per SM
-//   HEAD_DIM 128: 16 keys per warp, 64-query tiles: 128 + 64 registers (32 keys would need 256 for
-//                 the accumulators alone), 8 warps, 1 block per SM
+//   HEAD_DIM 128: 32 keys shared by 2 warps, 64-query tiles: each warp 32 queries of Sᵀ, dPᵀ and 64
+//                 columns of dK, dV, 128 + 64 registers (one warp with all 128 columns would need
+//                 256 for dK and dV alone); Pᵀ and dSᵀ go through shared memory so that each warp
+//                 reads its partner's queries back as A fragments. 8 warps, 1 block per SM.
 // At HEAD_DIM 192 and 256 a block computes a 64-column slice of the gradients (D_SLICES blocks per K/V
 // tile, each recomputing S and dP): those widths are supported, not fast. dQ of one query tile
 // (BLOCK_Q × SLICE) is split over the warps after S and dP are dead.
 struct Config {
   int head_dim;   // HEAD_DIM: tile width, a multiple of 64
   int block_q;    // BLOCK_Q: query rows per iteration
-  int block_kv;   // BLOCK_KV: keys per block, 16 per warp
+  int block_kv;   // BLOCK_KV: keys per block, WARP_KEYS per key group of warps
   int q_stages;   // Q_STAGES: Q/dO buffers (2: the next tile is copied during this one)
   int d_slices;   // D_SLICES: column slices of the gradients, one block each
   int min_blocks; // MIN_BLOCKS: blocks per SM the registers are capped for (__launch_bounds__)
