@@ -1,11 +1,19 @@
-// The backward pass on the GPU: the cuBLAS reference against the fp64 CPU one.
+// The backward pass on the GPU. First the cuBLAS reference against the fp64 CPU one; then every step
+// with a backward entry (Step::backward) on the shape list below, against the references by the
+// acceptance rule (backward_bound, common/backward.h). A new step is covered by registering its
+// backward; nothing here names a step.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <sstream>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "catch.h"
 #include "common/backward.h"
+#include "common/registry.h"
+#include "gpu_test_config.h"
 
 namespace {
 
@@ -87,4 +95,163 @@ TEST_CASE("the cuBLAS backward reference matches the fp64 CPU reference", "[back
       for (double x : *gl) CHECK(std::isfinite(x));
     }
   }
+}
+
+namespace {
+
+// ---- every step's backward -------------------------------------------------------------------------
+
+struct BackwardCase {
+  fs::BackwardProblem problem;
+  uint64_t seed;
+  fs::Layout layout = fs::Layout::separate;
+  bool padded = false;  // dO and dQ with a padded head stride
+};
+
+// The CPU fp64 reference below this many multiply-adds (about a second), the GPU fp32 one above.
+constexpr double kCpuReferenceLimit = 4e8;
+
+// The shapes every step's backward runs, each with deterministic = 0 and 1:
+//   every head_dim (multiples of 8 up to 256) on a small shape;
+//   odd lengths 1, 17, 100, 257 with seqlen_q ≠ seqlen_k both ways, causal or not, GQA (8/2), MQA
+//   (8/1) and one head per K/V head, fp16 and bf16;
+//   Q, K, V as views into one packed QKV buffer with dO and dQ of padded head stride;
+//   larger problems (checked against the GPU reference);
+//   seqlen_q == 0 and seqlen_k == 0 (the gradients are zero).
+std::vector<BackwardCase> backward_cases() {
+  std::vector<BackwardCase> cases;
+  auto add = [&](int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, fs::DType dt, bool causal,
+                 fs::Layout layout = fs::Layout::separate, bool padded = false) {
+    for (int deterministic : {0, 1}) {
+      fs::BackwardProblem p = fs::make_backward_problem(b, sq, sk, hq, hkv, d, dt, causal, deterministic);
+      if (padded) p.d_o = p.dq = fs::contiguous_strides(sq, hq, d + 8);  // 8 unused elements after each head
+      cases.push_back({p, uint64_t(2000 + cases.size()), layout, padded});
+    }
+  };
+  for (int64_t d = 8; d <= 256; d += 8)
+    add(1, 33, 47, 2, 1, d, d % 16 ? fs::DType::bf16 : fs::DType::fp16, d % 24 == 0);
+  const std::pair<int64_t, int64_t> lengths[] = {{1, 1},    {17, 17},  {100, 100}, {257, 257}, {1, 257},
+                                                 {257, 1},  {17, 100}, {100, 17},  {257, 100}, {100, 257}};
+  const std::pair<int64_t, int64_t> heads[] = {{8, 2}, {8, 1}, {2, 2}};
+  int k = 0;
+  for (auto [sq, sk] : lengths)
+    for (int64_t d : {64, 128})
+      for (bool causal : {false, true}) {
+        const auto [hq, hkv] = heads[k % 3];
+        add(1, sq, sk, hq, hkv, d, k % 2 ? fs::DType::bf16 : fs::DType::fp16, causal);
+        ++k;
+      }
+  for (int64_t d : {64, 128})
+    for (bool causal : {false, true}) add(2, 129, 129, 4, 2, d, fs::DType::fp16, causal, fs::Layout::packed_qkv, true);
+  add(2, 1024, 1024, 8, 2, 64, fs::DType::bf16, true);
+  add(2, 1024, 1024, 8, 2, 128, fs::DType::fp16, false);
+  add(1, 2048, 777, 8, 1, 128, fs::DType::fp16, true);
+  add(1, 777, 2048, 8, 8, 64, fs::DType::bf16, true);
+  add(2, 0, 64, 4, 2, 64, fs::DType::fp16, false);
+  add(2, 37, 0, 4, 2, 64, fs::DType::bf16, true);
+  return cases;
+}
+
+std::string describe(const BackwardCase& c) {
+  std::ostringstream m;
+  m << fs::describe(c.problem) << (c.layout == fs::Layout::packed_qkv ? " packed QKV" : "") << (c.padded ? " padded dO/dQ" : "");
+  return m.str();
+}
+
+bool all_nan(const std::vector<float>& x) {
+  for (float v : x)
+    if (v == v) return false;
+  return true;
+}
+
+// Elements of a gradient's storage that are not NaN: after a poisoned launch, exactly the view's
+// elements (the padding between heads keeps its poison).
+int64_t written(const std::vector<float>& x) {
+  return std::count_if(x.begin(), x.end(), [](float v) { return v == v; });
+}
+
+// The exact and the rounded references of a workload: fp64 on the CPU when it is cheap, else fp32 on the GPU.
+struct References {
+  Gradients exact, low;
+};
+
+References references_of(const fs::BackwardWorkload& w) {
+  const fs::BackwardProblem& p = w.problem();
+  if (fs::reference_cpu_backward_cost(p) <= kCpuReferenceLimit) {
+    const fs::BackwardHostInputs in = w.download_inputs();
+    return References{fs::reference_cpu_backward(p, in, false), fs::reference_cpu_backward(p, in, true)};
+  }
+  fs::GpuBackwardReference gpu;
+  return References{gpu_gradients(w, gpu, false), gpu_gradients(w, gpu, true)};
+}
+
+// Runs every selected step's backward on one case: refusals only where the step does not claim the
+// problem (and then nothing is written), otherwise the three gradients within the bound, finite,
+// and bitwise repeatable when deterministic.
+void check_backward_steps(const BackwardCase& c) {
+  const fs::DeviceInfo dev = fs::current_device();
+  fs::BackwardWorkload w(c.problem, c.seed, c.layout);
+  const fs::BackwardProblem& p = w.problem();
+  const fs::Problem& f = p.forward;
+  bool references_ready = false;
+  References ref;
+  for (const fs::Step& s : fs::steps()) {
+    if (!fs::test::step_selected(s.id) || !s.backward.present()) continue;
+    INFO("step " << s.id << " backward on " << describe(c));
+    const fs::Plan plan = fs::plan_backward_for(s, p, dev);
+    if (!plan.accepted()) {
+      INFO("refusal: " << plan.refusal);
+      CHECK_FALSE(s.backward.claims(p, dev));  // the step documents that it runs this problem
+      CHECK(plan.refusal.size() > 10);
+      w.poison();
+      CHECK_THROWS_AS(fs::run_backward(s, p, plan, w.tensors(), nullptr, 0, nullptr), fs::Error);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      CHECK(all_nan(w.download_dq()));
+      CHECK(all_nan(w.download_dk()));
+      CHECK(all_nan(w.download_dv()));
+      continue;
+    }
+    if (!references_ready) {
+      ref = references_of(w);
+      references_ready = true;
+    }
+    const fs::PreparedBackward prepared(s, p, plan);
+    std::vector<float> dq[2], dk[2], dv[2];
+    const int runs = p.deterministic ? 2 : 1;
+    for (int run = 0; run < runs; ++run) {
+      w.poison();
+      prepared.launch(w.tensors(), nullptr);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      dq[run] = w.download_dq();
+      dk[run] = w.download_dk();
+      dv[run] = w.download_dv();
+    }
+    const fs::GradComparison cmp[] = {
+        fs::compare_gradient("dQ", f.dtype, p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, dq[0], ref.exact.dq,
+                             ref.low.dq),
+        fs::compare_gradient("dK", f.dtype, p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, dk[0], ref.exact.dk,
+                             ref.low.dk),
+        fs::compare_gradient("dV", f.dtype, p.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, dv[0], ref.exact.dv,
+                             ref.low.dv),
+    };
+    for (const fs::GradComparison& g : cmp) {
+      INFO(g.summary());
+      CHECK(g.pass());
+    }
+    CHECK(written(dq[0]) == f.batch * f.seqlen_q * f.heads_q * f.head_dim);
+    CHECK(written(dk[0]) == f.batch * f.seqlen_k * f.heads_kv * f.head_dim);
+    CHECK(written(dv[0]) == f.batch * f.seqlen_k * f.heads_kv * f.head_dim);
+    if (p.deterministic) {
+      CHECK(std::memcmp(dq[0].data(), dq[1].data(), dq[0].size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(dk[0].data(), dk[1].data(), dk[0].size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(dv[0].data(), dv[1].data(), dv[0].size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every step's backward matches the references on the backward shapes", "[backward]") {
+  static const std::vector<BackwardCase> cases = backward_cases();
+  check_backward_steps(cases[size_t(GENERATE(range(size_t(0), cases.size())))]);
 }
