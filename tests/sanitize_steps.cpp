@@ -1,13 +1,16 @@
 // Runs every registered step on small shapes (ragged tails, causal with Sq ≠ Sk, GQA, both dtypes),
-// and every step with a decoding entry on small decoding problems (paged caches, ragged lengths with 0
-// and 1, forced splits), and checks each against the fp64 CPU reference. Small on purpose: tests/sanitize.sh runs it under
+// every step with a decoding entry on small decoding problems (paged caches, ragged lengths with 0
+// and 1, forced splits), and every step with a backward pass on small backward problems (each tile
+// configuration, GQA, causal with Sq ≠ Sk, both modes), and checks each against the fp64 CPU reference. Small on purpose: tests/sanitize.sh runs it under
 // compute-sanitizer's four tools. A step that refuses a shape it claims (Step::claims) fails.
 //   sanitize_steps [--device-only]   (--device-only: only look for a usable device)
+// FLASH_STEPS_ONLY=<prefix> runs only the steps whose id starts with it (as the GPU tests do).
 // Exit code: 0 all pass, 1 a mismatch, an error or a device that is present but unusable, 77 no
 // CUDA device.
 #include <iostream>
 #include <string>
 
+#include "common/backward.h"
 #include "common/check.h"
 #include "common/decode_workload.h"
 #include "gpu_test_config.h"
@@ -35,7 +38,7 @@ int main(int argc, char** argv) {
     const fs::DeviceInfo dev = fs::current_device();
     for (const fs::Step& s : fs::steps())
       for (const Shape& sh : shapes) {
-        if (!s.has_forward()) break;  // a backward-only step has no forward pass to run
+        if (!s.has_forward() || !fs::test::step_selected(s.id)) break;  // a backward-only step has no forward
         const fs::Problem p = fs::make_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal);
         const fs::Plan plan = fs::plan_for(s, p, dev);
         if (!plan.accepted()) {
@@ -63,7 +66,7 @@ int main(int argc, char** argv) {
         {2, 2, 90, 2, 2, 40, 32, {}, 3, true},
     };
     for (const fs::Step& s : fs::steps()) {
-      if (!s.decode.present()) continue;
+      if (!s.decode.present() || !fs::test::step_selected(s.id)) continue;
       for (const DecodeShape& sh : decode_shapes) {
         fs::DecodeProblem p = fs::make_decode_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, fs::DType::bf16,
                                                       sh.causal, sh.page);
@@ -76,6 +79,45 @@ int main(int argc, char** argv) {
         std::cout << s.id << " " << fs::describe(p) << ": " << c.summary() << "\n";
         failures += c.pass() ? 0 : 1;
       }
+    }
+    struct BackwardShape {
+      int64_t b, sq, sk, hq, hkv, d;
+      fs::DType dtype;
+      bool causal;
+    };
+    const BackwardShape backward_shapes[] = {
+        {1, 70, 150, 4, 2, 64, fs::DType::fp16, true},  {1, 150, 70, 2, 1, 128, fs::DType::bf16, true},
+        {1, 33, 65, 2, 2, 96, fs::DType::fp16, false},  {1, 40, 30, 1, 1, 256, fs::DType::bf16, true},
+    };
+    for (const fs::Step& s : fs::steps()) {
+      if (!s.backward.present() || !fs::test::step_selected(s.id)) continue;
+      for (const BackwardShape& sh : backward_shapes)
+        for (const bool deterministic : {false, true}) {
+          const fs::BackwardProblem p =
+              fs::make_backward_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal, deterministic);
+          fs::BackwardWorkload w(p, 13);
+          const fs::BackwardHostInputs in = w.download_inputs();
+          const fs::BackwardReference exact = fs::reference_cpu_backward(p, in, false);
+          const fs::BackwardReference low = fs::reference_cpu_backward(p, in, true);
+          const fs::PreparedBackward prepared(s, p, dev);
+          w.poison();
+          prepared.launch(w.tensors(), nullptr);
+          CHECK_CUDA(cudaDeviceSynchronize());
+          const fs::Problem& f = p.forward;
+          const fs::GradComparison cmp[] = {
+              fs::compare_gradient("dQ", f.dtype, p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, w.download_dq(),
+                                   exact.dq, low.dq),
+              fs::compare_gradient("dK", f.dtype, p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, w.download_dk(),
+                                   exact.dk, low.dk),
+              fs::compare_gradient("dV", f.dtype, p.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, w.download_dv(),
+                                   exact.dv, low.dv),
+          };
+          for (const fs::GradComparison& g : cmp) {
+            std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(f) << ": "
+                      << g.summary() << "\n";
+            failures += g.pass() ? 0 : 1;
+          }
+        }
     }
   } catch (const std::exception& e) {
     std::cout << "error: " << e.what() << "\n";
