@@ -20,4 +20,51 @@ Comparison run_and_compare(const Step& step, Workload& w, const Reference& ref, 
   return launch_and_compare([&](cudaStream_t s) { prepared.launch(t, s); }, w, ref);
 }
 
+namespace {
+
+std::vector<double> download_doubles(const DeviceBuffer& b) {
+  std::vector<float> host(b.bytes() / sizeof(float));
+  if (!host.empty()) CHECK_CUDA(cudaMemcpy(host.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
+  return std::vector<double>(host.begin(), host.end());
+}
+
+}  // namespace
+
+BackwardReferences make_backward_references(const BackwardWorkload& w, GpuBackwardReference& gpu) {
+  const BackwardProblem& p = w.problem();
+  if (reference_cpu_backward_cost(p) <= kCpuReferenceMaxCost) {
+    const BackwardHostInputs in = w.download_inputs();
+    return {reference_cpu_backward(p, in, false), reference_cpu_backward(p, in, true)};
+  }
+  const Problem& f = p.forward;
+  const size_t q_bytes = size_t(f.batch * f.seqlen_q * f.heads_q * f.head_dim) * sizeof(float);
+  const size_t kv_bytes = size_t(f.batch * f.seqlen_k * f.heads_kv * f.head_dim) * sizeof(float);
+  BackwardReferences refs;
+  for (bool rounded : {false, true}) {
+    DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes);
+    gpu.run(p, w.tensors(), rounded, dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    BackwardReference& r = rounded ? refs.lowp : refs.exact;
+    r.dq = download_doubles(dq);
+    r.dk = download_doubles(dk);
+    r.dv = download_doubles(dv);
+  }
+  return refs;
+}
+
+std::vector<GradComparison> backward_launch_and_compare(const std::function<void(cudaStream_t)>& launch,
+                                                        BackwardWorkload& w, const BackwardReferences& ref) {
+  w.poison();
+  launch(nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const BackwardProblem& p = w.problem();
+  const Problem& f = p.forward;
+  return {compare_gradient("dQ", f.dtype, p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, w.download_dq(),
+                           ref.exact.dq, ref.lowp.dq),
+          compare_gradient("dK", f.dtype, p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, w.download_dk(),
+                           ref.exact.dk, ref.lowp.dk),
+          compare_gradient("dV", f.dtype, p.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, w.download_dv(),
+                           ref.exact.dv, ref.lowp.dv)};
+}
+
 }  // namespace fs

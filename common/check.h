@@ -3,7 +3,9 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "backward.h"
 #include "compare.h"
 #include "reference.h"
 #include "registry.h"
@@ -25,5 +27,18 @@ Comparison launch_and_compare(const std::function<void(cudaStream_t)>& launch, W
 // The same for a step: plans it for the workload's problem (throws fs::Error when it refuses), gives it
 // the workspace it asks for, then launch_and_compare.
 Comparison run_and_compare(const Step& step, Workload& w, const Reference& ref, const DeviceInfo& dev);
+
+// The backward's two references for the workload's inputs, the exact gradients and those of the same
+// computation done in the dtype (the acceptance rule, common/backward.h): fp64 on the CPU when that
+// costs at most kCpuReferenceMaxCost multiply-adds (reference_cpu_backward_cost), else fp32 cuBLAS.
+struct BackwardReferences {
+  BackwardReference exact, lowp;
+};
+BackwardReferences make_backward_references(const BackwardWorkload& w, GpuBackwardReference& gpu);
+
+// Poisons dQ, dK, dV with NaN, enqueues `launch` on the default stream, waits, and compares each
+// gradient with the references: dQ, dK, dV in that order.
+std::vector<GradComparison> backward_launch_and_compare(const std::function<void(cudaStream_t)>& launch,
+                                                        BackwardWorkload& w, const BackwardReferences& ref);
 
 }  // namespace fs

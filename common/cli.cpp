@@ -232,6 +232,12 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
       float tbs = 0;
       ok = need_value() && parse_float(flag, value, tbs, r.error);
       o.hbm_tbs = tbs;
+    } else if (flag == "--backward") {
+      ok = no_value();
+      o.backward = true;
+    } else if (flag == "--deterministic") {
+      ok = no_value();
+      o.deterministic = o.backward = true;
     } else if (flag == "--json") {
       ok = no_value();
       o.format = OutputFormat::json;
@@ -251,11 +257,20 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
   for (const std::string& flag : given)
     if (!applies_to(flag, o.command)) {
       r.error = flag + " does not apply to '" + (command_word.empty() ? o.command : command_word) +
-                "' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)";
+                "' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)";
       return r;
     }
   if (o.hbm_tbs > 0 && !o.decode) {
     r.error = "--hbm-tbs applies to decoding problems (--decode, --page-size, --ragged, --splits, --checked)";
+    return r;
+  }
+  if (o.backward && o.decode) {
+    r.error = "--backward (or --deterministic) and the decoding flags (--decode, --page-size, --ragged, --splits, "
+              "--checked) ask for two kinds of run; give one";
+    return r;
+  }
+  if (o.backward && !o.baseline) {
+    r.error = "--no-baseline applies to forward and decoding runs; the backward run has no baseline row";
     return r;
   }
   if (o.decode && !seqlen_q_set && !seqlen_set) o.seqlen_q = 1;  // decoding: one new token unless told
@@ -287,6 +302,10 @@ std::vector<int32_t> decode_lengths_from(const RunnerOptions& o) {
   return lengths;
 }
 
+BackwardProblem backward_problem_from(const RunnerOptions& o) {
+  return backward_of(problem_from(o), o.deterministic);
+}
+
 std::string runner_usage() {
   return R"(flash-steps — run, check and time every step of the FlashAttention ladder
 
@@ -296,9 +315,10 @@ usage: flash-steps [run] [options]     check every step against the reference, t
                                        (no GPU needed): steps 03-05 print their shared-memory bank maps,
                                        the wavefronts of every shared access and the ncu counters to expect
        flash-steps banks [--step ID]   the same as explain
-       flash-steps resources [options] [--json]
+       flash-steps resources [options] [--backward] [--json]
                                        registers, shared memory and occupancy of every kernel each step
-                                       launches for the problem, asked of the CUDA runtime (GPU needed)
+                                       launches for the problem (with --backward: for its backward pass),
+                                       asked of the CUDA runtime (GPU needed)
 
 problem (defaults: batch 2, heads 16, seqlen 2048, head_dim 128, fp16, not causal):
   --batch N            batch size
@@ -325,12 +345,19 @@ decoding (a few new tokens against a KV cache; any of these flags makes the prob
   Steps without a decoding entry run the problem where it is an ordinary forward one (a contiguous
   cache, no --ragged); otherwise they are listed as refused.
 
+backward pass (dQ, dK, dV from Q, K, V, O, LSE and dO; the problem flags above give its shape):
+  --backward           run the backward pass of every step that has one (--step: only these), check
+                       each gradient against the reference by the acceptance rule (common/backward.h:
+                       max |err| <= 2·(error of the same computation in the dtype) + u·max |exact|),
+                       time it; TFLOP/s count 2.5 × the forward's FLOPs
+  --deterministic      bitwise repeatable gradients (no floating-point atomics); implies --backward
+
 run:
   --step ID[,ID...]    only these steps (repeatable; see --list)
   --iters N            timed launches per step (default 20; the median is reported)
   --warmup N           untimed launches first (default 2)
   --no-flush           do not flush the L2 cache between timed launches
-  --no-baseline        leave out the unfused cuBLAS row
+  --no-baseline        leave out the unfused cuBLAS row (forward and decoding runs)
   --seed N             seed of the random inputs (default 1)
   --json | --csv       machine-readable output on stdout instead of the table
   -h, --help           this text

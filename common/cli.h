@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backward.h"
 #include "decode.h"
 #include "problem.h"
 
@@ -39,6 +40,9 @@ struct RunnerOptions {
   int splits = 0;         // --splits: 0 the step's heuristic
   bool checked = false;   // --checked: lengths and block table checked on the device first
   double hbm_tbs = 0;     // --hbm-tbs: the HBM read ceiling for the % column (0: not shown)
+  // The backward pass of the problem (--backward, or --deterministic): dQ, dK, dV of every step with one.
+  bool backward = false;
+  bool deterministic = false;  // --deterministic: bitwise repeatable gradients (no floating-point atomics)
 };
 
 struct ParsedArgs {
@@ -59,6 +63,10 @@ DecodeProblem decode_problem_from(const RunnerOptions& o);
 // The per-sequence lengths of --ragged: sequence 0 at seqlen_k, the others drawn from [1, seqlen_k]
 // (std::mt19937_64 seeded with --seed); empty without --ragged (every sequence at seqlen_k).
 std::vector<int32_t> decode_lengths_from(const RunnerOptions& o);
+
+// The backward problem the options describe (--backward): the problem's, with contiguous dO, dQ, dK,
+// dV and --deterministic.
+BackwardProblem backward_problem_from(const RunnerOptions& o);
 
 std::string runner_usage();
 

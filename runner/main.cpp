@@ -1,6 +1,7 @@
 // flash-steps: checks every registered step against the reference on one problem, times it, and
 // prints the ladder; with --decode (or --page-size, --ragged, ...) a decoding problem, in GB/s of K
-// and V read. `flash-steps --help` lists the flags.
+// and V read; with --backward the backward pass of the steps that have one. `flash-steps --help`
+// lists the flags.
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -29,6 +30,7 @@ struct Row {
   int splits = 0;               // decoding: the plan's split of the keys (0: not planned)
   std::string entry;            // decoding: "decode" (the step's decoding entry) or "forward"
   fs::Comparison cmp;
+  std::vector<fs::GradComparison> grads;  // backward: dQ, dK, dV
   bool timed() const { return status == "PASS" || status == "FAIL"; }
 };
 
@@ -62,10 +64,21 @@ int id_width() {
   return int(w) + 2;
 }
 
+// The problems a step runs: "forward", "forward+decode", "backward", ...
+std::string passes(const fs::Step& s) {
+  std::string out;
+  for (const auto& [has, name] : {std::pair{s.has_forward(), "forward"}, std::pair{s.decode.present(), "decode"},
+                                  std::pair{s.backward.present(), "backward"}})
+    if (has) out += (out.empty() ? "" : "+") + std::string(name);
+  return out;
+}
+
 int list_steps() {
-  std::cout << std::left << std::setw(id_width()) << "id" << std::setw(8) << "min sm" << "lesson\n";
+  std::cout << std::left << std::setw(id_width()) << "id" << std::setw(8) << "min sm" << std::setw(17) << "runs"
+            << "lesson\n";
   for (const fs::Step& s : fs::steps())
-    std::cout << std::setw(id_width()) << s.id << std::setw(8) << s.min_compute_capability << s.lesson << "\n";
+    std::cout << std::setw(id_width()) << s.id << std::setw(8) << s.min_compute_capability << std::setw(17)
+              << passes(s) << s.lesson << "\n";
   return 0;
 }
 
@@ -155,8 +168,14 @@ void set_speedups(std::vector<Row>& rows) {
   }
 }
 
-// The steps the options select (every step without --step). Returns 0, or 2 after naming an unknown id.
-int select_steps(const fs::RunnerOptions& o, std::vector<const fs::Step*>& selected) {
+bool runs_forward(const fs::Step& s) { return s.has_forward(); }
+bool runs_backward(const fs::Step& s) { return s.backward.present(); }
+
+// The steps the options select: those named by --step, else every step the run applies to
+// (`by_default`: the forward run takes the steps with a forward pass, the backward run those with a
+// backward pass). Returns 0, or 2 after naming an unknown id.
+int select_steps(const fs::RunnerOptions& o, std::vector<const fs::Step*>& selected,
+                 const std::function<bool(const fs::Step&)>& by_default) {
   for (const std::string& id : o.steps) {
     const fs::Step* s = fs::find_step(id);
     if (!s) {
@@ -166,8 +185,24 @@ int select_steps(const fs::RunnerOptions& o, std::vector<const fs::Step*>& selec
     selected.push_back(s);
   }
   if (o.steps.empty())
-    for (const fs::Step& s : fs::steps()) selected.push_back(&s);
+    for (const fs::Step& s : fs::steps())
+      if (by_default(s)) selected.push_back(&s);
   return 0;
+}
+
+// The exit status of a run whose first `selected` rows are the steps' (a baseline row may follow): 0
+// when every row passed or was refused, 1 when one failed or errored, or when every step refused the
+// problem (said on stderr).
+int exit_status(const std::vector<Row>& rows, size_t selected, const std::string& problem) {
+  bool ok = true;
+  for (const Row& r : rows) ok = ok && (r.status == "PASS" || r.status == "REFUSED");
+  const bool any_step_ran = std::any_of(rows.begin(), rows.begin() + std::ptrdiff_t(selected),
+                                        [](const Row& r) { return r.status != "REFUSED"; });
+  if (!any_step_ran) {
+    std::cerr << "flash-steps: every selected step refused " << problem << " on this GPU; nothing was checked\n";
+    return 1;
+  }
+  return ok ? 0 : 1;
 }
 
 // A run that checks nothing is a failure, said before the GPU is looked at when no device is needed to
@@ -201,7 +236,7 @@ int prepare(const fs::RunnerOptions& o, fs::Problem& p, std::vector<const fs::St
     std::cerr << "flash-steps: " << invalid << "\n";
     return 2;
   }
-  if (const int status = select_steps(o, selected)) return status;
+  if (const int status = select_steps(o, selected, runs_forward)) return status;
   return check_runnable(selected, fs::describe(p), [&](const fs::Step& s) { return fs::check_static(s, p); });
 }
 
@@ -285,15 +320,7 @@ int run(const fs::RunnerOptions& o) {
       print_table(rows);
       break;
   }
-  bool ok = true;
-  for (const Row& r : rows) ok = ok && (r.status == "PASS" || r.status == "REFUSED");
-  const bool any_step_ran = std::any_of(rows.begin(), rows.begin() + std::ptrdiff_t(selected.size()),
-                                        [](const Row& r) { return r.status != "REFUSED"; });
-  if (!any_step_ran) {
-    std::cerr << "flash-steps: every selected step refused " << fs::describe(p) << " on this GPU; nothing was checked\n";
-    return 1;
-  }
-  return ok ? 0 : 1;
+  return exit_status(rows, selected.size(), fs::describe(p));
 }
 
 // ---- decoding problems (--decode) ------------------------------------------------------------------
@@ -379,7 +406,7 @@ int run_decoding(const fs::RunnerOptions& o) {
   }
   const fs::Problem forward = fs::forward_view(p);
   std::vector<const fs::Step*> selected;
-  if (const int status = select_steps(o, selected)) return status;
+  if (const int status = select_steps(o, selected, runs_forward)) return status;
   auto static_refusal = [&](const fs::Step& s) {
     if (s.decode.present()) return fs::check_decode_static(s, p);
     const std::string why = forward_refusal(p, o.ragged);
@@ -480,20 +507,174 @@ int run_decoding(const fs::RunnerOptions& o) {
       print_decode_table(rows);
       break;
   }
-  bool ok = true;
-  for (const Row& r : rows) ok = ok && (r.status == "PASS" || r.status == "REFUSED");
-  const bool any_step_ran = std::any_of(rows.begin(), rows.begin() + std::ptrdiff_t(selected.size()),
-                                        [](const Row& r) { return r.status != "REFUSED"; });
-  if (!any_step_ran) {
-    std::cerr << "flash-steps: every selected step refused " << fs::describe(p) << " on this GPU; nothing was checked\n";
-    return 1;
-  }
-  return ok ? 0 : 1;
+  return exit_status(rows, selected.size(), fs::describe(p));
 }
 
-// `flash-steps resources`: for every selected step that accepts the problem, each kernel its plan
-// launches (Plan::kernels) with what the CUDA runtime says of it: registers, shared memory, local
-// memory, and how many blocks an SM holds at the plan's block size and dynamic shared memory.
+// ---- the backward pass (--backward) ----------------------------------------------------------------
+
+// max |err| / bound of one gradient: at most 1 passes.
+std::string bound_ratio(const fs::GradComparison& g) {
+  if (g.nonfinite > 0) return "nonfinite";
+  if (g.bound > 0) return fixed(g.max_abs_err / g.bound, 3);
+  return g.max_abs_err == 0 ? "0" : "inf";
+}
+
+void print_backward_table(const std::vector<Row>& rows) {
+  std::cout << std::left << std::setw(id_width()) << "step" << std::setw(10) << "result" << std::right << std::setw(10)
+            << "ms" << std::setw(10) << "TFLOP/s" << std::setw(11) << "dQ" << std::setw(11) << "dK" << std::setw(11)
+            << "dV" << "  " << std::left << "lesson\n";
+  for (const Row& r : rows) {
+    std::cout << std::left << std::setw(id_width()) << r.id << std::setw(10) << r.status << std::right;
+    if (r.timed()) {
+      std::cout << std::setw(10) << fixed(r.ms, 3) << std::setw(10) << fixed(r.tflops, 2);
+      for (const fs::GradComparison& g : r.grads) std::cout << std::setw(11) << bound_ratio(g);
+    } else {
+      std::cout << std::setw(10) << "-" << std::setw(10) << "-" << std::setw(11) << "-" << std::setw(11) << "-"
+                << std::setw(11) << "-";
+    }
+    std::cout << "  " << r.lesson << "\n";
+    if (!r.reason.empty()) std::cout << std::string(size_t(id_width()), ' ') << r.reason << "\n";
+  }
+}
+
+void print_backward_json(const std::vector<Row>& rows, const fs::BackwardProblem& bp, const fs::DeviceInfo& dev,
+                         const std::string& date, const std::string& reference, const fs::RunnerOptions& o) {
+  const fs::Problem& p = bp.forward;
+  std::cout << "{\n  \"tool\": \"flash-steps\",\n  \"mode\": \"backward\",\n  \"commit\": \"" << FLASH_STEPS_COMMIT
+            << "\",\n  \"date\": \"" << date << "\",\n  \"device\": \"" << json_escape(fs::describe(dev))
+            << "\",\n  \"problem\": {\"batch\": " << p.batch << ", \"seqlen_q\": " << p.seqlen_q << ", \"seqlen_k\": "
+            << p.seqlen_k << ", \"heads_q\": " << p.heads_q << ", \"heads_kv\": " << p.heads_kv << ", \"head_dim\": "
+            << p.head_dim << ", \"dtype\": \"" << fs::dtype_name(p.dtype) << "\", \"causal\": "
+            << (p.causal ? "true" : "false") << ", \"softmax_scale\": " << p.softmax_scale << ", \"deterministic\": "
+            << (bp.deterministic ? "true" : "false") << ", \"flops\": " << fs::backward_flops(bp)
+            << "},\n  \"reference\": \"" << reference << "\",\n  \"timing\": {\"iters\": " << o.iters
+            << ", \"warmup\": " << o.warmup << ", \"l2_flush\": " << (o.flush_l2 ? "true" : "false")
+            << ", \"statistic\": \"median\"},\n  \"rows\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::cout << "    {\"id\": \"" << r.id << "\", \"status\": \"" << r.status << "\", \"lesson\": \""
+              << json_escape(r.lesson) << "\", \"reason\": \"" << json_escape(r.reason) << "\"";
+    if (r.timed()) {
+      std::cout << ", \"ms\": " << r.ms << ", \"tflops\": " << r.tflops << ", \"gradients\": [";
+      for (size_t j = 0; j < r.grads.size(); ++j) {
+        const fs::GradComparison& g = r.grads[j];
+        std::cout << (j ? ", " : "") << "{\"name\": \"" << g.name << "\", \"max_abs_err\": " << g.max_abs_err
+                  << ", \"ref_err\": " << g.ref_err << ", \"bound\": " << g.bound << ", \"nonfinite\": " << g.nonfinite
+                  << ", \"pass\": " << (g.pass() ? "true" : "false") << "}";
+      }
+      std::cout << "]";
+    }
+    std::cout << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  std::cout << "  ]\n}\n";
+}
+
+void print_backward_csv(const std::vector<Row>& rows) {
+  std::cout << "id,status,ms,tflops,dq_err,dq_bound,dk_err,dk_bound,dv_err,dv_bound,reason\n";
+  for (const Row& r : rows) {
+    std::cout << r.id << "," << r.status << ",";
+    if (r.timed()) {
+      std::cout << r.ms << "," << r.tflops;
+      for (const fs::GradComparison& g : r.grads) std::cout << "," << g.max_abs_err << "," << g.bound;
+    } else {
+      std::cout << ",,,,,,,";
+    }
+    std::string reason = r.reason;
+    for (char& c : reason)
+      if (c == ',' || c == '\n') c = ';';
+    std::cout << "," << reason << "\n";
+  }
+}
+
+// prepare() for the backward problem: the steps with a backward pass (or those --step names).
+int prepare_backward(const fs::RunnerOptions& o, fs::BackwardProblem& p, std::vector<const fs::Step*>& selected) {
+  p = fs::backward_problem_from(o);
+  if (const std::string invalid = fs::validate_backward(p); !invalid.empty()) {
+    std::cerr << "flash-steps: " << invalid << "\n";
+    return 2;
+  }
+  if (const int status = select_steps(o, selected, runs_backward)) return status;
+  if (selected.empty()) {
+    std::cerr << "flash-steps: no registered step has a backward pass; nothing was checked\n";
+    return 1;
+  }
+  return check_runnable(selected, fs::describe(p), [&](const fs::Step& s) { return fs::check_backward_static(s, p); });
+}
+
+// `flash-steps --backward ...`: the backward pass of every selected step that has one, on the problem
+// the flags describe: dQ, dK, dV checked against the references by the acceptance rule, then timed
+// (TFLOP/s by backward_flops).
+int run_backward_pass(const fs::RunnerOptions& o) {
+  fs::BackwardProblem p;
+  std::vector<const fs::Step*> selected;
+  if (const int status = prepare_backward(o, p, selected)) return status;
+
+  const fs::DeviceInfo dev = fs::current_device();
+  const std::string date = utc_now();
+  const double flops = fs::backward_flops(p);
+  std::cerr << "flash-steps " << FLASH_STEPS_COMMIT << " on " << fs::describe(dev) << ", " << date << "\n"
+            << "problem: " << fs::describe(p) << ", " << fixed(flops / 1e9, 1) << " GFLOP; timing: median of "
+            << o.iters << " launches" << (o.flush_l2 ? ", L2 flushed before each" : "") << "\n";
+  fs::BackwardWorkload w(p, o.seed);
+  const std::string reference =
+      fs::reference_cpu_backward_cost(p) <= fs::kCpuReferenceMaxCost ? "fp64 CPU" : "fp32 GPU (cuBLAS)";
+  std::cerr << "reference: " << reference << ", exact and with O, P and dS rounded to "
+            << fs::dtype_name(p.forward.dtype) << "...\n";
+  fs::GpuBackwardReference gpu;
+  const fs::BackwardReferences ref = fs::make_backward_references(w, gpu);
+  const fs::TimingOptions topt{o.warmup, o.iters, o.flush_l2};
+
+  std::vector<Row> rows;
+  const fs::BackwardTensors t = w.tensors();
+  for (size_t k = 0; k < selected.size(); ++k) {
+    const fs::Step& s = *selected[k];
+    Row r;
+    r.id = s.id;
+    r.lesson = s.lesson;
+    std::cerr << "[" << k + 1 << "/" << selected.size() << "] " << s.id << ": ";
+    try {
+      const fs::Plan plan = fs::plan_backward_for(s, p, dev);
+      if (!plan.accepted()) {
+        r.status = "REFUSED";
+        r.reason = plan.refusal;
+        std::cerr << "refused\n";
+      } else {
+        std::cerr << "checking against the reference, then timing\n";
+        const fs::PreparedBackward prepared(s, p, plan);
+        const auto launch = [&](cudaStream_t st) { prepared.launch(t, st); };
+        r.grads = fs::backward_launch_and_compare(launch, w, ref);
+        const bool pass = std::all_of(r.grads.begin(), r.grads.end(), [](const fs::GradComparison& g) { return g.pass(); });
+        r.status = pass ? "PASS" : "FAIL";
+        for (const fs::GradComparison& g : r.grads)
+          if (!g.pass()) r.reason += (r.reason.empty() ? "" : "; ") + g.summary();
+        r.ms = fs::time_launches(launch, topt).median_ms;
+        r.tflops = fs::tflops(flops, r.ms);
+      }
+    } catch (const fs::Error& e) {
+      r.status = "ERROR";
+      r.reason = e.what();
+    }
+    rows.push_back(r);
+  }
+
+  switch (o.format) {
+    case fs::OutputFormat::json: print_backward_json(rows, p, dev, date, reference, o); break;
+    case fs::OutputFormat::csv: print_backward_csv(rows); break;
+    case fs::OutputFormat::table:
+      std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
+                << fs::describe(p) << " | " << fixed(flops / 1e9, 1) << " GFLOP (2.5 x forward) | median of "
+                << o.iters << " launches" << (o.flush_l2 ? ", L2 flushed" : "") << " | dQ dK dV = max |err| / bound ("
+                << reference << " reference; <= 1 passes)\n\n";
+      print_backward_table(rows);
+      break;
+  }
+  return exit_status(rows, selected.size(), fs::describe(p));
+}
+
+// `flash-steps resources [--backward]`: for every selected step that accepts the problem (its
+// backward pass with --backward), each kernel its plan launches (Plan::kernels) with what the CUDA
+// runtime says of it: registers, shared memory, local memory, and how many blocks an SM holds at the
+// plan's block size and dynamic shared memory.
 struct StepResources {
   const fs::Step* step;
   std::string status;  // "ok", "refused", "error"
@@ -501,15 +682,16 @@ struct StepResources {
   std::vector<fs::KernelResources> kernels;
 };
 
-void print_resources_json(const std::vector<StepResources>& all, const fs::Problem& p, const fs::DeviceInfo& dev,
-                          const std::string& date) {
+void print_resources_json(const std::vector<StepResources>& all, const fs::Problem& p, bool backward,
+                          const fs::DeviceInfo& dev, const std::string& date) {
   std::cout << "{\n  \"tool\": \"flash-steps resources\",\n  \"commit\": \"" << FLASH_STEPS_COMMIT
             << "\",\n  \"date\": \"" << date << "\",\n  \"device\": \"" << json_escape(fs::describe(dev))
             << "\",\n  \"compute_capability\": " << dev.compute_capability << ",\n  \"problem\": {\"batch\": "
             << p.batch << ", \"seqlen_q\": " << p.seqlen_q << ", \"seqlen_k\": " << p.seqlen_k
             << ", \"heads_q\": " << p.heads_q << ", \"heads_kv\": " << p.heads_kv << ", \"head_dim\": "
             << p.head_dim << ", \"dtype\": \"" << fs::dtype_name(p.dtype) << "\", \"causal\": "
-            << (p.causal ? "true" : "false") << "},\n  \"steps\": [\n";
+            << (p.causal ? "true" : "false") << "},\n  \"pass\": \"" << (backward ? "backward" : "forward")
+            << "\",\n  \"steps\": [\n";
   for (size_t i = 0; i < all.size(); ++i) {
     const StepResources& s = all[i];
     std::cout << "    {\"id\": \"" << s.step->id << "\", \"dir\": \"" << s.step->dir << "\", \"status\": \""
@@ -529,10 +711,10 @@ void print_resources_json(const std::vector<StepResources>& all, const fs::Probl
   std::cout << "  ]\n}\n";
 }
 
-void print_resources_table(const std::vector<StepResources>& all, const fs::Problem& p, const fs::DeviceInfo& dev,
-                           const std::string& date) {
+void print_resources_table(const std::vector<StepResources>& all, const fs::Problem& p, bool backward,
+                           const fs::DeviceInfo& dev, const std::string& date) {
   std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
-            << fs::describe(p) << " | per kernel each step launches: registers and local memory per thread, "
+            << fs::describe(p) << (backward ? ", backward pass" : "") << " | per kernel each step launches: registers and local memory per thread, "
             << "shared memory per block, occupancy = resident warps per SM / the SM's limit\n";
   for (const StepResources& s : all) {
     std::cout << "\n== " << s.step->id << ": " << s.step->lesson << "\n";
@@ -557,15 +739,17 @@ void print_resources_table(const std::vector<StepResources>& all, const fs::Prob
 
 int resources(const fs::RunnerOptions& o) {
   fs::Problem p;
+  fs::BackwardProblem bp;
   std::vector<const fs::Step*> selected;
-  if (const int status = prepare(o, p, selected)) return status;
+  if (const int status = o.backward ? prepare_backward(o, bp, selected) : prepare(o, p, selected)) return status;
+  if (o.backward) p = bp.forward;
   const fs::DeviceInfo dev = fs::current_device();
   std::vector<StepResources> all;
   bool ok = true;
   for (const fs::Step* step : selected) {
     StepResources s{step, "ok", "", {}};
     try {
-      const fs::Plan plan = fs::plan_for(*step, p, dev);
+      const fs::Plan plan = o.backward ? fs::plan_backward_for(*step, bp, dev) : fs::plan_for(*step, p, dev);
       if (!plan.accepted()) {
         s.status = "refused";
         s.reason = plan.refusal;
@@ -581,9 +765,9 @@ int resources(const fs::RunnerOptions& o) {
     all.push_back(std::move(s));
   }
   if (o.format == fs::OutputFormat::json)
-    print_resources_json(all, p, dev, utc_now());
+    print_resources_json(all, p, o.backward, dev, utc_now());
   else
-    print_resources_table(all, p, dev, utc_now());
+    print_resources_table(all, p, o.backward, dev, utc_now());
   return ok ? 0 : 1;
 }
 }  // namespace
@@ -602,6 +786,7 @@ int main(int argc, char** argv) {
     if (a.options.command == "list") return list_steps();
     if (a.options.command == "explain" || a.options.command == "banks") return explain_steps(a.options);
     if (a.options.command == "resources") return resources(a.options);
+    if (a.options.backward) return run_backward_pass(a.options);
     return a.options.decode ? run_decoding(a.options) : run(a.options);
   } catch (const std::exception& e) {
     std::cerr << "flash-steps: " << e.what() << "\n";

@@ -91,12 +91,12 @@ TEST_CASE("cli: mistakes give one clear message", "[cli]") {
       {{"--scale", "1e39"}, "--scale expects a finite number greater than 0, got '1e39'"},
       {{"--scale", "."}, "--scale expects a finite number greater than 0, got '.'"},
       // Problem and run options with a command they do not apply to: refused, not ignored.
-      {{"--list", "--head-dim", "64"}, "--head-dim does not apply to '--list' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
-      {{"list", "--causal"}, "--causal does not apply to 'list' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
-      {{"banks", "--seqlen", "64"}, "--seqlen does not apply to 'banks' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
-      {{"resources", "--iters", "3"}, "--iters does not apply to 'resources' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
-      {{"explain", "--seqlen", "64"}, "--seqlen does not apply to 'explain' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
-      {{"--json", "--help"}, "--json does not apply to '--help' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
+      {{"--list", "--head-dim", "64"}, "--head-dim does not apply to '--list' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
+      {{"list", "--causal"}, "--causal does not apply to 'list' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
+      {{"banks", "--seqlen", "64"}, "--seqlen does not apply to 'banks' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
+      {{"resources", "--iters", "3"}, "--iters does not apply to 'resources' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
+      {{"explain", "--seqlen", "64"}, "--seqlen does not apply to 'explain' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
+      {{"--json", "--help"}, "--json does not apply to '--help' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
       {{"explain", "--list"}, "'explain' and '--list' are two commands; give one"},
   };
   for (const Case& c : cases) {
@@ -162,10 +162,51 @@ TEST_CASE("cli: decoding flags make a decoding problem", "[cli][decode]") {
       {{"--ragged=1"}, "--ragged takes no value"},
       {{"--hbm-tbs", "0"}, "--hbm-tbs expects a finite number greater than 0, got '0'"},
       {{"--hbm-tbs", "4.6"}, "--hbm-tbs applies to decoding problems (--decode, --page-size, --ragged, --splits, --checked)"},
-      {{"resources", "--page-size", "16"}, "--page-size does not apply to 'resources' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step and --json)"},
+      {{"resources", "--page-size", "16"}, "--page-size does not apply to 'resources' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
   };
   for (const auto& c : bad) {
     CAPTURE(c.args[0]);
+    CHECK(parse(c.args).error == c.message);
+  }
+}
+
+TEST_CASE("cli: --backward runs the backward pass of the problem the flags describe", "[cli][backward]") {
+  const fs::ParsedArgs a = parse({"--backward", "--seqlen", "512", "--heads", "8", "--kv-heads", "2", "--causal"});
+  REQUIRE(a.error.empty());
+  CHECK(a.options.backward);
+  CHECK_FALSE(a.options.deterministic);
+  const fs::BackwardProblem p = fs::backward_problem_from(a.options);
+  CHECK(fs::describe(p) == "backward b2 h8/2 sq512 sk512 d128 fp16 causal");
+  CHECK(fs::validate_backward(p).empty());
+  CHECK(p.dq.row == p.forward.q.row);
+  // --deterministic asks for the backward pass too.
+  const fs::RunnerOptions d = parse({"--deterministic"}).options;
+  CHECK(d.backward);
+  CHECK(fs::backward_problem_from(d).deterministic == 1);
+  CHECK_FALSE(parse({}).options.backward);
+  const fs::RunnerOptions r = parse({"resources", "--backward", "--head-dim", "64"}).options;
+  CHECK(r.command == "resources");
+  CHECK(r.backward);
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } bad[] = {
+      {{"--backward=1"}, "--backward takes no value"},
+      {{"--backward", "--decode"}, "--backward (or --deterministic) and the decoding flags (--decode, --page-size, "
+                                   "--ragged, --splits, --checked) ask for two kinds of run; give one"},
+      {{"--page-size", "16", "--deterministic"}, "--backward (or --deterministic) and the decoding flags (--decode, "
+                                                  "--page-size, --ragged, --splits, --checked) ask for two kinds of "
+                                                  "run; give one"},
+      {{"--backward", "--no-baseline"}, "--no-baseline applies to forward and decoding runs; the backward run has no "
+                                        "baseline row"},
+      {{"--list", "--backward"}, "--backward does not apply to '--list' (problem, timing and output options belong to "
+                                 "'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
+      {{"explain", "--deterministic"}, "--deterministic does not apply to 'explain' (problem, timing and output options "
+                                       "belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, "
+                                       "--backward and --json)"},
+  };
+  for (const auto& c : bad) {
+    CAPTURE(c.args);
     CHECK(parse(c.args).error == c.message);
   }
 }

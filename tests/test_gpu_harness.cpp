@@ -1,7 +1,9 @@
 // GPU tests of the harness itself: the cuBLAS reference against the fp64 one, poisoning, timing,
-// empty work and the C ABI on real pointers.
+// empty work (the backward's too) and the C ABI on real pointers.
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "catch.h"
 #include "common/check.h"
@@ -143,4 +145,64 @@ TEST_CASE("C ABI: refusals that need no device are FS_ERR_INVALID on a GPU too",
   CHECK(std::string(fs_last_error()).find("head_dim is 40") != std::string::npos);
   fs_problem_init(&p, 1, 64, 64, 2, 2, 64, FS_FP16, 0);
   CHECK(fs_check("06_ldmatrix_mma", &p) == FS_OK);
+}
+
+TEST_CASE("run_backward writes the gradients of empty problems, strided, and nothing else", "[harness]") {
+  // A backward-only step whose launch must not be called: run_backward handles empty work itself.
+  fs::Step s;
+  s.id = "95_empty_only";
+  s.backward.limits = [](const fs::BackwardProblem&) { return std::string(); };
+  s.backward.plan = [](const fs::BackwardProblem&, const fs::DeviceInfo&) { return fs::Plan{}; };
+  s.backward.launch = [](const fs::BackwardProblem&, const fs::BackwardTensors&, const fs::Plan&, void*,
+                         cudaStream_t) { FAIL("launch() was called on empty work"); };
+  s.backward.claims = [](const fs::BackwardProblem&, const fs::DeviceInfo&) { return true; };
+  const fs::DeviceInfo dev = fs::current_device();
+  // One gradient view of (batch 2, rows, heads 2, head_dim 64) fp16 with padded rows and batches,
+  // poisoned with NaN: after the run, zeros inside the view and NaN in the padding.
+  struct Gradient {
+    fs::Strides s;
+    int64_t rows;
+    fs::DeviceBuffer mem;
+    int64_t elems = 0;
+    explicit Gradient(int64_t r) : s(fs::contiguous_strides(r, 2, 64)), rows(r) {
+      s.row *= 2;
+      s.batch *= 3;
+      elems = fs::view_extent(s, 2, rows, 2, 64);
+      mem = fs::DeviceBuffer(size_t(elems) * 2);
+      if (elems > 0) CHECK_CUDA(cudaMemset(mem.get(), 0xFF, mem.bytes()));
+    }
+    void check(bool zeroed) const {
+      if (elems == 0) return;
+      const std::vector<float> x = fs::download_as_float(mem.get(), elems, FS_FP16);
+      std::vector<bool> in_view(size_t(elems), false);
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t h = 0; h < 2; ++h)
+            for (int64_t d = 0; d < 64; ++d) in_view[size_t(b * s.batch + i * s.row + h * s.head + d)] = true;
+      int64_t wrong = 0;
+      for (int64_t e = 0; e < elems; ++e) {
+        const float v = x[size_t(e)];
+        wrong += zeroed && in_view[size_t(e)] ? v != 0.0f : !std::isnan(v);
+      }
+      CHECK(wrong == 0);
+    }
+  };
+  for (const auto& [sq, sk] : {std::pair<int64_t, int64_t>{5, 0}, {0, 7}}) {
+    CAPTURE(sq, sk);
+    Gradient dq(sq), dk(sk), dv(sk);
+    fs::BackwardProblem p = fs::make_backward_problem(2, sq, sk, 2, 2, 64, fs::DType::fp16, false, false);
+    p.dq = dq.s;
+    p.dk = dk.s;
+    p.dv = dv.s;
+    REQUIRE(fs::validate_backward(p).empty());
+    fs::BackwardTensors t;
+    t.dq = sq > 0 ? dq.mem.get() : nullptr;
+    t.dk = sk > 0 ? dk.mem.get() : nullptr;
+    t.dv = sk > 0 ? dv.mem.get() : nullptr;
+    fs::PreparedBackward(s, p, dev).launch(t, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    dq.check(sk == 0);  // no key: dQ = 0
+    dk.check(sq == 0);  // no query: dK = dV = 0
+    dv.check(sq == 0);
+  }
 }
