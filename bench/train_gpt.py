@@ -528,7 +528,7 @@ def plot(result: dict, path: Path) -> None:
                 diff = [max(abs(a - b), 1e-6) for a, b in zip(r["losses"], ref["losses"])]
                 ax2.plot(range(len(diff)), diff, color=COLORS.get(name), lw=0.6, alpha=0.45)
         for i, w in enumerate(v.get("windows", [])):
-            span = [w["start"], w["end"] - 1]
+            span = [w["start"], w["end"]]
             ax2.plot(span, [w["diff"]] * 2, color=COLORS[TEST_RUN], lw=2.5,
                      label=f"window mean |{TEST_RUN} - {reference}|" if i == 0 else None)
             ax2.plot(span, [w["spread"]] * 2, color="black", lw=2.0,
