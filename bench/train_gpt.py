@@ -441,7 +441,9 @@ def make_data(torch, lang: Language, cfg: dict, device) -> dict:
     targets = data["tokens"][:, 1:]
     counts = torch.bincount(targets.flatten(), minlength=lang.vocab).tolist()
     fl = floors(data["logp"][:, 1:].sum().item(), data["markov_logp"][:, 1:].sum().item(), counts)
-    fl["copied_fraction"] = data["recall"][:, 1:].double().mean().item()
+    copied = data["recall"][:, 1:]
+    fl["copied_fraction"] = copied.double().mean().item()
+    fl["copied_markov_cost"] = -data["markov_logp"][:, 1:][copied].mean().item()  # what a copy costs without recall
     fl["generate_s"] = round(time.perf_counter() - t0, 2)
     shape = (cfg["steps"], cfg["batch"])
     return {"batches": data["tokens"].view(*shape, length),
@@ -535,7 +537,8 @@ def plot(result: dict, path: Path) -> None:
                      label="window mean spread (largest other backend)" if i == 0 else None)
             ax2.plot(span, [w["allowed"]] * 2, color="black", lw=1.2, ls="--",
                      label="allowed: k x spread + eps" if i == 0 else None)
-        ax2.legend(fontsize=8)
+        if v.get("windows"):
+            ax2.legend(fontsize=8)
     ax2.set_yscale("log")
     ax2.set_xlabel("step")
     ax2.set_ylabel(f"|loss - loss({reference})|")
@@ -552,8 +555,15 @@ def summary(result: dict) -> str:
     v, fl = result["verdict"], result["floors"]
     lines = [f"floors: entropy {fl['entropy_floor']:.4f}, Markov {fl['markov_floor']:.4f}, "
              f"unigram {fl['unigram_entropy']:.4f} nats per token"]
+    cost = fl.get("copied_markov_cost")
     for name, r in v.get("learned", {}).items():
-        lines.append(f"  {name:15s} last window mean loss {r['final']:.4f} (needed <= {r['needed']:.4f})")
+        recall = result.get("runs", {}).get(name, {}).get("recall_losses")
+        tail = ""
+        if recall and cost is not None and v.get("windows"):
+            w = v["windows"][-1]
+            tail = (f"; on copied tokens {mean(recall[w['start']:w['end']]):.4f} (without long-range recall "
+                    f"about {cost:.4f}, with it 0)")
+        lines.append(f"  {name:15s} last window mean loss {r['final']:.4f} (needed <= {r['needed']:.4f}){tail}")
     for w in v.get("windows", []):
         lines.append(f"  steps {w['start']:4d}-{w['end'] - 1:4d}: |{TEST_RUN} - ref| {w['diff']:.5f}  spread "
                      f"{w['spread']:.5f}  allowed {w['allowed']:.5f}  {'ok' if w['ok'] else 'OVER'}")

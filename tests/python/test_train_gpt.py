@@ -196,6 +196,9 @@ class Verdict(unittest.TestCase):
         self.assertTrue(tg.summary(result).endswith("\nPASS"))
         v["pass"], v["reasons"] = False, ["a reason"]
         self.assertIn("a reason", tg.summary(result))
+        full = fake_result()
+        full["floors"]["copied_markov_cost"] = 1.5
+        self.assertIn("on copied tokens", tg.summary(full))
         self.assertTrue(tg.summary(result).endswith("\nFAIL"))
 
     def test_learning_rate_schedule(self):
