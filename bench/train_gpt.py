@@ -1,0 +1,697 @@
+#!/usr/bin/env python3
+"""A small GPT trained with flash_steps.attention and with PyTorch SDPA, from the same seed, the same
+initial weights and the same batches: the loss curves must agree as closely as those of two correct
+SDPA backends agree with each other, and every run must learn.
+
+    python3 bench/train_gpt.py                 4 layers, d_model 512, 8 heads of 64, seqlen 512,
+                                               batch 32, 300 steps, bf16; four runs, about a minute
+    python3 bench/train_gpt.py --head-dim 128  4 heads of 128
+    python3 bench/train_gpt.py --quick         a smoke run: 2 layers, d_model 128, seqlen 256, 120 steps
+
+The data: a synthetic language made here from the seed (class Language), no download. Text is a
+Markov chain over TEXT_TOKENS tokens, each with a few likely successors. Now and then an anchor
+token appears (one of ANCHORS). The first time an anchor appears in a sequence, SEGMENT tokens of
+fresh Markov text follow it; every later time, the same SEGMENT tokens follow it again, copied.
+Predicting a copied token costs nothing to a model that finds the anchor's first occurrence, up to
+the whole sequence back, and reads what followed it; a model without that long-range attention pays
+the Markov price for it. Every token's true probability given its prefix is known to the generator,
+so the loss the best possible model reaches on this very data (the entropy floor) is printed, beside
+the Markov floor (the same, with every copied token charged what it cost when first drawn: what a
+model without long-range recall can hope for) and the unigram entropy (a model with no context).
+
+The runs, all from one initial state dict and one list of batches:
+    flash_steps     flash_steps.attention(q, k, v, causal=True) on (B, S, H, D) tensors
+    sdpa_flash      F.scaled_dot_product_attention on (B, H, S, D) views, is_causal=True, with
+                    sdpa_kernel(FLASH_ATTENTION): the reference
+    sdpa_cudnn,     the same with the cuDNN and the memory-efficient backends: two more correct
+    sdpa_efficient  kernels, whose distance from the reference is the spread the test allows
+bf16 autocast (bf16 has fp32's exponent range, so no loss scaling: a GradScaler could skip a step in
+one run and not in another, which would part the curves for a reason that is not attention), AdamW,
+a linear warm-up and a cosine decay, gradients clipped at 1.0, no dropout.
+
+Why a spread and not a fixed tolerance: two correct attention kernels round differently (other
+accumulation orders, other ways of storing P and dS), and training amplifies any difference: after a
+few hundred steps the weights of the two runs differ and so do their losses, by an amount that only
+a run can tell. So the script measures it: the curves are cut into windows of --window steps, and in
+each window the mean |loss(flash_steps) - loss(sdpa_flash)| must be at most
+    --k x (the largest mean |loss(R) - loss(sdpa_flash)| over the other SDPA backends R) + --eps.
+A bug in a kernel (a wrong mask, scale or gradient) parts the curves by tenths of a nat, far above
+that. Before the first update the runs share their weights, so their first gradients differ by
+rounding alone: for every parameter, |g(flash_steps) - g(sdpa_flash)| / |g(sdpa_flash)| must be at
+most max(--k x the same for the other backends, --grad-floor). And every run must learn: the mean
+loss of its last window at most halfway from the first loss to the entropy floor.
+
+Results: bench/results/train_gpt-<UTC date>.json (the configuration, the floors, every run's
+per-step losses and losses on copied tokens, timings, the first-step gradient differences, the
+verdict, the GPU, versions, date and commit) and train_gpt-<date>.png (loss against step, and the
+differences against the allowed band). PASS or FAIL is printed last; the exit status is 1 on FAIL.
+The library: libflash_steps.so from --lib, else $FLASH_STEPS_LIB, else build/libflash_steps.so.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import copy
+import datetime
+import itertools
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import fs_results
+
+REPO = fs_results.REPO
+TEST_RUN, REFERENCE_RUN = "flash_steps", "sdpa_flash"
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "math": "MATH"}
+TEXT, DEFINE, RECALL = 0, 1, 2  # the generator's modes
+
+
+# ---- the synthetic language (plain Python: the specification) -------------------------------------
+
+class Language:
+    """The language's constants and its Markov table, made from the seed with random.Random.
+
+    Tokens 0 .. text_tokens-1 are text, text_tokens .. vocab-1 are the anchors. probs[prev][tok] is
+    the Markov transition; row text_tokens is the start row (uniform), used before any text token.
+    cum[prev] is its running sum with the entries from the last nonzero one on set to exactly 1.0, so
+    that bisect_right(cum[prev], u) for u in [0, 1) always lands on a token of nonzero probability."""
+
+    def __init__(self, seed: int, text_tokens: int = 48, anchors: int = 8, segment: int = 32,
+                 p_anchor: float = 0.08, successors: int = 6):
+        if not (0 < successors <= text_tokens and anchors > 0 and segment > 0 and 0 < p_anchor < 1):
+            raise ValueError("Language: need 0 < successors <= text_tokens, anchors > 0, segment > 0 and "
+                             "0 < p_anchor < 1")
+        self.text_tokens, self.anchors, self.segment, self.p_anchor = text_tokens, anchors, segment, p_anchor
+        self.vocab = text_tokens + anchors
+        rng = random.Random(seed)
+        self.probs = []
+        for _ in range(text_tokens):
+            row = [0.0] * text_tokens
+            weights = [rng.expovariate(1.0) for _ in range(successors)]
+            for tok, w in zip(rng.sample(range(text_tokens), successors), weights):
+                row[tok] = w / sum(weights)
+            self.probs.append(row)
+        self.probs.append([1.0 / text_tokens] * text_tokens)  # the start row
+        self.cum = []
+        for row in self.probs:
+            cum = list(itertools.accumulate(row))
+            last = max(i for i, p in enumerate(row) if p > 0)
+            self.cum.append(cum[:last] + [1.0] * (text_tokens - last))
+        self.log_anchor = math.log(p_anchor / anchors)
+        self.log_text = math.log(1.0 - p_anchor)
+
+    def config(self) -> dict:
+        return {"text_tokens": self.text_tokens, "anchors": self.anchors, "segment": self.segment,
+                "p_anchor": self.p_anchor, "vocab": self.vocab}
+
+
+def generate_sequence(lang: Language, uniforms) -> dict:
+    """One sequence from one (u1, u2) pair of uniforms in [0, 1) per position: the specification that
+    generate_batch follows with tensors. Returns lists: tokens, logp (the natural log of each token's
+    probability given all the tokens before it), markov_logp (the same, but a copied token is charged
+    what its source cost) and recall (whether the token is a copy).
+
+    In TEXT mode, u1 < p_anchor draws anchor int(u1 / p_anchor * anchors); else u2 draws a text
+    token from the Markov row of the last text token. An anchor seen for the first time switches to
+    DEFINE for `segment` tokens (Markov text, no anchors); one seen before switches to RECALL for
+    `segment` tokens, the copy of those that followed its first occurrence."""
+    n_text, p, k = lang.text_tokens, lang.p_anchor, lang.anchors
+    tokens, logp, markov_logp, recall = [], [], [], []
+    prev, mode, left, src, first = n_text, TEXT, 0, 0, {}
+    for t, (u1, u2) in enumerate(uniforms):
+        anchor = None
+        if mode == RECALL:
+            tok, lp, mlp = tokens[src], 0.0, logp[src]
+            src += 1
+        elif mode == TEXT and u1 < p:
+            anchor = min(int(u1 / p * k), k - 1)
+            tok, lp = n_text + anchor, lang.log_anchor
+            mlp = lp
+        else:
+            tok = min(bisect.bisect_right(lang.cum[prev], u2), n_text - 1)
+            lp = math.log(lang.probs[prev][tok]) + (lang.log_text if mode == TEXT else 0.0)
+            mlp = lp
+        tokens.append(tok)
+        logp.append(lp)
+        markov_logp.append(mlp)
+        recall.append(mode == RECALL)
+        if mode != TEXT:
+            left -= 1
+            if left == 0:
+                mode = TEXT
+        if anchor is None:
+            prev = tok
+        else:
+            left = lang.segment
+            if anchor in first:
+                mode, src = RECALL, first[anchor] + 1
+            else:
+                mode, first[anchor] = DEFINE, t
+    return {"tokens": tokens, "logp": logp, "markov_logp": markov_logp, "recall": recall}
+
+
+def generate_batch(torch, lang: Language, count: int, length: int, seed: int, device: str = "cpu") -> dict:
+    """count sequences of length tokens, generate_sequence's rules on all of them at once (a loop over
+    positions, tensors over sequences), from torch.rand(count, length, 2, float64) of a generator
+    seeded with seed; the same uniforms given to generate_sequence give the same tokens. Returns
+    tensors: tokens (int64), logp and markov_logp (float64), recall (bool), and the uniforms."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    u = torch.rand(count, length, 2, generator=g, dtype=torch.float64, device=device)
+    n_text, p, k = lang.text_tokens, lang.p_anchor, lang.anchors
+    cum = torch.tensor(lang.cum, dtype=torch.float64, device=device)             # [n_text + 1, n_text]
+    with_zeros = [[math.log(x) if x > 0 else -math.inf for x in row] for row in lang.probs]
+    log_probs = torch.tensor(with_zeros, dtype=torch.float64, device=device)    # [n_text + 1, n_text]
+    tokens = torch.zeros(count, length, dtype=torch.long, device=device)
+    logp = torch.zeros(count, length, dtype=torch.float64, device=device)
+    markov_logp = torch.zeros_like(logp)
+    recall = torch.zeros(count, length, dtype=torch.bool, device=device)
+    rows = torch.arange(count, device=device)
+    prev = torch.full((count,), n_text, dtype=torch.long, device=device)
+    mode = torch.full((count,), TEXT, dtype=torch.long, device=device)
+    left = torch.zeros(count, dtype=torch.long, device=device)
+    src = torch.zeros(count, dtype=torch.long, device=device)
+    first = torch.full((count, k), -1, dtype=torch.long, device=device)
+    for t in range(length):
+        u1, u2 = u[:, t, 0], u[:, t, 1]
+        is_text, is_recall = mode == TEXT, mode == RECALL
+        drawn = torch.searchsorted(cum[prev], u2.unsqueeze(1).contiguous(), right=True).squeeze(1).clamp(max=n_text - 1)
+        drawn_lp = log_probs[prev, drawn] + lang.log_text * is_text.double()
+        anchor = is_text & (u1 < p)
+        which = (u1 / p * k).long().clamp(max=k - 1)
+        tok = torch.where(is_recall, tokens[rows, src], drawn)
+        tok = torch.where(anchor, n_text + which, tok)
+        lp = torch.where(is_recall, 0.0, torch.where(anchor, lang.log_anchor, drawn_lp))
+        tokens[:, t], logp[:, t], recall[:, t] = tok, lp, is_recall
+        markov_logp[:, t] = torch.where(is_recall, logp[rows, src], lp)
+        # the state after this token, as generate_sequence updates it
+        src = torch.where(is_recall, src + 1, src)
+        in_segment = ~is_text
+        left = torch.where(in_segment, left - 1, left)
+        mode = torch.where(in_segment & (left == 0), TEXT, mode)
+        prev = torch.where(anchor, prev, tok)
+        seen = first[rows, which]
+        new, old = anchor & (seen < 0), anchor & (seen >= 0)
+        first[rows, which] = torch.where(new, t, seen)  # no boolean indexing: no host sync per position
+        mode = torch.where(new, DEFINE, torch.where(old, RECALL, mode))
+        left = torch.where(anchor, lang.segment, left)
+        src = torch.where(old, seen + 1, src)
+    return {"tokens": tokens, "logp": logp, "markov_logp": markov_logp, "recall": recall, "uniforms": u}
+
+
+def floors(sum_logp: float, sum_markov_logp: float, counts: list[int]) -> dict:
+    """The losses (nats per predicted token) of three ideal models on the predicted tokens (positions
+    1.. of each sequence), from the sums of their logp and markov_logp and the count of each token:
+    the entropy floor (the true conditional probabilities), the Markov floor (copied tokens charged
+    their source's cost) and the unigram entropy (no context at all)."""
+    n = sum(counts)
+    unigram = -sum(c / n * math.log(c / n) for c in counts if c)
+    return {"entropy_floor": -sum_logp / n, "markov_floor": -sum_markov_logp / n, "unigram_entropy": unigram}
+
+
+# ---- the verdict (plain Python on lists) -------------------------------------------------------------
+
+def mean(xs) -> float:
+    return sum(xs) / len(xs)
+
+
+def windows(n: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) of consecutive windows of size steps covering 0 .. n-1 (the last may be shorter;
+    a last piece under half a window joins the one before it)."""
+    bounds = list(range(0, n, size)) + [n]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] < size / 2:
+        del bounds[-2]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def verdict(losses: dict, window: int, k: float, eps: float, entropy_floor: float,
+            grad_diffs: dict | None = None, grad_floor: float = 0.05, learn_fraction: float = 0.5,
+            test: str = TEST_RUN, reference: str = REFERENCE_RUN) -> dict:
+    """The criterion of the module docstring. losses: {run: [loss per step]} with the test run, the
+    reference run and at least one other run (the spread); grad_diffs: {run: {parameter: relative
+    difference of its first gradient from the reference's}} for the test run and the others.
+    Returns {"pass", "reasons", "windows": [...], "learned": {...}, "grads": {...}}."""
+    reasons = []
+    spread_runs = [r for r in losses if r not in (test, reference)]
+    for name in (test, reference):
+        if name not in losses:
+            return {"pass": False, "reasons": [f"no {name} run"], "windows": [], "learned": {}, "grads": {}}
+    if not spread_runs:
+        return {"pass": False, "reasons": ["no second SDPA backend ran, so there is no spread to compare with"],
+                "windows": [], "learned": {}, "grads": {}}
+    n = len(losses[reference])
+    for name, curve in losses.items():
+        if len(curve) != n:
+            reasons.append(f"{name} has {len(curve)} losses, {reference} has {n}")
+        elif not all(math.isfinite(x) for x in curve):
+            reasons.append(f"{name}: a loss is not finite (step {next(i for i, x in enumerate(curve) if not math.isfinite(x))})")
+    if reasons:
+        return {"pass": False, "reasons": reasons, "windows": [], "learned": {}, "grads": {}}
+
+    ref = losses[reference]
+    rows = []
+    for lo, hi in windows(n, window):
+        diff = mean([abs(a - b) for a, b in zip(losses[test][lo:hi], ref[lo:hi])])
+        spread = max(mean([abs(a - b) for a, b in zip(losses[r][lo:hi], ref[lo:hi])]) for r in spread_runs)
+        allowed = k * spread + eps
+        rows.append({"start": lo, "end": hi, "diff": diff, "spread": spread, "allowed": allowed,
+                     "ok": diff <= allowed})
+    for w in rows:
+        if not w["ok"]:
+            reasons.append(f"steps {w['start']}-{w['end'] - 1}: mean |{test} - {reference}| = {w['diff']:.4f} > "
+                           f"{k:g} x spread {w['spread']:.4f} + {eps:g} = {w['allowed']:.4f}")
+
+    initial = ref[0]
+    needed = initial - learn_fraction * (initial - entropy_floor)
+    last_lo, last_hi = rows[-1]["start"], rows[-1]["end"]
+    learned = {}
+    for name, curve in losses.items():
+        final = mean(curve[last_lo:last_hi])
+        learned[name] = {"final": final, "needed": needed, "ok": final <= needed}
+        if final > needed:
+            reasons.append(f"{name} did not learn: its last window's mean loss {final:.4f} > {needed:.4f} "
+                           f"({learn_fraction:g} of the way from {initial:.4f} to the floor {entropy_floor:.4f})")
+
+    grads = {}
+    if grad_diffs is not None:
+        others = [r for r in spread_runs if r in grad_diffs]
+        if test not in grad_diffs or not others:
+            reasons.append("the first-step gradients of the test run and of another backend are needed")
+        else:
+            for param, diff in grad_diffs[test].items():
+                spread = max(grad_diffs[r].get(param, 0.0) for r in others)
+                allowed = max(k * spread, grad_floor)
+                grads[param] = {"diff": diff, "spread": spread, "allowed": allowed, "ok": diff <= allowed}
+                if not diff <= allowed:  # also catches NaN
+                    reasons.append(f"first gradient of {param}: |g({test}) - g({reference})| / |g({reference})| = "
+                                   f"{diff:.4g} > max({k:g} x {spread:.4g}, {grad_floor:g})")
+    return {"pass": not reasons, "reasons": reasons, "windows": rows, "learned": learned, "grads": grads}
+
+
+# ---- the model and the runs (PyTorch, imported by main) -----------------------------------------------
+
+def sdpa_attention(torch, backend: str):
+    """Causal attention on [B, S, H, D] tensors through SDPA with one backend forced; SDPA reads
+    [B, H, S, D] views of the same memory."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    kernel = getattr(SDPBackend, SDPA_BACKENDS[backend])
+    F = torch.nn.functional
+
+    def attend(q, k, v):
+        with sdpa_kernel([kernel]):
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True)
+        return o.transpose(1, 2)
+    return attend
+
+
+def flash_steps_attention(flash_steps, step=None, backward_step=None, deterministic=False):
+    """Causal attention on [B, S, H, D] tensors through flash_steps.attention; q, k and v are slices of
+    one qkv projection, made contiguous here."""
+    def attend(q, k, v):
+        return flash_steps.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, step=step,
+                                     backward_step=backward_step, deterministic=deterministic)
+    return attend
+
+
+def build_model(torch, vocab: int, seqlen: int, layers: int, d_model: int, heads: int):
+    """A pre-LayerNorm GPT: token and learned position embeddings, `layers` blocks of causal attention
+    and a 4x GELU MLP, a final LayerNorm and an untied output layer; no biases, no dropout. forward
+    takes the attention function: attend(q, k, v) on [B, S, H, D] tensors. GPT-2's initialisation:
+    N(0, 0.02), the projections back into the residual stream scaled by 1/sqrt(2 * layers)."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+            self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+            self.proj = nn.Linear(d_model, d_model, bias=False)
+            self.fc = nn.Linear(d_model, 4 * d_model, bias=False)
+            self.out = nn.Linear(4 * d_model, d_model, bias=False)
+
+        def forward(self, x, attend):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, heads, d_model // heads).unbind(2)  # [B, S, H, D] each
+            x = x + self.proj(attend(q, k, v).reshape(b, s, d_model))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(vocab, d_model)
+            self.pos = nn.Embedding(seqlen, d_model)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln_f = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab, bias=False)
+            for name, p in self.named_parameters():
+                if p.dim() == 2:
+                    std = 0.02 / math.sqrt(2 * layers) if name.endswith(("proj.weight", "out.weight")) else 0.02
+                    nn.init.normal_(p, 0.0, std)
+
+        def forward(self, idx, attend):
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+            for block in self.blocks:
+                x = block(x, attend)
+            return self.head(self.ln_f(x))
+
+    return GPT()
+
+
+def lr_factor(step: int, warmup: int, steps: int, final: float = 0.1) -> float:
+    """Linear warm-up over warmup steps, then a cosine from 1 down to final at the last step."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - 1 - warmup)
+    return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train(torch, model, init_state: dict, attend, batches, recall, cfg: dict) -> dict:
+    """One run from init_state over batches ([steps, B, S + 1] int64 on the model's device; recall:
+    [steps, B, S] float, 1 where the target is a copied token). Returns the per-step losses and losses
+    on copied tokens (lists), the gradients of the first step (before clipping), and timings."""
+    F = torch.nn.functional
+    device = batches.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    model.load_state_dict(init_state)
+    model.zero_grad(set_to_none=True)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=cfg["lr"], betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg["warmup"], cfg["steps"]))
+    steps = batches.shape[0]
+    losses = torch.zeros(steps, device=device)
+    recall_losses = torch.zeros(steps, device=device)
+    first_grads, warm = None, min(5, steps - 1)
+    sync()
+    t0 = t_warm = time.perf_counter()
+    for step in range(steps):
+        x, y = batches[step, :, :-1], batches[step, :, 1:]
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            logits = model(x, attend)
+        ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view_as(y)
+        loss = ce.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if step == 0:
+            first_grads = {name: p.grad.detach().float().cpu() for name, p in model.named_parameters()}
+        torch.nn.utils.clip_grad_norm_(params, cfg["clip"])
+        opt.step()
+        sched.step()
+        losses[step] = loss.detach()
+        recall_losses[step] = (ce.detach() * recall[step]).sum() / recall[step].sum().clamp(min=1)
+        if step == warm - 1:
+            sync()
+            t_warm = time.perf_counter()
+    sync()
+    t1 = time.perf_counter()
+    return {"losses": [round(x, 6) for x in losses.tolist()],
+            "recall_losses": [round(x, 6) for x in recall_losses.tolist()],
+            "first_grads": first_grads, "wall_s": round(t1 - t0, 2),
+            "ms_per_step": round((t1 - t_warm) * 1e3 / max(1, steps - warm), 2)}
+
+
+def grad_differences(grads: dict, reference: dict) -> dict:
+    """{parameter: |g - g_ref| / |g_ref|} (Frobenius norms; 0 where both are zero). The qkv weights
+    are split into their q, k and v rows: at initialisation the attention is nearly uniform, dQ and
+    dK are small beside dV, and an error in them would hide in the norm of the whole matrix."""
+    out = {}
+    for name, g_ref in reference.items():
+        parts = {name: (grads[name], g_ref)}
+        if name.endswith("qkv.weight"):
+            parts = {f"{name}[{p}]": pair for p, pair in zip("qkv", zip(grads[name].chunk(3), g_ref.chunk(3)))}
+        for part, (g, r) in parts.items():
+            num, den = (g - r).norm().item(), r.norm().item()
+            out[part] = num / den if den > 0 else (0.0 if num == 0 else math.inf)
+    return out
+
+
+def make_data(torch, lang: Language, cfg: dict, device) -> dict:
+    """The batches of every step, generated once on the device from the seed (a CUDA generator draws
+    other numbers than a CPU one: the data depend on the seed and the device type), and the floors of
+    the data."""
+    t0 = time.perf_counter()
+    count, length = cfg["steps"] * cfg["batch"], cfg["seqlen"] + 1
+    data = generate_batch(torch, lang, count, length, cfg["seed"] + 1, device=device)
+    targets = data["tokens"][:, 1:]
+    counts = torch.bincount(targets.flatten(), minlength=lang.vocab).tolist()
+    fl = floors(data["logp"][:, 1:].sum().item(), data["markov_logp"][:, 1:].sum().item(), counts)
+    copied = data["recall"][:, 1:]
+    fl["copied_fraction"] = copied.double().mean().item()
+    fl["copied_markov_cost"] = -data["markov_logp"][:, 1:][copied].mean().item()  # what a copy costs without recall
+    fl["generate_s"] = round(time.perf_counter() - t0, 2)
+    shape = (cfg["steps"], cfg["batch"])
+    return {"batches": data["tokens"].view(*shape, length),
+            "recall": data["recall"][:, 1:].reshape(*shape, length - 1).float(), "floors": fl}
+
+
+def run_experiment(torch, runs: dict, cfg: dict, device, log=print) -> dict:
+    """Trains the model once per entry of runs ({name: attend}, the reference first), all from one
+    initial state and one list of batches, and returns the config, the floors, the runs and the
+    verdict (the result file's body)."""
+    lang = Language(cfg["seed"], cfg["text_tokens"], cfg["anchors"], cfg["segment"], cfg["p_anchor"])
+    data = make_data(torch, lang, cfg, device)
+    fl = data["floors"]
+    log(f"data: {cfg['steps']} x {cfg['batch']} sequences of {cfg['seqlen'] + 1} tokens in {fl['generate_s']} s; "
+        f"{100 * fl['copied_fraction']:.1f}% copied tokens; nats per token: entropy floor {fl['entropy_floor']:.4f}, "
+        f"Markov floor {fl['markov_floor']:.4f}, unigram {fl['unigram_entropy']:.4f}, uniform {math.log(lang.vocab):.4f}")
+    torch.manual_seed(cfg["seed"])
+    model = build_model(torch, lang.vocab, cfg["seqlen"], cfg["layers"], cfg["d_model"], cfg["heads"]).to(device)
+    init_state = copy.deepcopy(model.state_dict())
+    results, grads = {}, {}
+    for i, (name, attend) in enumerate(runs.items()):
+        try:
+            r = train(torch, model, init_state, attend, data["batches"], data["recall"], cfg)
+        except Exception as e:  # a backend that refuses the shape, or a failing kernel: recorded, not fatal
+            results[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}".strip()}
+            log(f"[{i + 1}/{len(runs)}] {name}: {results[name]['reason']}")
+            continue
+        grads[name] = r.pop("first_grads")
+        results[name] = {"status": "ok", **r}
+        last = max(1, cfg["steps"] // 10)
+        log(f"[{i + 1}/{len(runs)}] {name}: {r['wall_s']} s, {r['ms_per_step']} ms/step; mean of the last {last} "
+            f"steps: loss {mean(r['losses'][-last:]):.4f}, on copied tokens {mean(r['recall_losses'][-last:]):.4f}")
+    reference = next(iter(runs))
+    grad_diffs = None
+    if reference in grads:
+        grad_diffs = {name: grad_differences(g, grads[reference]) for name, g in grads.items()
+                      if name != reference}
+        for name, diffs in grad_diffs.items():
+            results[name]["first_grad_rel_diff"] = {p: float(f"{d:.4g}") for p, d in diffs.items()}
+    ok = {name: r["losses"] for name, r in results.items() if r["status"] == "ok"}
+    v = verdict(ok, cfg["window"], cfg["k"], cfg["eps"], fl["entropy_floor"], grad_diffs, cfg["grad_floor"],
+                reference=reference)
+    for name, r in results.items():
+        if r["status"] == "error" and name in (TEST_RUN, reference):
+            v["pass"] = False
+            v["reasons"].insert(0, f"{name} failed: {r['reason']}")
+    return {"config": cfg, "language": lang.config(), "floors": fl, "runs": results, "verdict": v}
+
+
+# ---- results: the file, the plot, the summary -----------------------------------------------------------
+
+COLORS = {"flash_steps": "tab:red", "sdpa_flash": "tab:blue", "sdpa_cudnn": "tab:green",
+          "sdpa_efficient": "tab:purple", "sdpa_math": "tab:gray"}
+
+
+def plot(result: dict, path: Path) -> None:
+    """Two panels: loss against step for every run (solid: all tokens, dashed: copied tokens) with the
+    floors; and, on a log scale, |loss - loss(reference)| of every run with the per-window means and
+    the allowed band of the verdict."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {n: r for n, r in result["runs"].items() if r["status"] == "ok"}
+    reference, fl, v = result["config"]["reference"], result["floors"], result["verdict"]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    for name, r in runs.items():
+        steps = range(len(r["losses"]))
+        c = COLORS.get(name)
+        ax1.plot(steps, r["losses"], color=c, lw=1.0, label=name)
+        ax1.plot(steps, r["recall_losses"], color=c, lw=0.8, ls="--")
+    for key, label, ls in (("unigram_entropy", "unigram entropy", ":"), ("markov_floor", "Markov floor", "-."),
+                           ("entropy_floor", "entropy floor", "-")):
+        ax1.axhline(fl[key], color="black", lw=0.7, ls=ls)
+        ax1.annotate(f"{label} {fl[key]:.3f}", (0, fl[key]), xytext=(2, 2), textcoords="offset points", fontsize=8)
+    ax1.set_ylabel("loss (nats per token)")
+    ax1.set_title("solid: all tokens, dashed: copied tokens", fontsize=9)
+    ax1.legend(fontsize=8)
+    ax1.grid(alpha=0.3)
+    ref = runs.get(reference)
+    if ref:
+        for name, r in runs.items():
+            if name != reference:
+                diff = [max(abs(a - b), 1e-6) for a, b in zip(r["losses"], ref["losses"])]
+                ax2.plot(range(len(diff)), diff, color=COLORS.get(name), lw=0.6, alpha=0.45)
+        for i, w in enumerate(v.get("windows", [])):
+            span = [w["start"], w["end"]]
+            ax2.plot(span, [w["diff"]] * 2, color=COLORS[TEST_RUN], lw=2.5,
+                     label=f"window mean |{TEST_RUN} - {reference}|" if i == 0 else None)
+            ax2.plot(span, [w["spread"]] * 2, color="black", lw=2.0,
+                     label="window mean spread (largest other backend)" if i == 0 else None)
+            ax2.plot(span, [w["allowed"]] * 2, color="black", lw=1.2, ls="--",
+                     label="allowed: k x spread + eps" if i == 0 else None)
+        if v.get("windows"):
+            ax2.legend(fontsize=8)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel(f"|loss - loss({reference})|")
+    ax2.grid(alpha=0.3, which="both")
+    env = result.get("environment", {})
+    fig.suptitle(f"train_gpt: {'PASS' if v['pass'] else 'FAIL'}, {env.get('gpu', '')} {result.get('commit', '')}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def summary(result: dict) -> str:
+    v, fl = result["verdict"], result["floors"]
+    lines = [f"floors: entropy {fl['entropy_floor']:.4f}, Markov {fl['markov_floor']:.4f}, "
+             f"unigram {fl['unigram_entropy']:.4f} nats per token"]
+    cost = fl.get("copied_markov_cost")
+    for name, r in v.get("learned", {}).items():
+        recall = result.get("runs", {}).get(name, {}).get("recall_losses")
+        tail = ""
+        if recall and cost is not None and v.get("windows"):
+            w = v["windows"][-1]
+            tail = (f"; on copied tokens {mean(recall[w['start']:w['end']]):.4f} (without long-range recall "
+                    f"about {cost:.4f}, with it 0)")
+        lines.append(f"  {name:15s} last window mean loss {r['final']:.4f} (needed <= {r['needed']:.4f}){tail}")
+    for w in v.get("windows", []):
+        lines.append(f"  steps {w['start']:4d}-{w['end'] - 1:4d}: |{TEST_RUN} - ref| {w['diff']:.5f}  spread "
+                     f"{w['spread']:.5f}  allowed {w['allowed']:.5f}  {'ok' if w['ok'] else 'OVER'}")
+    if v.get("grads"):
+        worst = max(v["grads"].items(), key=lambda kv: kv[1]["diff"] / max(kv[1]["allowed"], 1e-30))
+        lines.append(f"  first gradients: worst {worst[0]}: {worst[1]['diff']:.4g} (allowed {worst[1]['allowed']:.4g}, "
+                     f"spread {worst[1]['spread']:.4g})")
+    lines += [f"  {reason}" for reason in v["reasons"]]
+    lines.append("PASS" if v["pass"] else "FAIL")
+    return "\n".join(lines)
+
+
+# ---- the command line ---------------------------------------------------------------------------------------
+
+DEFAULTS = {"steps": (300, 120), "batch": (32, 16), "seqlen": (512, 256), "layers": (4, 2), "d_model": (512, 128),
+            "lr": (1e-3, 2e-3), "window": (50, 20)}  # (the experiment, --quick)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--lib", help="path of libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so)")
+    ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"), help="where the JSON and PNG go")
+    ap.add_argument("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run, the (quick) defaults below")
+    for name, kind, help_text in (("steps", int, None), ("batch", int, "sequences per step"), ("seqlen", int, None),
+                                  ("layers", int, None), ("d-model", int, None),
+                                  ("lr", float, "peak learning rate of AdamW"),
+                                  ("window", int, "steps per window of the criterion")):
+        normal, quick = DEFAULTS[name.replace("-", "_")]
+        ap.add_argument(f"--{name}", type=kind, help=f"{help_text + ' ' if help_text else ''}(default {normal}; "
+                        f"quick {quick})")
+    ap.add_argument("--head-dim", type=int, choices=[64, 128], default=64, help="heads = d_model / head_dim")
+    ap.add_argument("--warmup", type=int, default=20, help="steps of linear warm-up")
+    ap.add_argument("--weight-decay", type=float, default=0.1, help="on the matrices only")
+    ap.add_argument("--seed", type=int, default=1, help="the language, the data and the initial weights")
+    ap.add_argument("--spread-backends", default="cudnn,efficient",
+                    help="the other SDPA backends whose distance from SDPA flash is the allowed spread "
+                    f"(comma-separated, of {', '.join(b for b in SDPA_BACKENDS if b != 'flash')})")
+    ap.add_argument("--k", type=float, default=3.0, help="allowed multiple of the spread")
+    ap.add_argument("--eps", type=float, default=0.01, help="allowed mean |difference| on top (nats)")
+    ap.add_argument("--grad-floor", type=float, default=0.05,
+                    help="relative first-gradient difference always allowed")
+    ap.add_argument("--step", help="the forward step flash_steps.attention uses (default: its choice)")
+    ap.add_argument("--backward-step", help="the backward step flash_steps.attention uses (default: its choice)")
+    ap.add_argument("--deterministic", action="store_true", help="flash_steps.attention(deterministic=True)")
+    ap.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    args = ap.parse_args(argv)
+    for name, (normal, quick) in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else normal)
+    spread = [b.strip() for b in args.spread_backends.split(",") if b.strip()]
+    unknown = [b for b in spread if b not in SDPA_BACKENDS or b == "flash"]
+    if unknown or not spread:
+        ap.error(f"--spread-backends: {', '.join(unknown) or 'none given'} (known: cudnn, efficient, math)")
+    args.spread = spread
+    if args.d_model % args.head_dim:
+        ap.error(f"--d-model {args.d_model} is not a multiple of --head-dim {args.head_dim}")
+    for name in ("steps", "batch", "seqlen", "layers", "window", "warmup"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    return args
+
+
+def config_of(args) -> dict:
+    return {"steps": args.steps, "batch": args.batch, "seqlen": args.seqlen, "layers": args.layers,
+            "d_model": args.d_model, "heads": args.d_model // args.head_dim, "head_dim": args.head_dim,
+            "dtype": "bf16 autocast", "optimizer": "AdamW betas (0.9, 0.95)", "lr": args.lr, "warmup": args.warmup,
+            "schedule": "linear warm-up, cosine to 0.1 x", "weight_decay": args.weight_decay, "clip": 1.0,
+            "seed": args.seed, "text_tokens": 48, "anchors": 8, "segment": 32, "p_anchor": 0.08,
+            "window": args.window, "k": args.k, "eps": args.eps, "grad_floor": args.grad_floor,
+            "reference": REFERENCE_RUN, "test": TEST_RUN, "spread": [f"sdpa_{b}" for b in args.spread],
+            "flash_steps": {"step": args.step, "backward_step": args.backward_step,
+                            "deterministic": args.deterministic}}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.lib:
+        os.environ["FLASH_STEPS_LIB"] = str(Path(args.lib).resolve())
+    import torch
+
+    if not torch.cuda.is_available():
+        print("train_gpt: PyTorch sees no CUDA device", file=sys.stderr)
+        return 1
+    sys.path.insert(0, str(REPO / "python"))
+    try:
+        import flash_steps
+        flash_steps.attention  # noqa: B018  (the one function used)
+    except Exception as e:  # a missing package or library, or one that fails to load: said, not a traceback
+        print(f"train_gpt: cannot use flash_steps.attention from {REPO / 'python'} ({type(e).__name__}: {e}); "
+              "build the library (cmake --build build) or pass --lib", file=sys.stderr)
+        return 1
+    from compare_torch import environment, git_commit
+
+    cfg = config_of(args)
+    runs = {REFERENCE_RUN: sdpa_attention(torch, "flash")}
+    runs.update({f"sdpa_{b}": sdpa_attention(torch, b) for b in args.spread})
+    runs[TEST_RUN] = flash_steps_attention(flash_steps, args.step, args.backward_step, args.deterministic)
+    date = datetime.datetime.now(datetime.timezone.utc)
+    head = {"tool": "train_gpt", "schema": 1, "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": args.commit or git_commit(), "environment": environment(torch),
+            "library": os.environ.get("FLASH_STEPS_LIB") or str(fs_results.library_path())}
+    env = head["environment"]
+    print(f"train_gpt {head['commit']} on {env['gpu']} (CUDA {env['cuda']}, torch {env['torch']}, cuDNN "
+          f"{env['cudnn']}): {cfg['layers']} layers, d_model {cfg['d_model']}, {cfg['heads']} heads of "
+          f"{cfg['head_dim']}, seqlen {cfg['seqlen']}, batch {cfg['batch']}, {cfg['steps']} steps; runs: "
+          f"{', '.join(runs)}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    result = {**head, **run_experiment(torch, runs, cfg, torch.device("cuda"),
+                                       log=lambda s: print(s, file=sys.stderr, flush=True))}
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = out / f"train_gpt-{date.strftime('%Y%m%d-%H%M%S')}"
+    result["plot"] = None
+    if not args.no_plot:
+        try:
+            plot(result, base.with_suffix(".png"))
+            result["plot"] = base.with_suffix(".png").name
+        except ImportError:
+            print("train_gpt: no matplotlib, so no plot", file=sys.stderr)
+    base.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"train_gpt: wrote {base.with_suffix('.json')}" + (f" and {result['plot']}" if result["plot"] else ""),
+          file=sys.stderr)
+    print(summary(result))
+    return 0 if result["verdict"]["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
