@@ -9,8 +9,11 @@
 //
 // The acceptance rule (backward_bound, fs_backward_bound), FlashAttention's: a step's gradient may
 // be off the exact one (fp64 on the CPU, fp32 on the GPU) by at most twice what the same computation
-// done in the dtype is off, plus u·max|exact| (u the unit roundoff) so that a lucky low-precision
-// reference cannot make the bound zero. "The same computation done in the dtype": the reference with
+// done in the dtype is off, plus u·G (u the unit roundoff, G the largest |exact| element of the three
+// gradients dQ, dK, dV) so that a lucky low-precision reference cannot make the bound zero. G is the
+// problem's scale, not the tensor's: with one key (seqlen_k = 1) P = 1, dS = P ∘ (dP − D) is exactly 0
+// and so are dQ and dK, which a kernel computes as the fp32 difference of two equal sums — a rounding
+// error of order 2^-24 · |dP| that only a bound with the problem's scale can allow. "The same computation done in the dtype": the reference with
 // P, dS (and O, from which D is formed) rounded to the dtype where a fp16/bf16 implementation rounds
 // them, each product still accumulated exactly (reference_cpu_backward / GpuBackwardReference with
 // rounded = true). The rule is relative to the difficulty of the problem: long rows and large
@@ -65,7 +68,8 @@ std::string validate_backward_tensors(const BackwardProblem& p, const BackwardTe
 // 2.5 × attention_flops(p.forward).
 double backward_flops(const BackwardProblem& p);
 
-// The largest error a step's gradient may have: 2·ref_err + u·max_abs_exact (see above).
+// The largest error a step's gradient may have: 2·ref_err + u·max_abs_exact (see above: max_abs_exact is
+// the largest |exact| element over dQ, dK and dV).
 double backward_bound(int32_t dtype, double ref_err, double max_abs_exact);
 
 // A short description, e.g. "backward b2 h16/16 sq2048 sk2048 d128 fp16 causal deterministic".
@@ -155,22 +159,24 @@ class BackwardWorkload {
 };
 
 // One gradient tensor against the exact reference, by backward_bound with ref_err from the rounded
-// reference. `out` is the tensor's storage (strides `s`), `exact` and `lowp` contiguous.
+// reference and `scale` the largest |exact| over the three gradients (compare_gradients computes it).
+// `out` is the tensor's storage (strides `s`), `exact` and `lowp` contiguous.
 struct GradComparison {
   std::string name;       // "dQ", "dK", "dV"
   double max_abs_err = 0;  // of the step, against exact
   double ref_err = 0;      // of the rounded reference, against exact
-  double bound = 0;        // backward_bound(dtype, ref_err, max|exact|)
+  double bound = 0;        // backward_bound(dtype, ref_err, the largest |exact| of the three gradients)
   int64_t nonfinite = 0;
   bool pass() const { return nonfinite == 0 && max_abs_err <= bound; }
   std::string summary() const;  // one line
 };
 GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& s, int64_t batch, int64_t rows,
                                 int64_t heads, int64_t head_dim, const std::vector<float>& out,
-                                const std::vector<double>& exact, const std::vector<double>& lowp);
-// The same against the GPU reference's fp32 arrays (GpuBackwardReference, rounded = false and true).
-GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& s, int64_t batch, int64_t rows,
-                                int64_t heads, int64_t head_dim, const std::vector<float>& out,
-                                const std::vector<float>& exact, const std::vector<float>& lowp);
+                                const std::vector<double>& exact, const std::vector<double>& lowp, double scale);
+
+// dQ, dK, dV (their storage, as downloaded) against the exact and the rounded references, in that order.
+std::vector<GradComparison> compare_gradients(const BackwardProblem& p, const std::vector<float>& dq,
+                                              const std::vector<float>& dk, const std::vector<float>& dv,
+                                              const BackwardReference& exact, const BackwardReference& lowp);
 
 }  // namespace fs

@@ -57,14 +57,7 @@ std::vector<GradComparison> backward_launch_and_compare(const std::function<void
   w.poison();
   launch(nullptr);
   CHECK_CUDA(cudaDeviceSynchronize());
-  const BackwardProblem& p = w.problem();
-  const Problem& f = p.forward;
-  return {compare_gradient("dQ", f.dtype, p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, w.download_dq(),
-                           ref.exact.dq, ref.lowp.dq),
-          compare_gradient("dK", f.dtype, p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, w.download_dk(),
-                           ref.exact.dk, ref.lowp.dk),
-          compare_gradient("dV", f.dtype, p.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, w.download_dv(),
-                           ref.exact.dv, ref.lowp.dv)};
+  return compare_gradients(w.problem(), w.download_dq(), w.download_dk(), w.download_dv(), ref.exact, ref.lowp);
 }
 
 }  // namespace fs

@@ -103,17 +103,9 @@ int main(int argc, char** argv) {
           w.poison();
           prepared.launch(w.tensors(), nullptr);
           CHECK_CUDA(cudaDeviceSynchronize());
-          const fs::Problem& f = p.forward;
-          const fs::GradComparison cmp[] = {
-              fs::compare_gradient("dQ", f.dtype, p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, w.download_dq(),
-                                   exact.dq, low.dq),
-              fs::compare_gradient("dK", f.dtype, p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, w.download_dk(),
-                                   exact.dk, low.dk),
-              fs::compare_gradient("dV", f.dtype, p.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, w.download_dv(),
-                                   exact.dv, low.dv),
-          };
-          for (const fs::GradComparison& g : cmp) {
-            std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(f) << ": "
+          for (const fs::GradComparison& g :
+               fs::compare_gradients(p, w.download_dq(), w.download_dk(), w.download_dv(), exact, low)) {
+            std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.forward) << ": "
                       << g.summary() << "\n";
             failures += g.pass() ? 0 : 1;
           }

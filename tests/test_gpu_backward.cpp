@@ -226,15 +226,7 @@ void check_backward_steps(const BackwardCase& c) {
       dk[run] = w.download_dk();
       dv[run] = w.download_dv();
     }
-    const fs::GradComparison cmp[] = {
-        fs::compare_gradient("dQ", f.dtype, p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, dq[0], ref.exact.dq,
-                             ref.low.dq),
-        fs::compare_gradient("dK", f.dtype, p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, dk[0], ref.exact.dk,
-                             ref.low.dk),
-        fs::compare_gradient("dV", f.dtype, p.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, dv[0], ref.exact.dv,
-                             ref.low.dv),
-    };
-    for (const fs::GradComparison& g : cmp) {
+    for (const fs::GradComparison& g : fs::compare_gradients(p, dq[0], dk[0], dv[0], ref.exact, ref.low)) {
       INFO(g.summary());
       CHECK(g.pass());
     }

@@ -406,7 +406,8 @@ class Library:
         return self._fn("fs_backward_flops")(ctypes.byref(p))
 
     def backward_bound(self, dtype: str, ref_err: float, max_abs_exact: float) -> float:
-        """fs_backward_bound: 2*ref_err + u*max_abs_exact, the largest error a gradient may have."""
+        """fs_backward_bound: 2*ref_err + u*max_abs_exact (the largest |exact| over dQ, dK and dV), the largest
+        error a gradient may have."""
         out = _DBL()
         self.call("fs_backward_bound", DTYPE_CODES[dtype], ref_err, max_abs_exact, ctypes.byref(out))
         return out.value
