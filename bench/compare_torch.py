@@ -94,8 +94,9 @@ TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
 
 
 def load_library(path):
-    """The package's library (path: --lib; None: $FLASH_STEPS_LIB, else the repository's build dirs)."""
-    return flash_steps.load_library(path)
+    """The package's library (path: --lib; None: $FLASH_STEPS_LIB, else the repository's build dirs), made
+    the package's own, so that flash_steps.forward / backward / attention call the same one."""
+    return flash_steps.library(path)
 
 
 def steps_of(lib) -> list[dict]:
