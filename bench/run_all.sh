@@ -19,6 +19,8 @@
 #   runner-<date>.json          flash-steps --json at the ladder shape (batch 8, seqlen 2048, 16 heads, d 128)
 #   compare_torch-<date>.json   every step and PyTorch SDPA (flash, cuDNN, memory-efficient, math) ...
 #   compare_torch-<date>.csv    ... over the sweep, with GPU, driver, versions, date and commit
+#   compare_torch_backward-<date>.json, .csv   the backward pass (steps with one) beside SDPA's
+#   train_gpt-<date>.json, .png a small GPT trained with flash_steps.attention and with SDPA (PASS/FAIL)
 #   sweep.png, ladder.png,      the plots (roofline.png: every step against the measured ceilings), and
 #   roofline.png                README.md's results table rewritten between its markers
 #   run_all-<date>.log          everything printed
@@ -137,6 +139,32 @@ if [[ -n "$compare_json" && "$compare_json" != "$before" ]]; then
 else
   compare_json=""
   failures+=("compare_torch.py wrote no results")
+fi
+
+phase "the backward pass beside SDPA's (bench/compare_torch.py --backward)"
+newest() {  # the newest file matching a glob under $results, or nothing
+  local files=("$results"/$1)
+  if [[ -e "${files[0]}" ]]; then echo "${files[-1]}"; fi
+}
+before="$(newest 'compare_torch_backward-*.json')"
+python3 bench/compare_torch.py --backward --lib "$build/libflash_steps.so" --commit "$commit" --out-dir "$results" \
+  "${quick_flag[@]}" || failures+=("compare_torch.py --backward (exit $?)")
+backward_json="$(newest 'compare_torch_backward-*.json')"
+if [[ -n "$backward_json" && "$backward_json" != "$before" ]]; then
+  made+=("$backward_json" "${backward_json%.json}.csv")
+else
+  failures+=("compare_torch.py --backward wrote no results")
+fi
+
+phase "a small GPT trained with flash_steps.attention and with SDPA (bench/train_gpt.py)"
+before="$(newest 'train_gpt-*.json')"
+python3 bench/train_gpt.py --lib "$build/libflash_steps.so" --commit "$commit" --out-dir "$results" \
+  "${quick_flag[@]}" || failures+=("train_gpt.py (exit $?)")
+train_json="$(newest 'train_gpt-*.json')"
+if [[ -n "$train_json" && "$train_json" != "$before" ]]; then
+  made+=("$train_json" "${train_json%.json}.png")
+else
+  failures+=("train_gpt.py wrote no results")
 fi
 
 if ((gbench)); then
