@@ -12,6 +12,7 @@
 
 #include "catch.h"
 #include "common/backward.h"
+#include "common/check.h"
 #include "common/registry.h"
 #include "gpu_test_config.h"
 
@@ -108,9 +109,6 @@ struct BackwardCase {
   bool padded = false;  // dO and dQ with a padded head stride
 };
 
-// The CPU fp64 reference below this many multiply-adds (about a second), the GPU fp32 one above.
-constexpr double kCpuReferenceLimit = 4e8;
-
 // The shapes every step's backward runs, each with deterministic = 0 and 1:
 //   every head_dim (multiples of 8 up to 256) on a small shape;
 //   odd lengths 1, 17, 100, 257 with seqlen_q ≠ seqlen_k both ways, causal or not, GQA (8/2), MQA
@@ -170,21 +168,6 @@ int64_t written(const std::vector<float>& x) {
   return std::count_if(x.begin(), x.end(), [](float v) { return v == v; });
 }
 
-// The exact and the rounded references of a workload: fp64 on the CPU when it is cheap, else fp32 on the GPU.
-struct References {
-  Gradients exact, low;
-};
-
-References references_of(const fs::BackwardWorkload& w) {
-  const fs::BackwardProblem& p = w.problem();
-  if (fs::reference_cpu_backward_cost(p) <= kCpuReferenceLimit) {
-    const fs::BackwardHostInputs in = w.download_inputs();
-    return References{fs::reference_cpu_backward(p, in, false), fs::reference_cpu_backward(p, in, true)};
-  }
-  fs::GpuBackwardReference gpu;
-  return References{gpu_gradients(w, gpu, false), gpu_gradients(w, gpu, true)};
-}
-
 // Runs every selected step's backward on one case: refusals only where the step does not claim the
 // problem (and then nothing is written), otherwise the three gradients within the bound, finite,
 // and bitwise repeatable when deterministic.
@@ -194,7 +177,7 @@ void check_backward_steps(const BackwardCase& c) {
   const fs::BackwardProblem& p = w.problem();
   const fs::Problem& f = p.forward;
   bool references_ready = false;
-  References ref;
+  fs::BackwardReferences ref;
   for (const fs::Step& s : fs::steps()) {
     if (!fs::test::step_selected(s.id) || !s.backward.present()) continue;
     INFO("step " << s.id << " backward on " << describe(c));
@@ -212,7 +195,8 @@ void check_backward_steps(const BackwardCase& c) {
       continue;
     }
     if (!references_ready) {
-      ref = references_of(w);
+      fs::GpuBackwardReference gpu;
+      ref = fs::make_backward_references(w, gpu);  // fp64 on the CPU when cheap, else fp32 cuBLAS
       references_ready = true;
     }
     const fs::PreparedBackward prepared(s, p, plan);
@@ -226,7 +210,7 @@ void check_backward_steps(const BackwardCase& c) {
       dk[run] = w.download_dk();
       dv[run] = w.download_dv();
     }
-    for (const fs::GradComparison& g : fs::compare_gradients(p, dq[0], dk[0], dv[0], ref.exact, ref.low)) {
+    for (const fs::GradComparison& g : fs::compare_gradients(p, dq[0], dk[0], dv[0], ref.exact, ref.lowp)) {
       INFO(g.summary());
       CHECK(g.pass());
     }
