@@ -663,8 +663,11 @@ TEST_CASE("step 11: the tile copies cover each chunk once, conflict-free", "[ste
   };
   check(bw::TraitsOf<bw::kD64>{}, bw::DqTraitsOf<bw::kD64>{});
   check(bw::TraitsOf<bw::kD128>{}, bw::DqTraitsOf<bw::kD128>{});
+  check(bw::TraitsOf<bw::kD128_S>{}, bw::DqTraitsOf<bw::kD128_S>{});
   check(bw::TraitsOf<bw::kD192>{}, bw::DqTraitsOf<bw::kD192>{});
+  check(bw::TraitsOf<bw::kD192_S>{}, bw::DqTraitsOf<bw::kD192_S>{});
   check(bw::TraitsOf<bw::kD256>{}, bw::DqTraitsOf<bw::kD256>{});
+  check(bw::TraitsOf<bw::kD256_S>{}, bw::DqTraitsOf<bw::kD256_S>{});
 }
 
 TEST_CASE("step 11: the swizzle's origin identity behind the kernels' lane offsets", "[step11]") {
@@ -719,6 +722,7 @@ TEST_CASE("step 11: the dS^T layouts are bijections onto their tiles, 16-byte ch
   check(bw::Swizzled128Layout<64>{}, 128);
   check(bw::TraitsOf<bw::kD64>::DsLayout{}, bw::TraitsOf<bw::kD64>::BLOCK_KV);
   check(bw::TraitsOf<bw::kD128>::DsLayout{}, bw::TraitsOf<bw::kD128>::BLOCK_KV);
+  check(bw::TraitsOf<bw::kD256_S>::DsLayout{}, bw::TraitsOf<bw::kD256_S>::BLOCK_KV);
 }
 
 TEST_CASE("step 11: the first query tile of a K/V tile is the first that sees one of its keys", "[step11]") {
@@ -780,9 +784,11 @@ TEST_CASE("step 11: padded rows hold every query tile of both kernels", "[step11
   std::vector<int64_t> lengths;
   for (int64_t n = 0; n <= 1000; ++n) lengths.push_back(n);
   for (int64_t n : {int64_t(1) << 20, int64_t(INT32_MAX) - 127}) lengths.push_back(n);
-  const int block_qs[] = {bw::TraitsOf<bw::kD64>::BLOCK_Q, bw::TraitsOf<bw::kD128>::BLOCK_Q,
-                          bw::TraitsOf<bw::kD192>::BLOCK_Q, bw::TraitsOf<bw::kD256>::BLOCK_Q,
-                          bw::DqTraitsOf<bw::kD64>::BLOCK_Q};
+  std::vector<int> block_qs;
+  for (const bw::Config& c : bw::kConfigs) {
+    block_qs.push_back(c.block_q);
+    block_qs.push_back(c.dq_block_q);
+  }
   for (int64_t sq : lengths) {
     const int64_t rows = bw::padded_rows(sq);
     CAPTURE(sq, rows);
@@ -799,12 +805,41 @@ TEST_CASE("step 11: padded rows hold every query tile of both kernels", "[step11
 }
 
 TEST_CASE("step 11: the table has the narrowest tiles for every head_dim, and its shared memory", "[step11]") {
-  for (int64_t d = 8; d <= 256; d += 8) {
-    const int c = bw::config_of(d);
-    CAPTURE(d, c);
-    REQUIRE((c >= 0 && c < bw::kNumConfigs));
-    CHECK(bw::kConfigs[c].head_dim == (d + 63) / 64 * 64);
-  }
+  // Bytes a block may opt in to: sm_90, sm_80, sm_86/sm_89 (and a GPU too small for any row).
+  const int64_t kSm90 = 227 * 1024, kSm80 = 163 * 1024, kSm86 = 99 * 1024, kTiny = 48 * 1024;
+  for (int64_t d = 8; d <= 256; d += 8)
+    for (bool det : {false, true}) {
+      CAPTURE(d, det);
+      CHECK(bw::padded_width(d) == (d + 63) / 64 * 64);
+      for (int64_t optin : {kSm90, kSm80, kSm86}) {
+        const int c = bw::choose_config(d, det, optin);
+        CAPTURE(optin, c);
+        REQUIRE((c >= 0 && c < bw::kNumConfigs));  // every GPU from sm_80 on has a row for every head_dim
+        CHECK(bw::kConfigs[c].head_dim == bw::padded_width(d));
+        CHECK(bw::smem_needed(bw::kConfigs[c], det) <= optin);
+        for (int e = 0; e < c; ++e)  // no earlier row of the width would have fitted
+          CHECK((bw::kConfigs[e].head_dim != bw::padded_width(d) || bw::smem_needed(bw::kConfigs[e], det) > optin));
+      }
+      // The fast rows where they fit: sm_80 and sm_90 run the first row of each width in the atomic mode.
+      const int first = d <= 64 ? bw::kD64 : d <= 128 ? bw::kD128 : d <= 192 ? bw::kD192 : bw::kD256;
+      if (!det) CHECK(bw::choose_config(d, det, kSm80) == first);
+      CHECK(bw::choose_config(d, det, kSm90) == first);
+      CHECK(bw::choose_config(d, det, kTiny) == -1);
+      CHECK(bw::min_smem_needed(d, det) > kTiny);
+      CHECK(bw::min_smem_needed(d, det) <= kSm86);
+    }
+  // The byte counts choose_config uses are the kernels' own.
+  auto sizes = [](auto tr, auto dq, const bw::Config& cfg) {
+    CHECK(bw::main_smem_bytes(cfg) == decltype(tr)::SMEM_BYTES);
+    CHECK(bw::dq_smem_bytes(cfg) == decltype(dq)::SMEM_BYTES);
+  };
+  sizes(bw::TraitsOf<bw::kD64>{}, bw::DqTraitsOf<bw::kD64>{}, bw::kConfigs[bw::kD64]);
+  sizes(bw::TraitsOf<bw::kD128>{}, bw::DqTraitsOf<bw::kD128>{}, bw::kConfigs[bw::kD128]);
+  sizes(bw::TraitsOf<bw::kD128_S>{}, bw::DqTraitsOf<bw::kD128_S>{}, bw::kConfigs[bw::kD128_S]);
+  sizes(bw::TraitsOf<bw::kD192>{}, bw::DqTraitsOf<bw::kD192>{}, bw::kConfigs[bw::kD192]);
+  sizes(bw::TraitsOf<bw::kD192_S>{}, bw::DqTraitsOf<bw::kD192_S>{}, bw::kConfigs[bw::kD192_S]);
+  sizes(bw::TraitsOf<bw::kD256>{}, bw::DqTraitsOf<bw::kD256>{}, bw::kConfigs[bw::kD256]);
+  sizes(bw::TraitsOf<bw::kD256_S>{}, bw::DqTraitsOf<bw::kD256_S>{}, bw::kConfigs[bw::kD256_S]);
   auto check = [](auto tr, auto dq, const bw::Config& cfg) {
     using Tr = decltype(tr);
     using Dq = decltype(dq);
@@ -840,18 +875,18 @@ TEST_CASE("step 11: the table has the narrowest tiles for every head_dim, and it
     // dq_kernel: Q, dO [BLOCK_Q, HEAD_DIM]; K, V two stages of [BLOCK_KV, HEAD_DIM].
     CHECK(Dq::HEAD_DIM == cfg.head_dim);
     CHECK(Dq::SLICE * cfg.d_slices == cfg.head_dim);
+    CHECK(Dq::BLOCK_Q == cfg.dq_block_q);
+    CHECK(Dq::BLOCK_KV == cfg.dq_block_kv);
     CHECK(Dq::NUM_THREADS == 32 * Dq::BLOCK_Q / 16);
     CHECK(Dq::SMEM_BYTES == 2 * (2 * Dq::BLOCK_Q * cfg.head_dim) + 2 * (2 * 2 * Dq::BLOCK_KV * cfg.head_dim));
   };
   check(bw::TraitsOf<bw::kD64>{}, bw::DqTraitsOf<bw::kD64>{}, bw::kConfigs[bw::kD64]);
   check(bw::TraitsOf<bw::kD128>{}, bw::DqTraitsOf<bw::kD128>{}, bw::kConfigs[bw::kD128]);
+  check(bw::TraitsOf<bw::kD128_S>{}, bw::DqTraitsOf<bw::kD128_S>{}, bw::kConfigs[bw::kD128_S]);
   check(bw::TraitsOf<bw::kD192>{}, bw::DqTraitsOf<bw::kD192>{}, bw::kConfigs[bw::kD192]);
+  check(bw::TraitsOf<bw::kD192_S>{}, bw::DqTraitsOf<bw::kD192_S>{}, bw::kConfigs[bw::kD192_S]);
   check(bw::TraitsOf<bw::kD256>{}, bw::DqTraitsOf<bw::kD256>{}, bw::kConfigs[bw::kD256]);
-  // Every block fits the opt-in shared memory of an sm_80 block (163 KiB; sm_90: 227 KiB).
-  CHECK(bw::TraitsOf<bw::kD64>::SMEM_BYTES <= 163 * 1024);
-  CHECK(bw::TraitsOf<bw::kD128>::SMEM_BYTES <= 163 * 1024);
-  CHECK(bw::TraitsOf<bw::kD192>::SMEM_BYTES <= 163 * 1024);
-  CHECK(bw::TraitsOf<bw::kD256>::SMEM_BYTES <= 163 * 1024);
+  check(bw::TraitsOf<bw::kD256_S>{}, bw::DqTraitsOf<bw::kD256_S>{}, bw::kConfigs[bw::kD256_S]);
 }
 
 TEST_CASE("step 11: its copies of step 07's fragment maps and swizzle are step 07's", "[step11]") {

@@ -60,6 +60,8 @@ template <typename T, int CONFIG>
 std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& w) {
   using Tr = TraitsOf<CONFIG>;
   using DqTr = DqTraitsOf<CONFIG>;
+  static_assert(main_smem_bytes(kConfigs[CONFIG]) == Tr::SMEM_BYTES && dq_smem_bytes(kConfigs[CONFIG]) == DqTr::SMEM_BYTES,
+                "the table's byte counts (choose_config) are what the kernels allocate");
   const Problem& f = p.forward;
   std::vector<KernelLaunch> k;
   k.push_back({reinterpret_cast<const void*>(&preprocess_kernel<T>), kPreprocessWarps * 32, 0,
@@ -79,36 +81,27 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
   return k;
 }
 
+// f(std::integral_constant<int, CONFIG>) for the run-time row `config` of the table.
+template <typename F, int... CONFIGS>
+void with_config(int config, F&& f, std::integer_sequence<int, CONFIGS...>) {
+  const bool found = ((config == CONFIGS ? (f(std::integral_constant<int, CONFIGS>{}), true) : false) || ...);
+  if (!found) throw Error("step 11: no tile configuration " + std::to_string(config));
+}
 template <typename F>
 void with_config(int config, F&& f) {
-  switch (config) {
-    case kD64: f(std::integral_constant<int, kD64>{}); break;
-    case kD128: f(std::integral_constant<int, kD128>{}); break;
-    case kD192: f(std::integral_constant<int, kD192>{}); break;
-    case kD256: f(std::integral_constant<int, kD256>{}); break;
-    default: throw Error("step 11: no tile configuration " + std::to_string(config));
-  }
-}
-
-// The shared memory the kernels of a configuration need per block (the larger of the two).
-int64_t smem_needed(int config, bool deterministic) {
-  int64_t bytes = 0;
-  with_config(config, [&](auto c) {
-    bytes = TraitsOf<decltype(c)::value>::SMEM_BYTES;
-    if (deterministic && DqTraitsOf<decltype(c)::value>::SMEM_BYTES > bytes)
-      bytes = DqTraitsOf<decltype(c)::value>::SMEM_BYTES;
-  });
-  return bytes;
+  with_config(config, std::forward<F>(f), std::make_integer_sequence<int, kNumConfigs>{});
 }
 
 Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   Plan pl;
-  pl.config = config_of(p.forward.head_dim);
+  const bool deterministic = p.deterministic != 0;
+  pl.config = choose_config(p.forward.head_dim, deterministic, int64_t(dev.smem_per_block_optin));
   std::ostringstream m;
-  if (const int64_t need = smem_needed(pl.config, p.deterministic != 0); need > int64_t(dev.smem_per_block_optin)) {
-    m << "head_dim " << p.forward.head_dim << " runs on " << kConfigs[pl.config].head_dim
-      << "-wide tiles, which need " << need << " bytes of shared memory per block; this GPU allows "
-      << dev.smem_per_block_optin;
+  if (pl.config < 0) {
+    m << "head_dim " << p.forward.head_dim << " runs on " << padded_width(p.forward.head_dim)
+      << "-wide tiles, which need at least " << min_smem_needed(p.forward.head_dim, deterministic)
+      << " bytes of shared memory per block" << (deterministic ? " in the deterministic mode" : "")
+      << "; this GPU allows " << dev.smem_per_block_optin;
     pl.refusal = m.str();
     return pl;
   }
@@ -136,13 +129,13 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
 }
 
 // Documented support: every problem the harness accepts with seqlens up to kMaxSeqlen, on a GPU whose
-// blocks may opt in to the configuration's shared memory (145 KiB at head_dim 128: sm_80 and sm_90),
-// as long as the grids stay within 2^31 - 1 blocks: at most 2^33 padded query rows (the preprocessing's
+// blocks may opt in to 96 KiB (the largest of the smallest rows of each width; every GPU from sm_80 on
+// allows at least 99 KiB), as long as the grids stay within 2^31 - 1 blocks: at most 2^33 padded query rows (the preprocessing's
 // grid, the largest of the query side) and 2^31 / 4 K/V blocks.
 bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
   const Problem& f = p.forward;
-  const int config = config_of(f.head_dim);
-  return limits(p).empty() && smem_needed(config, p.deterministic != 0) <= int64_t(dev.smem_per_block_optin) &&
+  return limits(p).empty() &&
+         choose_config(f.head_dim, p.deterministic != 0, int64_t(dev.smem_per_block_optin)) >= 0 &&
          f.batch * f.heads_q <= (int64_t(1) << 33) / padded_rows(f.seqlen_q) &&
          f.batch * f.heads_kv <= INT32_MAX / 4 / tiles(f.seqlen_k, 64);
 }

@@ -128,6 +128,11 @@ FS_HD constexpr frag::Coord ldmatrix_x4_k_pair(int lane) {
 // At HEAD_DIM 192 and 256 a block computes a 64-column slice of the gradients (D_SLICES blocks per K/V
 // tile, each recomputing S and dP): those widths are supported, not fast. dQ of one query tile
 // (BLOCK_Q × SLICE) is split over the warps after S and dP are dead.
+//
+// Shared memory decides the rest, per GPU family (bytes a block may opt in to): sm_90 227 KiB, sm_80
+// 163 KiB hold the rows above; sm_86 and sm_89 allow 99 KiB, so head_dim 128, 192 and 256 have a second,
+// smaller row (_S: fewer keys per block, one Q/dO buffer, and for the deterministic mode's dQ kernel
+// fewer keys or queries per tile), chosen where the first does not fit (choose_config).
 struct Config {
   int head_dim;   // HEAD_DIM: tile width, a multiple of 64
   int block_q;    // BLOCK_Q: query rows per iteration
@@ -138,22 +143,61 @@ struct Config {
   int key_tiles;  // KEY_TILES: m16 tiles of keys per warp (each Q and dO fragment feeds that many mma)
   int col_groups; // COL_GROUPS: warps sharing a group of keys (each: 1/COL_GROUPS of the queries of Sᵀ
                   // and dPᵀ, of the columns of dK and dV; Pᵀ and dSᵀ then go through shared memory)
+  int dq_block_q;  // the deterministic mode's dq_kernel: query rows per block (16 per warp)
+  int dq_block_kv; // ... and keys per K/V tile (two buffers)
 };
 
-enum ConfigId : int { kD64, kD128, kD192, kD256, kNumConfigs };
+enum ConfigId : int { kD64, kD128, kD128_S, kD192, kD192_S, kD256, kD256_S, kNumConfigs };
 
 inline constexpr int64_t KiB = 1024;
 inline constexpr Config kConfigs[kNumConfigs] = {
-    // HEAD_DIM BLOCK_Q BLOCK_KV STAGES SLICES MIN_BLOCKS KEY_TILES COL_GROUPS
-    {64, 32, 128, 2, 1, 1, 2, 1},   // kD64    smem  57 KiB
-    {128, 64, 128, 2, 1, 1, 2, 2},  // kD128   smem 161 KiB
-    {192, 64, 64, 1, 3, 1, 1, 1},   // kD192   smem 105 KiB
-    {256, 64, 64, 1, 4, 1, 1, 1},   // kD256   smem 137 KiB
+    // HEAD_DIM BLOCK_Q BLOCK_KV STAGES SLICES MIN_BLOCKS KEY_TILES COL_GROUPS  dq: BLOCK_Q BLOCK_KV
+    {64, 32, 128, 2, 1, 1, 2, 1, 64, 64},   // kD64      smem  57 KiB, dq_kernel  48 KiB
+    {128, 64, 128, 2, 1, 1, 2, 2, 64, 64},  // kD128     smem 161 KiB, dq_kernel  96 KiB
+    {128, 64, 64, 1, 1, 1, 1, 1, 64, 64},   // kD128_S   smem  73 KiB, dq_kernel  96 KiB
+    {192, 64, 64, 1, 3, 1, 1, 1, 64, 64},   // kD192     smem 105 KiB, dq_kernel 144 KiB
+    {192, 64, 32, 1, 3, 1, 1, 1, 64, 32},   // kD192_S   smem  77 KiB, dq_kernel  96 KiB
+    {256, 64, 64, 1, 4, 1, 1, 1, 64, 64},   // kD256     smem 137 KiB, dq_kernel 192 KiB
+    {256, 32, 32, 1, 4, 1, 1, 1, 32, 32},   // kD256_S   smem  66 KiB, dq_kernel  96 KiB
 };
 
-// The configuration of a head_dim (a multiple of 8, at most 256): its width padded to 64.
-FS_HD constexpr int config_of(int64_t head_dim) {
-  return head_dim <= 64 ? kD64 : head_dim <= 128 ? kD128 : head_dim <= 192 ? kD192 : kD256;
+// The tile width a head_dim (a multiple of 8, at most 256) is padded to.
+FS_HD constexpr int padded_width(int64_t head_dim) {
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 192 ? 192 : 256;
+}
+
+// Shared memory per block of a row's main kernel and of its dq_kernel (2-byte elements; the main
+// kernel's rows of LSE₂ and D are fp32). Traits and DqTraits check theirs against these.
+FS_HD constexpr int64_t main_smem_bytes(const Config& c) {
+  const int64_t kv = int64_t(c.block_kv) * c.head_dim, q = int64_t(c.block_q) * c.head_dim;
+  return (2 * kv + 2 * c.q_stages * q + (c.col_groups > 1 ? 2 : 1) * int64_t(c.block_kv) * c.block_q) * 2 +
+         2 * c.q_stages * c.block_q * 4;
+}
+FS_HD constexpr int64_t dq_smem_bytes(const Config& c) {
+  return (2 * int64_t(c.dq_block_q) + 4 * int64_t(c.dq_block_kv)) * c.head_dim * 2;
+}
+// What a launch needs: the main kernel's, and the dq_kernel's too in the deterministic mode.
+FS_HD constexpr int64_t smem_needed(const Config& c, bool deterministic) {
+  return deterministic && dq_smem_bytes(c) > main_smem_bytes(c) ? dq_smem_bytes(c) : main_smem_bytes(c);
+}
+
+// The row for a head_dim on a GPU whose blocks may opt in to smem_optin bytes: the first of its width
+// whose kernels fit, or -1.
+constexpr int choose_config(int64_t head_dim, bool deterministic, int64_t smem_optin) {
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (kConfigs[i].head_dim == padded_width(head_dim) && smem_needed(kConfigs[i], deterministic) <= smem_optin)
+      return i;
+  return -1;
+}
+
+// The least shared memory any row of the head_dim's width needs (for refusals).
+constexpr int64_t min_smem_needed(int64_t head_dim, bool deterministic) {
+  int64_t least = 0;
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (kConfigs[i].head_dim == padded_width(head_dim) &&
+        (least == 0 || smem_needed(kConfigs[i], deterministic) < least))
+      least = smem_needed(kConfigs[i], deterministic);
+  return least;
 }
 
 // Everything the main kernel derives from its named constants.
@@ -220,12 +264,12 @@ using TraitsOf = Traits<kConfigs[CONFIG].head_dim, kConfigs[CONFIG].block_q, kCo
 // The deterministic mode's dQ kernel: a block owns BLOCK_Q query rows (16 per warp) of one query head
 // and SLICE columns of dQ, and loops over the K/V tiles that row block sees. dQ is its own sum, in a
 // fixed order: no atomics.
-template <int HEAD_DIM_, int D_SLICES_>
+template <int HEAD_DIM_, int D_SLICES_, int BLOCK_Q_, int BLOCK_KV_>
 struct DqTraits {
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int D_SLICES = D_SLICES_;
-  static constexpr int BLOCK_Q = 64;
-  static constexpr int BLOCK_KV = 64;
+  static constexpr int BLOCK_Q = BLOCK_Q_;
+  static constexpr int BLOCK_KV = BLOCK_KV_;
   static constexpr int NUM_WARPS = BLOCK_Q / 16;
   static constexpr int NUM_THREADS = NUM_WARPS * 32;
   static constexpr int SLICE = HEAD_DIM / D_SLICES;
@@ -239,10 +283,12 @@ struct DqTraits {
   static constexpr int KV_ELEMS = BLOCK_KV * HEAD_DIM;  // one K or V buffer (two stages)
   static constexpr int SMEM_BYTES = (2 * Q_ELEMS + 4 * KV_ELEMS) * 2;
   static_assert(SLICE % 64 == 0 && SLICE <= 128, "a slice is whole swizzle groups, at most 128 columns");
+  static_assert(BLOCK_Q % 16 == 0 && BLOCK_KV % 16 == 0, "16 query rows per warp; keys 16 at a time");
 };
 
 template <int CONFIG>
-using DqTraitsOf = DqTraits<kConfigs[CONFIG].head_dim, kConfigs[CONFIG].d_slices>;
+using DqTraitsOf = DqTraits<kConfigs[CONFIG].head_dim, kConfigs[CONFIG].d_slices, kConfigs[CONFIG].dq_block_q,
+                            kConfigs[CONFIG].dq_block_kv>;
 
 // ---- the work split ----------------------------------------------------------------------------
 FS_HD constexpr int64_t tiles(int64_t n, int block) { return (n + block - 1) / block; }
