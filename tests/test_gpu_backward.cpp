@@ -231,3 +231,33 @@ TEST_CASE("every step's backward matches the references on the backward shapes",
   static const std::vector<BackwardCase> cases = backward_cases();
   check_backward_steps(cases[size_t(GENERATE(range(size_t(0), cases.size())))]);
 }
+
+// A step plans for the GPU it is given: planned for a GPU whose blocks may opt in to 99 KiB of shared
+// memory (sm_86, sm_89), step 11 takes its smaller rows, which then run here (this GPU has more) and
+// must match the references like any other plan.
+TEST_CASE("the backward's plans for a GPU with 99 KiB of shared memory per block run and match", "[backward]") {
+  fs::DeviceInfo small = fs::current_device();
+  small.smem_per_block_optin = 99 * 1024;
+  for (const fs::Step& s : fs::steps()) {
+    if (!fs::test::step_selected(s.id) || !s.backward.present()) continue;
+    for (const int64_t d : {64, 128, 160, 256})
+      for (const bool deterministic : {false, true}) {
+        const fs::BackwardProblem p =
+            fs::make_backward_problem(1, 100, 77, 4, 2, d, fs::DType::bf16, true, deterministic);
+        INFO("step " << s.id << " planned for 99 KiB: " << fs::describe(p));
+        CHECK(s.backward.claims(p, small));
+        const fs::Plan plan = fs::plan_backward_for(s, p, small);
+        REQUIRE(plan.accepted());
+        for (const fs::KernelLaunch& k : plan.kernels) CHECK(k.smem_bytes <= small.smem_per_block_optin);
+        fs::BackwardWorkload w(p, 21);
+        fs::GpuBackwardReference gpu;
+        const fs::BackwardReferences ref = fs::make_backward_references(w, gpu);
+        const fs::PreparedBackward prepared(s, p, plan);
+        for (const fs::GradComparison& g : fs::backward_launch_and_compare(
+                 [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
+          INFO(g.summary());
+          CHECK(g.pass());
+        }
+      }
+  }
+}
