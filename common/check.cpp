@@ -30,26 +30,23 @@ std::vector<double> download_doubles(const DeviceBuffer& b) {
 
 }  // namespace
 
+BackwardReference gpu_backward_reference(const BackwardWorkload& w, GpuBackwardReference& gpu, bool rounded) {
+  const Problem& f = w.problem().forward;
+  const size_t q_bytes = size_t(f.batch * f.seqlen_q * f.heads_q * f.head_dim) * sizeof(float);
+  const size_t kv_bytes = size_t(f.batch * f.seqlen_k * f.heads_kv * f.head_dim) * sizeof(float);
+  DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes);
+  gpu.run(w.problem(), w.tensors(), rounded, dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  return {download_doubles(dq), download_doubles(dk), download_doubles(dv)};
+}
+
 BackwardReferences make_backward_references(const BackwardWorkload& w, GpuBackwardReference& gpu) {
   const BackwardProblem& p = w.problem();
   if (reference_cpu_backward_cost(p) <= kCpuReferenceMaxCost) {
     const BackwardHostInputs in = w.download_inputs();
     return {reference_cpu_backward(p, in, false), reference_cpu_backward(p, in, true)};
   }
-  const Problem& f = p.forward;
-  const size_t q_bytes = size_t(f.batch * f.seqlen_q * f.heads_q * f.head_dim) * sizeof(float);
-  const size_t kv_bytes = size_t(f.batch * f.seqlen_k * f.heads_kv * f.head_dim) * sizeof(float);
-  BackwardReferences refs;
-  for (bool rounded : {false, true}) {
-    DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes);
-    gpu.run(p, w.tensors(), rounded, dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr);
-    CHECK_CUDA(cudaDeviceSynchronize());
-    BackwardReference& r = rounded ? refs.lowp : refs.exact;
-    r.dq = download_doubles(dq);
-    r.dk = download_doubles(dk);
-    r.dv = download_doubles(dv);
-  }
-  return refs;
+  return {gpu_backward_reference(w, gpu, false), gpu_backward_reference(w, gpu, true)};
 }
 
 std::vector<GradComparison> backward_launch_and_compare(const std::function<void(cudaStream_t)>& launch,

@@ -36,6 +36,10 @@ struct BackwardReferences {
 };
 BackwardReferences make_backward_references(const BackwardWorkload& w, GpuBackwardReference& gpu);
 
+// The fp32 cuBLAS reference's gradients for the workload (rounded: the same computation done in the
+// dtype), downloaded as contiguous arrays: what make_backward_references uses on large problems.
+BackwardReference gpu_backward_reference(const BackwardWorkload& w, GpuBackwardReference& gpu, bool rounded);
+
 // Poisons dQ, dK, dV with NaN, enqueues `launch` on the default stream, waits, and compares each
 // gradient with the references: dQ, dK, dV in that order.
 std::vector<GradComparison> backward_launch_and_compare(const std::function<void(cudaStream_t)>& launch,

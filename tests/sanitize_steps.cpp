@@ -97,16 +97,13 @@ int main(int argc, char** argv) {
               fs::make_backward_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal, deterministic);
           fs::BackwardWorkload w(p, 13);
           const fs::BackwardHostInputs in = w.download_inputs();
-          const fs::BackwardReference exact = fs::reference_cpu_backward(p, in, false);
-          const fs::BackwardReference low = fs::reference_cpu_backward(p, in, true);
+          const fs::BackwardReferences ref{fs::reference_cpu_backward(p, in, false),
+                                           fs::reference_cpu_backward(p, in, true)};
           const fs::PreparedBackward prepared(s, p, dev);
-          w.poison();
-          prepared.launch(w.tensors(), nullptr);
-          CHECK_CUDA(cudaDeviceSynchronize());
-          for (const fs::GradComparison& g :
-               fs::compare_gradients(p, w.download_dq(), w.download_dk(), w.download_dv(), exact, low)) {
-            std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.forward) << ": "
-                      << g.summary() << "\n";
+          for (const fs::GradComparison& g : fs::backward_launch_and_compare(
+                   [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
+            std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.forward)
+                      << ": " << g.summary() << "\n";
             failures += g.pass() ? 0 : 1;
           }
         }

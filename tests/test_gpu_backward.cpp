@@ -15,41 +15,16 @@
 #include "common/check.h"
 #include "common/registry.h"
 #include "gpu_test_config.h"
+#include "max_error.h"
 
 namespace {
+
+using fs::test::max_abs;
+using fs::test::max_diff;
 
 // Gradients as contiguous arrays: dq (batch, seqlen_q, heads_q, head_dim), dk and dv (batch, seqlen_k,
 // heads_kv, head_dim).
 using Gradients = fs::BackwardReference;
-
-std::vector<double> download_doubles(const fs::DeviceBuffer& b) {
-  std::vector<float> host(b.bytes() / sizeof(float));
-  if (!host.empty()) CHECK_CUDA(cudaMemcpy(host.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
-  return std::vector<double>(host.begin(), host.end());
-}
-
-// The fp32 cuBLAS reference on the workload's tensors.
-Gradients gpu_gradients(const fs::BackwardWorkload& w, fs::GpuBackwardReference& gpu, bool rounded) {
-  const fs::Problem& f = w.problem().forward;
-  const size_t q_bytes = size_t(f.batch * f.seqlen_q * f.heads_q * f.head_dim) * sizeof(float);
-  const size_t kv_bytes = size_t(f.batch * f.seqlen_k * f.heads_kv * f.head_dim) * sizeof(float);
-  fs::DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes);
-  gpu.run(w.problem(), w.tensors(), rounded, dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr);
-  CHECK_CUDA(cudaDeviceSynchronize());
-  return Gradients{download_doubles(dq), download_doubles(dk), download_doubles(dv)};
-}
-
-double max_abs(const std::vector<double>& x) {
-  double m = 0;
-  for (double e : x) m = std::max(m, std::fabs(e));
-  return m;
-}
-
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t e = 0; e < a.size(); ++e) m = std::max(m, std::fabs(a[e] - b[e]));
-  return m;
-}
 
 }  // namespace
 
@@ -77,8 +52,8 @@ TEST_CASE("the cuBLAS backward reference matches the fp64 CPU reference", "[back
     const Gradients low = fs::reference_cpu_backward(p, in, true);
     fs::GpuBackwardReference gpu;
     if (s.scratch) gpu.set_max_scratch_bytes(s.scratch);
-    const Gradients got = gpu_gradients(w, gpu, false);
-    const Gradients got_low = gpu_gradients(w, gpu, true);
+    const Gradients got = fs::gpu_backward_reference(w, gpu, false);
+    const Gradients got_low = fs::gpu_backward_reference(w, gpu, true);
     for (auto [name, e, l, g, gl] : {std::tuple{"dQ", &exact.dq, &low.dq, &got.dq, &got_low.dq},
                                      std::tuple{"dK", &exact.dk, &low.dk, &got.dk, &got_low.dk},
                                      std::tuple{"dV", &exact.dv, &low.dv, &got.dv, &got_low.dv}}) {

@@ -7,9 +7,13 @@
 #include <vector>
 
 #include "catch.h"
+#include "max_error.h"
 #include "common/backward.h"
 
 namespace {
+
+using fs::test::max_abs;
+using fs::test::max_diff;
 
 // A tiny problem with contiguous fp64 tensors: q (B, Sq, H, D), k and v (B, Sk, Hkv, D), d_o like q.
 struct Tiny {
@@ -104,18 +108,6 @@ double max_fd_error(Tiny t, std::vector<double> Tiny::*tensor, const std::vector
     worst = std::max(worst, std::fabs((up - down) / (2 * step) - grad[e]));
   }
   return worst;
-}
-
-double max_abs(const std::vector<double>& x) {
-  double m = 0;
-  for (double e : x) m = std::max(m, std::fabs(e));
-  return m;
-}
-
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t e = 0; e < a.size(); ++e) m = std::max(m, std::fabs(a[e] - b[e]));
-  return m;
 }
 
 }  // namespace
