@@ -454,6 +454,23 @@ def plan_shapes(args, lib) -> tuple[list[dict], dict]:
     return shapes, ladder
 
 
+def check_backends(backends: list[str]) -> None:
+    """Raises ValueError naming the --backends values that are not SDPA backends."""
+    unknown = [b for b in backends if b not in TORCH_BACKENDS]
+    if unknown:
+        raise ValueError(f"--backends: unknown {', '.join(unknown)} (known: {', '.join(TORCH_BACKENDS)})")
+
+
+def result_head(mode: str | None, date, commit: str, env: dict, lib) -> dict:
+    """The fields every results file of compare_torch starts with (mode: None for the forward sweep)."""
+    head = {"tool": "compare_torch"}
+    if mode:
+        head["mode"] = mode
+    head.update({"schema": 1, "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit, "environment": env,
+                 "library": lib.path})
+    return head
+
+
 def run(args) -> int:
     try:
         lib = load_library(args.lib)
@@ -465,12 +482,8 @@ def run(args) -> int:
         wanted = [s.strip() for s in args.steps.split(",") if s.strip()]
         steps = [s for s in steps if any(s["id"].startswith(w) for w in wanted)]
     backends = [b for b in args.backends.split(",") if b]
-    unknown = [b for b in backends if b not in TORCH_BACKENDS]
-    if unknown:
-        print(f"compare_torch: --backends: unknown {', '.join(unknown)} (known: {', '.join(TORCH_BACKENDS)})",
-              file=sys.stderr)
-        return 2
     try:
+        check_backends(backends)
         shapes, ladder = plan_shapes(args, lib)
     except ValueError as e:
         print(f"compare_torch: {e}", file=sys.stderr)
@@ -486,12 +499,7 @@ def run(args) -> int:
     date = datetime.datetime.now(datetime.timezone.utc)
     commit = args.commit or git_commit()
     result = {
-        "tool": "compare_torch",
-        "schema": 1,
-        "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit,
-        "environment": env,
-        "library": lib.path,
+        **result_head(None, date, commit, env, lib),
         "timing": {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
                    "budget_ms": args.budget_ms, "max_launch_ms": args.max_launch_ms,
                    "ladder_max_launch_ms": args.ladder_max_launch_ms, "l2_flush": True,
@@ -924,9 +932,7 @@ def run_decode(args) -> int:
     steps = [s for s in steps_of(lib) if s["has_forward"] and any(s["id"].startswith(w) for w in wanted)]
     backends = [b for b in args.backends.split(",") if b]
     try:
-        unknown = [b for b in backends if b not in TORCH_BACKENDS]
-        if unknown:
-            raise ValueError(f"--backends: unknown {', '.join(unknown)} (known: {', '.join(TORCH_BACKENDS)})")
+        check_backends(backends)
         shapes = decode_shapes(args)
         hbm = hbm_ceiling(args.ceilings)
     except (ValueError, OSError, fs_results.CeilingsError) as e:
@@ -943,13 +949,7 @@ def run_decode(args) -> int:
     date = datetime.datetime.now(datetime.timezone.utc)
     commit = args.commit or git_commit()
     result = {
-        "tool": "compare_torch",
-        "mode": "decode",
-        "schema": 1,
-        "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit,
-        "environment": env,
-        "library": lib.path,
+        **result_head("decode", date, commit, env, lib),
         "timing": {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
                    "budget_ms": args.budget_ms, "l2_flush": True, "sleep_us": args.sleep_us,
                    "events": "one pair per launch"},
@@ -1216,9 +1216,7 @@ def run_backward(args) -> int:
                                                                                   for w in wanted))]
     backends = [b for b in args.backends.split(",") if b]
     try:
-        unknown = [b for b in backends if b not in TORCH_BACKENDS]
-        if unknown:
-            raise ValueError(f"--backends: unknown {', '.join(unknown)} (known: {', '.join(TORCH_BACKENDS)})")
+        check_backends(backends)
         shapes = backward_shapes(args, lib)
     except ValueError as e:
         print(f"compare_torch: {e}", file=sys.stderr)
@@ -1238,13 +1236,7 @@ def run_backward(args) -> int:
     date = datetime.datetime.now(datetime.timezone.utc)
     commit = args.commit or git_commit()
     result = {
-        "tool": "compare_torch",
-        "mode": "backward",
-        "schema": 1,
-        "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit,
-        "environment": env,
-        "library": lib.path,
+        **result_head("backward", date, commit, env, lib),
         "timing": {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
                    "budget_ms": args.budget_ms, "max_launch_ms": args.max_launch_ms, "l2_flush": True,
                    "sleep_us": args.sleep_us, "events": "one pair per launch",
