@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "common/check.h"
-#include "common/sweep.h"
-#include "common/timing.h"
+#include "common/forward/check.h"
+#include "common/harness/sweep.h"
+#include "common/harness/timing.h"
 #include "version.h"
 
 namespace {
@@ -83,7 +83,7 @@ std::string fixed1(double x) {
 void bench_step(benchmark::State& state, const fs::Step* step, fs::Problem p) {
   try {
     const fs::DeviceInfo dev = fs::current_device();
-    const fs::Plan plan = fs::plan_for(*step, p, dev);
+    const fs::Plan plan = fs::plan(*step, p, dev);
     if (!plan.accepted()) throw fs::Error("refused: " + plan.refusal);
     const double flops = fs::attention_flops(p);
     LastLaunch& last = last_launches()[step->id];
@@ -95,7 +95,7 @@ void bench_step(benchmark::State& state, const fs::Step* step, fs::Problem p) {
                       fixed1(g_max_launch_ms));
     fs::Workload w(p, 1);
     const fs::Tensors t = w.tensors();
-    const fs::PreparedStep prepared(*step, p, plan);
+    const fs::Prepared prepared(*step, p, plan);
     const auto launch = [&](cudaStream_t s) { prepared.launch(t, s); };
     launch(nullptr);  // warm-up: module load, first-touch of the buffers
     CHECK_CUDA(cudaDeviceSynchronize());
@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
 
   const char* filter = std::getenv("FLASH_STEPS_BENCH_FILTER");
   for (const fs::Step& s : fs::steps()) {
-    if (!s.has_forward() || (filter && s.id.rfind(filter, 0) != 0)) continue;  // the forward pass only
+    if (!s.forward.present() || (filter && s.id.rfind(filter, 0) != 0)) continue;  // the forward pass only
     for (const fs::Problem& p : mode.problems)
       benchmark::RegisterBenchmark(("step" + s.id + "/" + fs::describe(p)).c_str(), bench_step, &s, p)
           ->UseManualTime()

@@ -2,7 +2,12 @@
  * flash_steps.h — the C ABI of flash-steps (libflash_steps.so).
  *
  * Every step of the project can be listed, checked and launched through these functions, from C,
- * from Python (ctypes: see bench/compare_torch.py) or from any language with a C FFI.
+ * from Python (ctypes: python/flash_steps) or from any language with a C FFI. A step runs one or more
+ * passes — the forward pass, decoding, the backward pass — and each pass has the same three verbs:
+ *     check            FS_OK when the step can run the problem on the current CUDA device
+ *     workspace_size   the device scratch memory the launch needs (0: none; pass NULL)
+ *     run              checks, then enqueues the step on `stream` (a cudaStream_t; NULL: the default)
+ * The problems are the structs of common/forward/problem.h, decode/problem.h and backward/problem.h.
  *
  * Tensors follow FlashAttention's convention:
  *   Q : (batch, seqlen_q, heads_q,  head_dim)     O : (batch, seqlen_q, heads_q, head_dim)
@@ -24,10 +29,9 @@
  * LSE (optional, may be NULL) is fp32, contiguous (batch, heads_q, seqlen_q), natural log:
  *   LSE[b][h][i] = log(sum_j exp(scale * q_i . k_j)) over the keys j that row i may attend.
  *
- * Workspace: a step may need device scratch memory (partial results, a score matrix). Ask
- * fs_workspace_size for the bytes, allocate them (16-byte aligned, as cudaMalloc is), and pass them to
- * fs_run; a NULL or too small workspace is refused with a sentence. The size depends on the problem and
- * the device; 0 means none (pass NULL). The workspace is only used during the launch, on `stream`.
+ * Workspace: ask the pass's workspace_size for the bytes, allocate them (16-byte aligned, as cudaMalloc
+ * is), and pass them to its run; a NULL or too small workspace is refused with a sentence. The size
+ * depends on the problem and the device; 0 means none (pass NULL). It is only used during the launch.
  *
  * Semantics:
  *   - softmax_scale multiplies Q.K^T before the softmax; fs_problem_init sets it to 1/sqrt(head_dim).
@@ -44,8 +48,7 @@
  *   - causal is bottom-right aligned, as in FlashAttention >= 2.1: query i attends to key j iff
  *     j <= i + seqlen_k - seqlen_q. A query row with no key to attend gets O = 0 and LSE = -inf.
  *   - seqlen_k == 0: every row has no key, so O = 0 and LSE = -inf. seqlen_q == 0: nothing to do.
- *   - All work is enqueued on `stream` (a cudaStream_t, NULL for the default stream); fs_run does
- *     not synchronize.
+ *   - All work is enqueued on `stream`; run does not synchronize.
  *
  * Errors: every function that can fail returns an fs_status; fs_last_error() then returns a sentence
  * (thread-local, valid until the next call on this thread) that names the offending value and the
@@ -56,13 +59,15 @@
 
 #include <stdint.h>
 
+#include "backward/problem.h"
+#include "decode/problem.h"
+#include "forward/problem.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define FS_API __attribute__((visibility("default")))
-
-typedef enum fs_dtype { FS_FP16 = 0, FS_BF16 = 1 } fs_dtype;
 
 /* A refusal that needs no device (the harness's rules, a step's static limits such as head_dim) is
  * FS_ERR_INVALID with or without a GPU; FS_ERR_CUDA is only ever a CUDA failure. */
@@ -75,59 +80,39 @@ typedef enum fs_status {
   FS_ERR_INTERNAL = 5       /* a bug in the library: an unexpected exception, described by the message */
 } fs_status;
 
-/* Element strides of one (batch, seqlen, heads, head_dim) tensor. `dim`, the stride of head_dim,
- * must be 1 (the last dimension contiguous); it is there so that a caller can pass a framework
- * tensor's four strides as they are and get a clear refusal when the last one is not 1. */
-typedef struct fs_strides {
-  int64_t batch;
-  int64_t row;
-  int64_t head;
-  int64_t dim;
-} fs_strides;
+/* The passes a step may run. */
+typedef enum fs_pass { FS_FORWARD = 0, FS_DECODE = 1, FS_BACKWARD = 2 } fs_pass;
 
-typedef struct fs_problem {
-  int64_t batch;
-  int64_t seqlen_q;
-  int64_t seqlen_k;
-  int64_t heads_q;
-  int64_t heads_kv;
-  int64_t head_dim;
-  int32_t dtype;  /* fs_dtype */
-  int32_t causal; /* 0 or 1 */
-  float softmax_scale;
-  fs_strides q, k, v, o;
-} fs_problem;
+/* The message of the last failed call on this thread ("" if none). */
+FS_API const char* fs_last_error(void);
 
-/* Fills *p with the given shape, contiguous strides and softmax_scale = 1/sqrt(head_dim). */
-FS_API void fs_problem_init(fs_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
-                            int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
-                            int32_t causal);
-
-/* The registered steps, in order. Index out of range: NULL / -1 (0 steps if the registry failed). */
+/* ---- The registered steps, in order. Index out of range: NULL / -1 (0 steps if the registry failed). */
 FS_API int fs_step_count(void);
 FS_API const char* fs_step_id(int index);     /* e.g. "01_naive" */
 FS_API const char* fs_step_name(int index);   /* e.g. "naive" */
 FS_API const char* fs_step_lesson(int index); /* one line */
 FS_API const char* fs_step_dir(int index);    /* e.g. "04_bank_conflicts": its directory under steps/ */
 FS_API int fs_step_min_compute_capability(int index); /* e.g. 80 for sm_80 */
-/* 1 when the step at `index` runs forward problems (fs_run), 0 for a backward-only step (its fs_check
- * refuses every forward problem; see fs_step_has_backward), -1 out of range. */
-FS_API int fs_step_has_forward(int index);
+/* 1 when the step at `index` runs `pass` (fs_pass), 0 when not, -1 for an index or pass out of range.
+ * A step without a forward pass (11_backward) refuses every forward problem with a sentence. */
+FS_API int fs_step_runs(int index, int32_t pass);
 
-/* FS_OK when `step_id` can run `p` on the current CUDA device. */
+/* ---- The forward pass: O and LSE of softmax attention --------------------------------------- */
+
+/* Fills *p with the given shape, contiguous strides and softmax_scale = 1/sqrt(head_dim). */
+FS_API void fs_problem_init(fs_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
+                            int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
+                            int32_t causal);
 FS_API fs_status fs_check(const char* step_id, const fs_problem* p);
-
-/* The device workspace `step_id` needs for `p` on the current CUDA device, in *bytes (0: none). */
 FS_API fs_status fs_workspace_size(const char* step_id, const fs_problem* p, uint64_t* bytes);
-
-/* Checks, then enqueues the step on `stream`. `workspace` holds at least fs_workspace_size bytes
- * (NULL when that is 0). The backward pass has its own entry point, fs_run_backward, below. */
 FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q, const void* k,
                         const void* v, void* o, float* lse, void* workspace, uint64_t workspace_bytes,
                         void* stream);
 
-/* The message of the last failed call on this thread ("" if none). */
-FS_API const char* fs_last_error(void);
+/* FLOPs of the forward pass as FlashAttention counts them: 4·batch·heads_q·seqlen_q·seqlen_k·head_dim
+ * (two matrix products, a multiply-add counts 2), halved when causal; the softmax is not counted.
+ * 0 for a NULL problem. */
+FS_API double fs_problem_flops(const fs_problem* p);
 
 /* ---- Decoding: a few new tokens against a KV cache (steps/10_decoding) ------------------------
  *
@@ -145,8 +130,9 @@ FS_API const char* fs_last_error(void);
  *                                block_table[b][j / page_size] (strides: k.batch is the page stride)
  * page_size: any multiple of 16 from 16 on (every group of 16 keys that starts at a multiple of 16
  * then lies in one page); seqlen_k <= max_pages_per_seq·page_size.
- * seqlen_k is the capacity: the most keys a sequence may have (cache_seqlens[b] <= seqlen_k). It
- * bounds every read and sizes the split of the keys (num_splits = 0), so a tighter bound helps.
+ * seqlen_k (attention.seqlen_k) is the capacity: the most keys a sequence may have (cache_seqlens[b] <=
+ * seqlen_k). It bounds every read and sizes the split of the keys (num_splits = 0), so a tighter bound
+ * helps.
  *
  * The semantics are fs_run's for each sequence on its own, with seqlen_k = cache_seqlens[b]: causal
  * is bottom-right per sequence (token i of sequence b sees key j iff j <= i + cache_seqlens[b] -
@@ -162,25 +148,8 @@ FS_API const char* fs_last_error(void);
  * index and value in fs_last_error) instead of being read: nothing else is launched then.
  *
  * num_splits: 0 lets the step choose how many parts the keys of one sequence are cut into (a
- * documented heuristic on the GPU's SM count and the work); 1 to 128 forces that many. */
-typedef struct fs_decode_problem {
-  int64_t batch;
-  int64_t seqlen_q; /* new tokens per sequence */
-  int64_t seqlen_k; /* capacity: cache_seqlens[b] <= seqlen_k */
-  int64_t heads_q;
-  int64_t heads_kv;
-  int64_t head_dim;
-  int32_t dtype;  /* fs_dtype */
-  int32_t causal; /* 0 or 1 */
-  float softmax_scale;
-  int32_t num_splits; /* 0: the step's heuristic; 1 ... 128: that many */
-  int32_t checked;    /* 1: check cache_seqlens and block_table on the device first (synchronizes) */
-  int64_t page_size;  /* 0: contiguous cache; else keys per page, a multiple of 16 */
-  int64_t num_pages;          /* paged: pages in the cache (first dimension of K and V) */
-  int64_t max_pages_per_seq;  /* paged: columns of the block table */
-  int64_t block_table_stride; /* paged: elements from one row of the block table to the next */
-  fs_strides q, k, v, o;      /* k, v: the cache's strides (batch or page, row, head, dim) */
-} fs_decode_problem;
+ * documented heuristic on the GPU's SM count and the work); 1 to 128 forces that many.
+ * The workspace holds the partial outputs of the split keys, and 256 bytes for the checked mode. */
 
 /* Fills *p: contiguous Q and O, softmax_scale = 1/sqrt(head_dim), num_splits 0, checked 0; with
  * page_size 0 a contiguous (batch, seqlen_k, heads_kv, head_dim) cache, else a paged one with
@@ -189,19 +158,10 @@ typedef struct fs_decode_problem {
 FS_API void fs_decode_problem_init(fs_decode_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
                                    int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
                                    int32_t causal, int64_t page_size);
-
-/* 1 when the step at `index` runs decoding problems (fs_run_decode), 0 when not, -1 out of range. */
-FS_API int fs_step_decodes(int index);
-
-/* FS_OK when `step_id` can run the decoding problem `p` on the current CUDA device. */
 FS_API fs_status fs_decode_check(const char* step_id, const fs_decode_problem* p);
-
-/* The device workspace `step_id` needs for `p` on the current CUDA device, in *bytes (0: none):
- * the partial outputs of the split keys, and 256 bytes for the checked mode's report. */
 FS_API fs_status fs_decode_workspace_size(const char* step_id, const fs_decode_problem* p, uint64_t* bytes);
-
-/* Checks, then enqueues the decoding step on `stream`. block_table: NULL for a contiguous cache;
- * cache_seqlens: NULL when every sequence has seqlen_k keys; lse may be NULL. */
+/* block_table: NULL for a contiguous cache; cache_seqlens: NULL when every sequence has seqlen_k keys;
+ * lse may be NULL. */
 FS_API fs_status fs_run_decode(const char* step_id, const fs_decode_problem* p, const void* q, const void* k_cache,
                                const void* v_cache, const int32_t* block_table, const int32_t* cache_seqlens,
                                void* o, float* lse, void* workspace, uint64_t workspace_bytes, void* stream);
@@ -213,7 +173,7 @@ FS_API double fs_decode_kv_bytes(const fs_decode_problem* p, const int32_t* leng
 
 /* ---- The backward pass: dQ, dK, dV from the forward's O and LSE (steps/11_backward) ------------
  *
- * Given dO = dLoss/dO, the gradients of the forward problem above:
+ * Given dO = dLoss/dO, the gradients of the forward problem `attention`:
  *   dQ : like Q (batch, seqlen_q, heads_q,  head_dim)   dK, dV : like K, V (batch, seqlen_k, heads_kv, head_dim)
  * with GQA/MQA: dK and dV of a K/V head are summed over the query heads that read it. Inputs are the
  * forward's Q, K, V, its output O and its LSE (fp32, (batch, heads_q, seqlen_q), natural log, -inf for
@@ -226,29 +186,16 @@ FS_API double fs_decode_kv_bytes(const fs_decode_problem* p, const int32_t* leng
  * every run): no floating-point atomics, at a cost the step's note measures. With 0 the step may
  * accumulate dQ with atomics (the result then varies in its last bits from run to run).
  *
- * seqlen_k == 0: dQ = 0. seqlen_q == 0: dK = dV = 0. Both are written; nothing else is launched. */
-typedef struct fs_backward_problem {
-  fs_problem forward;    /* sizes, dtype, causal, softmax_scale and the strides of Q, K, V, O */
-  int32_t deterministic; /* 0 or 1 */
-  fs_strides d_o, dq, dk, dv;
-} fs_backward_problem;
+ * seqlen_k == 0: dQ = 0. seqlen_q == 0: dK = dV = 0. Both are written; nothing else is launched.
+ * The workspace holds the fp32 dQ accumulator, the rows' D = rowsum(dO∘O) and LSE in base 2. */
 
-/* Fills *p: forward as fs_problem_init, contiguous dO, dQ, dK, dV. */
+/* Fills *p: attention as fs_problem_init, contiguous dO, dQ, dK, dV. */
 FS_API void fs_backward_problem_init(fs_backward_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
                                      int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
                                      int32_t causal, int32_t deterministic);
-
-/* 1 when the step at `index` has a backward pass (fs_run_backward), 0 when not, -1 out of range. */
-FS_API int fs_step_has_backward(int index);
-
-/* FS_OK when `step_id` can run the backward problem `p` on the current CUDA device. */
 FS_API fs_status fs_backward_check(const char* step_id, const fs_backward_problem* p);
-
-/* The device workspace the backward of `step_id` needs for `p` on the current device, in *bytes (the
- * fp32 dQ accumulator, the rows' D = rowsum(dO∘O) and LSE in base 2). */
 FS_API fs_status fs_backward_workspace_size(const char* step_id, const fs_backward_problem* p, uint64_t* bytes);
-
-/* Checks, then enqueues the backward pass on `stream`. lse must not be NULL. */
+/* lse must not be NULL. */
 FS_API fs_status fs_run_backward(const char* step_id, const fs_backward_problem* p, const void* q, const void* k,
                                  const void* v, const void* o, const float* lse, const void* d_o, void* dq,
                                  void* dk, void* dv, void* workspace, uint64_t workspace_bytes, void* stream);
@@ -257,7 +204,15 @@ FS_API fs_status fs_run_backward(const char* step_id, const fs_backward_problem*
  * instead of two: S = Q·Kᵀ again, dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q). 0 for NULL. */
 FS_API double fs_backward_flops(const fs_backward_problem* p);
 
-/* The backward's acceptance rule (common/backward.h explains it), for one gradient tensor: with
+/* ---- The rules the benchmarks and the Python tools share, written once here ----------------- */
+
+/* The tolerance every forward or decoding output is checked with (common/forward/check.h has the
+ * reasoning), for `dtype` (fs_dtype) and the largest |V| of the inputs: an element of O passes when
+ * |out - ref| <= atol + rtol·|ref|, an element of LSE when |err| <= lse_tol·(1 + |ref|).
+ * FS_ERR_INVALID for an unknown dtype, a negative or non-finite max_abs_v, or a NULL output. */
+FS_API fs_status fs_tolerance(int32_t dtype, double max_abs_v, double* atol, double* rtol, double* lse_tol);
+
+/* The backward's acceptance rule (common/backward/check.h explains it), for one gradient tensor: with
  * ref_err the largest |x - exact| of the same computation done in the dtype (FlashAttention's test:
  * PyTorch's attention in fp16/bf16, or the CPU reference with P and dS rounded to the dtype) and
  * max_abs_exact the largest |exact| element over all three gradients dQ, dK, dV (the problem's scale:
@@ -266,19 +221,6 @@ FS_API double fs_backward_flops(const fs_backward_problem* p);
  *   *bound = 2·ref_err + u·max_abs_exact   (u: 2^-11 fp16, 2^-8 bf16).
  * FS_ERR_INVALID for an unknown dtype, negative or non-finite inputs, or a NULL output. */
 FS_API fs_status fs_backward_bound(int32_t dtype, double ref_err, double max_abs_exact, double* bound);
-
-/* ---- The rules the benchmarks and the Python tools share, written once here ----------------- */
-
-/* FLOPs of the forward pass as FlashAttention counts them: 4·batch·heads_q·seqlen_q·seqlen_k·head_dim
- * (two matrix products, a multiply-add counts 2), halved when causal; the softmax is not counted.
- * 0 for a NULL problem. */
-FS_API double fs_problem_flops(const fs_problem* p);
-
-/* The tolerance every step's output is checked with (the reasoning is in common/compare.h), for
- * `dtype` (fs_dtype) and the largest |V| of the inputs: an element of O passes when
- * |out - ref| <= atol + rtol·|ref|, an element of LSE when |err| <= lse_tol·(1 + |ref|).
- * FS_ERR_INVALID for an unknown dtype, a negative or non-finite max_abs_v, or a NULL output. */
-FS_API fs_status fs_tolerance(int32_t dtype, double max_abs_v, double* atol, double* rtol, double* lse_tol);
 
 /* The ladder's speed-ups of n timed rows: ids[i] a step id (or a baseline's name), ms[i] its time
  * (<= 0: not timed). Writes, for each row,

@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "catch_main.h"
-#include "common/device.h"
+#include "common/harness/gpu.h"
 #include "gpu_test_config.h"
 
 int main(int argc, char** argv) {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/bank_model.h"
+#include "common/model/bank_model.h"
 
 namespace fs::ptx_isa {
 

@@ -10,9 +10,10 @@
 #include <iostream>
 #include <string>
 
-#include "common/backward.h"
-#include "common/check.h"
-#include "common/decode_workload.h"
+#include "common/backward/check.h"
+#include "common/decode/check.h"
+#include "common/forward/check.h"
+#include "common/harness/tensors.h"
 #include "gpu_test_config.h"
 
 int main(int argc, char** argv) {
@@ -38,11 +39,11 @@ int main(int argc, char** argv) {
     const fs::DeviceInfo dev = fs::current_device();
     for (const fs::Step& s : fs::steps())
       for (const Shape& sh : shapes) {
-        if (!s.has_forward() || !fs::test::step_selected(s.id)) break;  // a backward-only step has no forward
+        if (!s.forward.present() || !fs::test::step_selected(s.id)) break;  // a backward-only step has no forward
         const fs::Problem p = fs::make_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal);
-        const fs::Plan plan = fs::plan_for(s, p, dev);
+        const fs::Plan plan = fs::plan(s, p, dev);
         if (!plan.accepted()) {
-          const bool claimed = s.claims(p, dev);
+          const bool claimed = s.forward.claims(p, dev);
           std::cout << s.id << " " << fs::describe(p) << ": refused (" << plan.refusal << ")"
                     << (claimed ? " although the step claims this problem: FAILED" : "") << "\n";
           failures += claimed ? 1 : 0;
@@ -72,9 +73,9 @@ int main(int argc, char** argv) {
                                                       sh.causal, sh.page);
         p.num_splits = sh.splits;
         fs::DecodeWorkload w(p, sh.lengths, 12);
-        const fs::Reference ref = fs::reference_cpu_decode(p, w.download_inputs());
-        const fs::PreparedDecode prepared(s, p, dev);
-        const fs::Comparison c = fs::decode_launch_and_compare(
+        const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
+        const fs::Prepared prepared(s, p, dev);
+        const fs::Comparison c = fs::launch_and_compare(
             [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref);
         std::cout << s.id << " " << fs::describe(p) << ": " << c.summary() << "\n";
         failures += c.pass() ? 0 : 1;
@@ -97,12 +98,12 @@ int main(int argc, char** argv) {
               fs::make_backward_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal, deterministic);
           fs::BackwardWorkload w(p, 13);
           const fs::BackwardHostInputs in = w.download_inputs();
-          const fs::BackwardReferences ref{fs::reference_cpu_backward(p, in, false),
-                                           fs::reference_cpu_backward(p, in, true)};
-          const fs::PreparedBackward prepared(s, p, dev);
-          for (const fs::GradComparison& g : fs::backward_launch_and_compare(
+          const fs::BackwardReferences ref{fs::reference_cpu(p, in, false),
+                                           fs::reference_cpu(p, in, true)};
+          const fs::Prepared prepared(s, p, dev);
+          for (const fs::GradComparison& g : fs::launch_and_compare(
                    [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
-            std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.forward)
+            std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.attention)
                       << ": " << g.summary() << "\n";
             failures += g.pass() ? 0 : 1;
           }

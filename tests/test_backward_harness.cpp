@@ -7,11 +7,13 @@
 #include <string>
 
 #include "catch.h"
-#include "common/backward.h"
-#include "common/compare.h"
-#include "common/device.h"
+#include "common/backward/check.h"
+#include "common/backward/rules.h"
+#include "common/decode/rules.h"
 #include "common/flash_steps.h"
-#include "common/registry.h"
+#include "common/forward/check.h"
+#include "common/forward/rules.h"
+#include "common/harness/gpu.h"
 
 namespace {
 
@@ -41,8 +43,8 @@ struct FakeBackward {
     s.name = "fake backward";
     s.lesson = "a backward pass that launches nothing";
     s.backward.limits = [](const fs::BackwardProblem& p) {
-      return p.forward.head_dim == 64 ? std::string()
-                                      : "head_dim is " + std::to_string(p.forward.head_dim) + "; this step runs 64";
+      return p.attention.head_dim == 64 ? std::string()
+                                      : "head_dim is " + std::to_string(p.attention.head_dim) + "; this step runs 64";
     };
     s.backward.plan = [](const fs::BackwardProblem&, const fs::DeviceInfo&) {
       fs::Plan plan;
@@ -54,7 +56,7 @@ struct FakeBackward {
       CHECK(ws != nullptr);
       ++launches;
     };
-    s.backward.claims = [](const fs::BackwardProblem& p, const fs::DeviceInfo&) { return p.forward.head_dim == 64; };
+    s.backward.claims = [](const fs::BackwardProblem& p, const fs::DeviceInfo&) { return p.attention.head_dim == 64; };
     return s;
   }
 };
@@ -89,7 +91,7 @@ fs::BackwardTensors good_tensors() {
 TEST_CASE("backward: a problem and its forward share sizes, and the gradients take the inputs' strides", "[backward]") {
   const fs::BackwardProblem p = small_problem();
   const fs::Problem f = fs::make_problem(2, 64, 48, 4, 2, 64, fs::DType::fp16, true);
-  CHECK(fs::describe(p.forward) == fs::describe(f));
+  CHECK(fs::describe(p.attention) == fs::describe(f));
   CHECK(p.deterministic == 0);
   CHECK(p.d_o.row == f.o.row);
   CHECK(p.dq.batch == f.q.batch);
@@ -101,8 +103,8 @@ TEST_CASE("backward: a problem and its forward share sizes, and the gradients ta
   const fs::BackwardProblem b = fs::backward_of(strided, true);
   CHECK(b.deterministic == 1);
   CHECK(b.dq.row == 2 * f.q.row);
-  CHECK(fs::validate_backward(p).empty());
-  CHECK(fs::validate_backward(b).empty());
+  CHECK(fs::validate(p).empty());
+  CHECK(fs::validate(b).empty());
   CHECK(fs::describe(b) == "backward b2 h4/2 sq64 sk48 d64 fp16 causal deterministic");
 }
 
@@ -110,46 +112,46 @@ TEST_CASE("backward: validate_backward names the value and the limit", "[backwar
   const fs::BackwardProblem good = small_problem();
   fs::BackwardProblem p = good;
   // The forward problem's rules first, with their own sentences.
-  p.forward.batch = 0;
+  p.attention.batch = 0;
   p.deterministic = 7;
-  CHECK(fs::validate_backward(p) == "batch is 0; it must be at least 1");
+  CHECK(fs::validate(p) == "batch is 0; it must be at least 1");
   p = good;
-  p.forward.o.dim = 2;
-  CHECK(fs::validate_backward(p) == "O's head_dim stride is 2; the last dimension must be contiguous (stride 1)");
+  p.attention.o.dim = 2;
+  CHECK(fs::validate(p) == "O's head_dim stride is 2; the last dimension must be contiguous (stride 1)");
 
   for (int32_t bad : {-1, 2, INT32_MAX}) {
     p = good;
     p.deterministic = bad;
-    CHECK(fs::validate_backward(p) == "deterministic is " + std::to_string(bad) + "; it must be 0 or 1");
+    CHECK(fs::validate(p) == "deterministic is " + std::to_string(bad) + "; it must be 0 or 1");
   }
 
   // dO, dQ, dK, dV as views: validate_view's sentences, with the gradient's name.
   p = good;
   p.d_o.dim = 2;
-  CHECK(fs::validate_backward(p) == "dO's head_dim stride is 2; the last dimension must be contiguous (stride 1)");
+  CHECK(fs::validate(p) == "dO's head_dim stride is 2; the last dimension must be contiguous (stride 1)");
   p = good;
   p.dq.row = 12;
-  CHECK(fs::validate_backward(p) ==
+  CHECK(fs::validate(p) ==
         "dQ's row stride is 12 elements; it must be a multiple of 8 so that every row starts 16-byte aligned");
   p = good;
   p.dk.row = 8;
-  CHECK(fs::validate_backward(p) ==
+  CHECK(fs::validate(p) ==
         "dK's row stride 8 is smaller than head_dim 64; rows would overlap (the last dimension must be contiguous)");
   p = good;
   p.dv.batch = -8;
-  CHECK(fs::validate_backward(p) == "dV's batch stride is -8; strides must be >= 0");
+  CHECK(fs::validate(p) == "dV's batch stride is -8; strides must be >= 0");
   p = good;
   p.dv.head = 32;
-  CHECK(fs::validate_backward(p) ==
+  CHECK(fs::validate(p) ==
         "dV's head stride 32 is smaller than head_dim 64; heads would overlap (the last dimension must be contiguous)");
   p = good;
   p.dq.batch = int64_t(1) << 58;
-  CHECK(fs::validate_backward(p) == "dQ's strides (batch 288230376151711744, row 256, head 64) over batch 2, "
+  CHECK(fs::validate(p) == "dQ's strides (batch 288230376151711744, row 256, head 64) over batch 2, "
                                     "seqlen_q 64, heads_q 4 span 288230376151728128 elements; a tensor may span at "
                                     "most 2^58 (288230376151711744)");
   p = good;
   p.dk.row = INT64_MAX - 7;
-  CHECK(fs::validate_backward(p) == "dK's strides (batch 6144, row 9223372036854775800, head 64) over batch 2, "
+  CHECK(fs::validate(p) == "dK's strides (batch 6144, row 9223372036854775800, head 64) over batch 2, "
                                     "seqlen_k 48, heads_kv 2 span more than 2^63 elements; a tensor may span at most "
                                     "2^58 (288230376151711744)");
 }
@@ -158,41 +160,42 @@ TEST_CASE("backward: no gradient may overlap itself; dO may", "[backward]") {
   const fs::BackwardProblem good = small_problem();
   fs::BackwardProblem p = good;
   p.dq.batch = 0;
-  CHECK(fs::validate_backward(p) == "dQ's batch stride is 0 with batch 2: two elements of dQ would share one address "
+  CHECK(fs::validate(p) == "dQ's batch stride is 0 with batch 2: two elements of dQ would share one address "
                                     "(dQ must not overlap itself; Q, K, V, O and dO may)");
   // dK's heads and rows interleaved: head stride 64 and row stride 64 put row 1 of head 0 on head 1's row 0.
   p = good;
   p.dk.row = 64;
-  CHECK(fs::validate_backward(p) == "dK's row stride is 64 with seqlen_k 48, less than the 128 elements spanned by its "
+  CHECK(fs::validate(p) == "dK's row stride is 64 with seqlen_k 48, less than the 128 elements spanned by its "
                                     "head_dim and head dimensions: two elements of dK would share one address (dK must "
                                     "not overlap itself; Q, K, V, O and dO may)");
   p = good;
   p.dv.batch = p.dv.row;
-  CHECK(fs::validate_backward(p).rfind("dV's batch stride is 128 with batch 2, less than the 6144 elements", 0) == 0);
+  CHECK(fs::validate(p).rfind("dV's batch stride is 128 with batch 2, less than the 6144 elements", 0) == 0);
   // The same rule the forward applies to O: one function, two callers.
-  fs::Problem f = good.forward;
+  fs::Problem f = good.attention;
   f.o.batch = 0;
-  CHECK(fs::validate(f) == fs::validate_no_overlap("O", "Q, K and V", f.o, f.batch, "seqlen_q", f.seqlen_q, "heads_q",
-                                                   f.heads_q, f.head_dim));
+  CHECK(fs::validate(f) ==
+        fs::validate_no_overlap({"O", "Q and O", f.o, f.batch, f.seqlen_q, f.heads_q, f.head_dim, "seqlen_q", "heads_q"},
+                                "Q, K and V"));
   // dO is read, like Q: a broadcast dO (batch stride 0) is fine, and so is a view with one batch.
   p = good;
   p.d_o.batch = 0;
-  CHECK(fs::validate_backward(p).empty());
+  CHECK(fs::validate(p).empty());
   p = good;
-  p.forward.batch = 1;
+  p.attention.batch = 1;
   p.dq.batch = 0;
-  CHECK(fs::validate_backward(p).empty());
+  CHECK(fs::validate(p).empty());
   // Empty gradients overlap nothing.
   p = good;
-  p.forward.seqlen_k = 0;
-  p.forward.k = p.forward.v = fs::contiguous_strides(0, 2, 64);
+  p.attention.seqlen_k = 0;
+  p.attention.k = p.attention.v = fs::contiguous_strides(0, 2, 64);
   p.dk = p.dv = fs::Strides{0, 0, 64, 1};
-  CHECK(fs::validate_backward(p).empty());
+  CHECK(fs::validate(p).empty());
 }
 
 TEST_CASE("backward: pointers must be there when used, and aligned", "[backward]") {
   const fs::BackwardProblem p = small_problem();
-  CHECK(fs::validate_backward_tensors(p, good_tensors()).empty());
+  CHECK(fs::validate_tensors(p, good_tensors()).empty());
   struct Case {
     const char* name;
     void (*clear)(fs::BackwardTensors&);
@@ -209,38 +212,38 @@ TEST_CASE("backward: pointers must be there when used, and aligned", "[backward]
   for (const Case& c : cases) {
     fs::BackwardTensors t = good_tensors();
     c.clear(t);
-    CHECK(fs::validate_backward_tensors(p, t) == std::string(c.name) + " is a null pointer");
+    CHECK(fs::validate_tensors(p, t) == std::string(c.name) + " is a null pointer");
   }
   fs::BackwardTensors t = good_tensors();
   t.dk = mem + 8;
-  CHECK(fs::validate_backward_tensors(p, t).find("dK pointer") == 0);
-  CHECK(fs::validate_backward_tensors(p, t).find("is not 16-byte aligned (address mod 16 = 8)") != std::string::npos);
+  CHECK(fs::validate_tensors(p, t).find("dK pointer") == 0);
+  CHECK(fs::validate_tensors(p, t).find("is not 16-byte aligned (address mod 16 = 8)") != std::string::npos);
   t = good_tensors();
   t.lse = reinterpret_cast<const float*>(mem + 2);
-  CHECK(fs::validate_backward_tensors(p, t).find("is not 4-byte aligned (address mod 4 = 2)") != std::string::npos);
+  CHECK(fs::validate_tensors(p, t).find("is not 4-byte aligned (address mod 4 = 2)") != std::string::npos);
   t.lse = reinterpret_cast<const float*>(mem + 4);  // 4-byte aligned is enough for LSE
-  CHECK(fs::validate_backward_tensors(p, t).empty());
+  CHECK(fs::validate_tensors(p, t).empty());
 
   // seqlen_k == 0: only dQ is written (zeros); seqlen_q == 0: only dK and dV.
   fs::BackwardProblem no_keys = p;
-  no_keys.forward.seqlen_k = 0;
+  no_keys.attention.seqlen_k = 0;
   fs::BackwardTensors only_dq{};
   only_dq.dq = mem;
-  CHECK(fs::validate_backward_tensors(no_keys, only_dq).empty());
-  CHECK(fs::validate_backward_tensors(no_keys, fs::BackwardTensors{}) == "dQ is a null pointer");
+  CHECK(fs::validate_tensors(no_keys, only_dq).empty());
+  CHECK(fs::validate_tensors(no_keys, fs::BackwardTensors{}) == "dQ is a null pointer");
   fs::BackwardProblem no_queries = p;
-  no_queries.forward.seqlen_q = 0;
+  no_queries.attention.seqlen_q = 0;
   fs::BackwardTensors only_dkv{};
   only_dkv.dk = only_dkv.dv = mem;
-  CHECK(fs::validate_backward_tensors(no_queries, only_dkv).empty());
+  CHECK(fs::validate_tensors(no_queries, only_dkv).empty());
   only_dkv.dv = nullptr;
-  CHECK(fs::validate_backward_tensors(no_queries, only_dkv) == "dV is a null pointer");
+  CHECK(fs::validate_tensors(no_queries, only_dkv) == "dV is a null pointer");
 }
 
 TEST_CASE("backward: FLOPs are 2.5 times the forward's, and the bound is 2 ref_err + u max|exact|", "[backward]") {
   for (bool causal : {false, true}) {
     const fs::BackwardProblem p = fs::make_backward_problem(2, 1000, 777, 8, 2, 128, fs::DType::bf16, causal, true);
-    CHECK(fs::backward_flops(p) == 2.5 * fs::attention_flops(p.forward));
+    CHECK(fs::backward_flops(p) == 2.5 * fs::attention_flops(p.attention));
     CHECK(fs_backward_flops(&p) == fs::backward_flops(p));
   }
   CHECK(fs::backward_flops(small_problem()) == 2.5 * 4 * 2 * 4 * 64 * 48 * 64 / 2);
@@ -277,7 +280,7 @@ TEST_CASE("registry: a step has a forward pass, a backward pass or both, each wh
   FakeBackward fake;
   fs::Registry r;
   r.add(fake.step());  // backward only
-  CHECK_FALSE(r.steps().back().has_forward());
+  CHECK_FALSE(r.steps().back().forward.present());
   CHECK(r.steps().back().backward.present());
 
   fs::Step partial = fake.step();
@@ -287,7 +290,7 @@ TEST_CASE("registry: a step has a forward pass, a backward pass or both, each wh
         "step 96_partial's backward entry must have all of limits(), plan(), launch() and claims()");
   fs::Step half_forward = fake.step();
   half_forward.id = "97_half_forward";
-  half_forward.limits = [](const fs::Problem&) { return std::string(); };
+  half_forward.forward.limits = [](const fs::Problem&) { return std::string(); };
   CHECK(error_of([&] { r.add(half_forward); }) ==
         "step 97_half_forward's forward pass must have all of limits(), plan(), launch() and claims()");
   fs::Step nothing;
@@ -300,17 +303,17 @@ TEST_CASE("registry: a step has a forward pass, a backward pass or both, each wh
   // Every registered step runs one pass at least; the forward steps are whole (Registry::add).
   for (const fs::Step& s : fs::steps()) {
     CAPTURE(s.id);
-    CHECK((s.has_forward() || s.backward.present()));
+    CHECK((s.forward.present() || s.backward.present()));
   }
 }
 
 TEST_CASE("registry: the forward chain refuses a backward-only step with a sentence", "[backward][registry]") {
   FakeBackward fake;
   const fs::Step s = fake.step();
-  const fs::Problem p = small_problem().forward;
+  const fs::Problem p = small_problem().attention;
   const std::string why = "step 95_fake_backward has no forward pass (it is a backward step: fs_run_backward)";
-  CHECK(fs::check_static(s, p) == why);
-  CHECK(fs::plan_for(s, p, fake_device(90)).refusal == why);
+  CHECK(fs::static_refusal(s, p) == why);
+  CHECK(fs::plan(s, p, fake_device(90)).refusal == why);
   // Even a plan made elsewhere is refused before anything is called.
   alignas(16) static unsigned char o[64];
   CHECK(error_of([&] { fs::run(s, p, fs::Plan{}, fs::Tensors{o, o, o, o, nullptr}, nullptr, 0, nullptr); }) ==
@@ -322,44 +325,44 @@ TEST_CASE("registry: the backward chain is validate_backward, limits, compute ca
   FakeBackward fake;
   fs::Step s = fake.step();
   const fs::BackwardProblem p = small_problem();
-  CHECK(fs::check_backward_static(s, p).empty());
-  const fs::Plan plan = fs::plan_backward_for(s, p, fake_device(90));
+  CHECK(fs::static_refusal(s, p).empty());
+  const fs::Plan plan = fs::plan(s, p, fake_device(90));
   REQUIRE(plan.accepted());
   CHECK(plan.workspace_bytes == 4096);
 
   fs::BackwardProblem bad = p;
   bad.deterministic = 2;
-  CHECK(fs::plan_backward_for(s, bad, fake_device(90)).refusal == "deterministic is 2; it must be 0 or 1");
+  CHECK(fs::plan(s, bad, fake_device(90)).refusal == "deterministic is 2; it must be 0 or 1");
   bad = fs::make_backward_problem(2, 64, 48, 4, 2, 128, fs::DType::fp16, true, false);
-  CHECK(fs::check_backward_static(s, bad) == "head_dim is 128; this step runs 64");
-  CHECK(fs::plan_backward_for(s, p, fake_device(75)).refusal ==
+  CHECK(fs::static_refusal(s, bad) == "head_dim is 128; this step runs 64");
+  CHECK(fs::plan(s, p, fake_device(75)).refusal ==
         "step 95_fake_backward needs compute capability 8.0 or newer; this GPU is 7.5");
   s.arch_specific = 90;
-  CHECK(fs::plan_backward_for(s, p, fake_device(100)).refusal ==
+  CHECK(fs::plan(s, p, fake_device(100)).refusal ==
         "step 95_fake_backward is built for sm_90a only (architecture-specific instructions), which runs on compute "
         "capability 9.0 alone; this GPU is 10.0");
-  CHECK(fs::plan_backward_for(s, p, fake_device(90)).accepted());
+  CHECK(fs::plan(s, p, fake_device(90)).accepted());
 }
 
 TEST_CASE("registry: a step without a backward pass is refused by the backward chain", "[backward][registry]") {
   const fs::Step* naive = fs::find_step("01_naive");
   REQUIRE(naive != nullptr);
   const fs::BackwardProblem p = small_problem();
-  const std::string why = fs::check_backward_static(*naive, p);
+  const std::string why = fs::static_refusal(*naive, p);
   const fs::Step* with = first_backward_step();
   CHECK(why.rfind("step 01_naive has no backward pass; ", 0) == 0);
   if (with)
     CHECK(why.find("the steps with one are: " + with->id) != std::string::npos);
   else
     CHECK(why == "step 01_naive has no backward pass; no registered step has one");
-  CHECK(fs::plan_backward_for(*naive, p, fake_device(90)).refusal == why);
+  CHECK(fs::plan(*naive, p, fake_device(90)).refusal == why);
   // Before the problem's own rules: a step without a backward pass refuses any problem the same way.
   fs::BackwardProblem bad = p;
   bad.deterministic = 5;
-  CHECK(fs::check_backward_static(*naive, bad) == why);
-  CHECK(error_of([&] { fs::run_backward(*naive, p, fs::Plan{}, good_tensors(), nullptr, 0, nullptr); }) ==
+  CHECK(fs::static_refusal(*naive, bad) == why);
+  CHECK(error_of([&] { fs::run(*naive, p, fs::Plan{}, good_tensors(), nullptr, 0, nullptr); }) ==
         "step 01_naive refused " + fs::describe(p) + ": " + why);
-  CHECK(error_of([&] { const fs::PreparedBackward prepared(*naive, p, fake_device(90)); }) ==
+  CHECK(error_of([&] { const fs::Prepared prepared(*naive, p, fake_device(90)); }) ==
         "step 01_naive refused " + fs::describe(p) + ": " + why);
 }
 
@@ -367,28 +370,28 @@ TEST_CASE("registry: run_backward checks pointers and the workspace before it la
   FakeBackward fake;
   const fs::Step s = fake.step();
   const fs::BackwardProblem p = small_problem();
-  const fs::Plan plan = fs::plan_backward_for(s, p, fake_device(90));
+  const fs::Plan plan = fs::plan(s, p, fake_device(90));
   REQUIRE(plan.accepted());
   const std::string refused = "step 95_fake_backward refused " + fs::describe(p) + ": ";
   alignas(16) static unsigned char ws[4096 + 16];
 
   fs::BackwardTensors no_lse = good_tensors();
   no_lse.lse = nullptr;
-  CHECK(error_of([&] { fs::run_backward(s, p, plan, no_lse, ws, 4096, nullptr); }) == refused + "LSE is a null pointer");
-  CHECK(error_of([&] { fs::run_backward(s, p, plan, good_tensors(), nullptr, 0, nullptr); }) ==
+  CHECK(error_of([&] { fs::run(s, p, plan, no_lse, ws, 4096, nullptr); }) == refused + "LSE is a null pointer");
+  CHECK(error_of([&] { fs::run(s, p, plan, good_tensors(), nullptr, 0, nullptr); }) ==
         refused + "the workspace is a null pointer; this problem needs 4096 bytes of workspace (see "
                   "fs_backward_workspace_size)");
-  CHECK(error_of([&] { fs::run_backward(s, p, plan, good_tensors(), ws, 4095, nullptr); }) ==
+  CHECK(error_of([&] { fs::run(s, p, plan, good_tensors(), ws, 4095, nullptr); }) ==
         refused + "the workspace is 4095 bytes; this problem needs 4096 (see fs_backward_workspace_size)");
-  CHECK(error_of([&] { fs::run_backward(s, p, plan, good_tensors(), ws + 8, 4096, nullptr); })
+  CHECK(error_of([&] { fs::run(s, p, plan, good_tensors(), ws + 8, 4096, nullptr); })
             .find("the workspace pointer") != std::string::npos);
   fs::Plan refusal = plan;
   refusal.refusal = "the step says no";
-  CHECK(error_of([&] { fs::run_backward(s, p, refusal, good_tensors(), ws, 4096, nullptr); }) ==
+  CHECK(error_of([&] { fs::run(s, p, refusal, good_tensors(), ws, 4096, nullptr); }) ==
         refused + "the step says no");
   CHECK(fake.launches == 0);
   // Everything in order: the step's launch is called, with the workspace.
-  CHECK(error_of([&] { fs::run_backward(s, p, plan, good_tensors(), ws, 4096, nullptr); }).empty());
+  CHECK(error_of([&] { fs::run(s, p, plan, good_tensors(), ws, 4096, nullptr); }).empty());
   CHECK(fake.launches == 1);
 }
 
@@ -398,18 +401,19 @@ TEST_CASE("C ABI: the backward entry points refuse bad arguments before touching
   for (int i = 0; i < n; ++i) {
     const fs::Step* s = fs::find_step(fs_step_id(i));
     REQUIRE(s != nullptr);
-    CHECK(fs_step_has_backward(i) == int(s->backward.present()));
-    CHECK(fs_step_has_forward(i) == int(s->has_forward()));
-    with_backward += fs_step_has_backward(i);
+    CHECK(fs_step_runs(i, FS_BACKWARD) == int(s->backward.present()));
+    CHECK(fs_step_runs(i, FS_FORWARD) == int(s->forward.present()));
+    with_backward += fs_step_runs(i, FS_BACKWARD);
   }
-  CHECK(fs_step_has_backward(-1) == -1);
-  CHECK(fs_step_has_backward(n) == -1);
-  CHECK(fs_step_has_forward(n) == -1);
-  CHECK(fs_step_has_forward(0) == 1);  // 01_naive
+  CHECK(fs_step_runs(-1, FS_BACKWARD) == -1);
+  CHECK(fs_step_runs(0, 3) == -1);  // no such pass
+  CHECK(fs_step_runs(n, FS_BACKWARD) == -1);
+  CHECK(fs_step_runs(n, FS_FORWARD) == -1);
+  CHECK(fs_step_runs(0, FS_FORWARD) == 1);  // 01_naive
 
   fs_backward_problem p;
   fs_backward_problem_init(&p, 2, 64, 48, 4, 2, 64, FS_FP16, 1, 0);
-  CHECK(p.forward.softmax_scale == 0.125f);
+  CHECK(p.attention.softmax_scale == 0.125f);
   CHECK(p.dq.row == 4 * 64);
   CHECK(p.dk.row == 2 * 64);
   CHECK(p.deterministic == 0);
@@ -459,8 +463,8 @@ TEST_CASE("C ABI: the backward entry points refuse bad arguments before touching
                         nullptr, 0, nullptr) == FS_ERR_INVALID);
   CHECK(std::string(fs_last_error()).find("dQ pointer") == 0);
   // A backward-only step refuses the forward entry points, with its sentence.
-  if (!with->has_forward()) {
-    fs_problem f = p.forward;
+  if (!with->forward.present()) {
+    fs_problem f = p.attention;
     CHECK(fs_check(id, &f) == FS_ERR_INVALID);
     CHECK(std::string(fs_last_error()) ==
           "step " + with->id + " has no forward pass (it is a backward step: fs_run_backward)");

@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/bank_model.h"
-#include "common/bank_report.h"
-#include "common/registry.h"
+#include "common/backward/rules.h"
+#include "common/decode/rules.h"
+#include "common/forward/rules.h"
+#include "common/model/bank_model.h"
+#include "common/model/bank_report.h"
 #include "steps/03_smem_tiling/traits.h"
 #include "steps/04_bank_conflicts/traits.h"
 #include "steps/05_cp_async/traits.h"

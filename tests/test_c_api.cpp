@@ -6,9 +6,9 @@
 #include <string>
 
 #include "catch.h"
-#include "common/c_api_status.h"
-#include "common/device.h"
 #include "common/flash_steps.h"
+#include "common/harness/gpu.h"
+#include "common/harness/status.h"
 
 TEST_CASE("C ABI lists every registered step", "[c_api]") {
   const int n = fs_step_count();

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "catch.h"
 #include "bench/ceilings/report.h"
 #include "bench/ceilings/wgmma_desc.h"
-#include "catch.h"
 
 namespace fc = fs::ceilings;
 

@@ -4,7 +4,9 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/cli.h"
+#include "common/backward/rules.h"
+#include "common/decode/rules.h"
+#include "runner/cli.h"
 
 namespace {
 fs::ParsedArgs parse(std::vector<std::string> args) { return fs::parse_runner_args(args); }
@@ -139,7 +141,7 @@ TEST_CASE("cli: decoding flags make a decoding problem", "[cli][decode]") {
   CHECK(o.seqlen_q == 1);  // decoding: one new token unless told
   const fs::DecodeProblem p = fs::decode_problem_from(o);
   CHECK(fs::describe(p) == "b2 h32/8 sq1 sk32768 d128 fp16 paged64 splits4 checked");
-  CHECK(fs::validate_decode(p).empty());
+  CHECK(fs::validate(p).empty());
   CHECK(std::fabs(o.hbm_tbs - 4.64) < 1e-6);  // parsed as a float
   const std::vector<int32_t> lengths = fs::decode_lengths_from(o);
   REQUIRE(lengths.size() == 2);
@@ -177,8 +179,8 @@ TEST_CASE("cli: --backward runs the backward pass of the problem the flags descr
   CHECK_FALSE(a.options.deterministic);
   const fs::BackwardProblem p = fs::backward_problem_from(a.options);
   CHECK(fs::describe(p) == "backward b2 h8/2 sq512 sk512 d128 fp16 causal");
-  CHECK(fs::validate_backward(p).empty());
-  CHECK(p.dq.row == p.forward.q.row);
+  CHECK(fs::validate(p).empty());
+  CHECK(p.dq.row == p.attention.q.row);
   // --deterministic asks for the backward pass too.
   const fs::RunnerOptions d = parse({"--deterministic"}).options;
   CHECK(d.backward);

@@ -3,7 +3,7 @@
 #include <limits>
 
 #include "catch.h"
-#include "common/compare.h"
+#include "common/forward/check.h"
 
 namespace {
 struct Fixture {

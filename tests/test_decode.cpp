@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/decode.h"
-#include "common/device.h"
+#include "common/backward/rules.h"
+#include "common/decode/check.h"
+#include "common/decode/rules.h"
 #include "common/flash_steps.h"
-#include "common/reference.h"
-#include "common/registry.h"
+#include "common/forward/check.h"
+#include "common/forward/rules.h"
+#include "common/harness/gpu.h"
 
 namespace {
 
@@ -28,7 +30,7 @@ fs::DecodeProblem paged() { return fs::make_decode_problem(3, 2, 100, 8, 2, 64, 
 std::string message_after(const std::function<void(fs::DecodeProblem&)>& edit) {
   fs::DecodeProblem p = paged();
   edit(p);
-  return fs::validate_decode(p);
+  return fs::validate(p);
 }
 
 // Host inputs of a decoding problem, every element from `value(tensor, slot, row, head, dim)` where
@@ -36,18 +38,18 @@ std::string message_after(const std::function<void(fs::DecodeProblem&)>& edit) {
 template <typename F>
 fs::DecodeHostInputs host_inputs(const fs::DecodeProblem& p, F value) {
   fs::DecodeHostInputs in;
-  const int64_t slots = fs::is_paged(p) ? p.num_pages : p.batch, rows = fs::is_paged(p) ? p.page_size : p.seqlen_k;
+  const int64_t slots = fs::is_paged(p) ? p.num_pages : p.attention.batch, rows = fs::is_paged(p) ? p.page_size : p.attention.seqlen_k;
   auto fill = [&](std::vector<float>& out, int tensor, const fs::Strides& st, int64_t n0, int64_t n1, int64_t heads) {
-    out.assign(size_t(fs::view_extent(st, n0, n1, heads, p.head_dim)), std::numeric_limits<float>::quiet_NaN());
+    out.assign(size_t(fs::view_extent(st, n0, n1, heads, p.attention.head_dim)), std::numeric_limits<float>::quiet_NaN());
     for (int64_t a = 0; a < n0; ++a)
       for (int64_t r = 0; r < n1; ++r)
         for (int64_t h = 0; h < heads; ++h)
-          for (int64_t d = 0; d < p.head_dim; ++d)
+          for (int64_t d = 0; d < p.attention.head_dim; ++d)
             out[size_t(a * st.batch + r * st.row + h * st.head + d)] = value(tensor, a, r, h, d);
   };
-  fill(in.q, 0, p.q, p.batch, p.seqlen_q, p.heads_q);
-  fill(in.k_cache, 1, p.k, slots, rows, p.heads_kv);
-  fill(in.v_cache, 2, p.v, slots, rows, p.heads_kv);
+  fill(in.q, 0, p.attention.q, p.attention.batch, p.attention.seqlen_q, p.attention.heads_q);
+  fill(in.k_cache, 1, p.attention.k, slots, rows, p.attention.heads_kv);
+  fill(in.v_cache, 2, p.attention.v, slots, rows, p.attention.heads_kv);
   return in;
 }
 
@@ -59,20 +61,20 @@ float pseudo(int tensor, int64_t slot, int64_t row, int64_t head, int64_t dim) {
 
 TEST_CASE("decode: make_decode_problem fills a contiguous or a paged cache", "[decode]") {
   const fs::DecodeProblem c = fs::make_decode_problem(2, 1, 1000, 32, 8, 128, fs::DType::fp16, false);
-  CHECK(fs::validate_decode(c).empty());
+  CHECK(fs::validate(c).empty());
   CHECK((c.page_size == 0 && c.num_pages == 0 && c.max_pages_per_seq == 0 && c.block_table_stride == 0));
-  CHECK(c.k.batch == 1000 * 8 * 128);
+  CHECK(c.attention.k.batch == 1000 * 8 * 128);
   const fs::DecodeProblem p = fs::make_decode_problem(2, 1, 1000, 32, 8, 128, fs::DType::fp16, false, 64);
-  CHECK(fs::validate_decode(p).empty());
+  CHECK(fs::validate(p).empty());
   CHECK((p.page_size == 64 && p.max_pages_per_seq == 16 && p.num_pages == 32 && p.block_table_stride == 16));
-  CHECK((p.k.batch == 64 * 8 * 128 && p.k.row == 8 * 128 && p.k.head == 128));
+  CHECK((p.attention.k.batch == 64 * 8 * 128 && p.attention.k.row == 8 * 128 && p.attention.k.head == 128));
   CHECK(fs::describe(p) == "b2 h32/8 sq1 sk1000 d128 fp16 paged64");
-  CHECK(fs::validate_decode(fs::make_decode_problem(1, 0, 0, 1, 1, 8, fs::DType::fp16, false, 16)).empty());
-  // The forward view and back.
-  const fs::Problem f = fs::forward_view(c);
+  CHECK(fs::validate(fs::make_decode_problem(1, 0, 0, 1, 1, 8, fs::DType::fp16, false, 16)).empty());
+  // The forward problem and back.
+  const fs::Problem f = c.attention;
   CHECK(fs::describe(f) == "b2 h32/8 sq1 sk1000 d128 fp16");
-  CHECK(std::memcmp(&f.k, &c.k, sizeof f.k) == 0);
-  const fs::DecodeProblem back = fs::decode_view(f);
+  CHECK(std::memcmp(&f.k, &c.attention.k, sizeof f.k) == 0);
+  const fs::DecodeProblem back = fs::decode_of(f);
   CHECK(std::memcmp(&back, &c, sizeof back) == 0);
   CHECK(fs::decode_kv_bytes(c, {}) == 2.0 * 2 * 1000 * 8 * 128 * 2);
   CHECK(fs::decode_kv_bytes(c, {10, 0}) == 2.0 * 10 * 8 * 128 * 2);
@@ -84,10 +86,10 @@ TEST_CASE("decode: validate_decode names the value and the limit", "[decode]") {
     std::string expected;
   };
   const Case cases[] = {
-      {[](fs::DecodeProblem& p) { p.batch = 0; }, "batch is 0; it must be at least 1"},
-      {[](fs::DecodeProblem& p) { p.head_dim = 12; }, "head_dim is 12; it must be a multiple of 8"},
-      {[](fs::DecodeProblem& p) { p.seqlen_k = -1; }, "seqlen_k is -1; it must be between 0 and 2147483647"},
-      {[](fs::DecodeProblem& p) { p.q.row = 12; }, "Q's row stride is 12 elements; it must be a multiple of 8"},
+      {[](fs::DecodeProblem& p) { p.attention.batch = 0; }, "batch is 0; it must be at least 1"},
+      {[](fs::DecodeProblem& p) { p.attention.head_dim = 12; }, "head_dim is 12; it must be a multiple of 8"},
+      {[](fs::DecodeProblem& p) { p.attention.seqlen_k = -1; }, "seqlen_k is -1; it must be between 0 and 2147483647"},
+      {[](fs::DecodeProblem& p) { p.attention.q.row = 12; }, "Q's row stride is 12 elements; it must be a multiple of 8"},
       {[](fs::DecodeProblem& p) { p.num_splits = 129; },
        "num_splits is 129; it must be 0 (the step's heuristic) or between 1 and 128"},
       {[](fs::DecodeProblem& p) { p.num_splits = -1; }, "num_splits is -1"},
@@ -104,11 +106,11 @@ TEST_CASE("decode: validate_decode names the value and the limit", "[decode]") {
        "not overlap"},
       {[](fs::DecodeProblem& p) { p.block_table_stride = int64_t(1) << 62; },
        "the block table spans batch * block_table_stride = 3 * 4611686018427387904 elements, which overflows 64 bits"},
-      {[](fs::DecodeProblem& p) { p.seqlen_k = 129; },
+      {[](fs::DecodeProblem& p) { p.attention.seqlen_k = 129; },
        "seqlen_k is 129; a sequence holds at most max_pages_per_seq * page_size = 4 * 32 = 128 keys"},
-      {[](fs::DecodeProblem& p) { p.k.batch = 12; }, "K's page stride is 12 elements; it must be a multiple of 8"},
-      {[](fs::DecodeProblem& p) { p.v.row = 8; }, "V's row stride 8 is smaller than head_dim 64; rows would overlap"},
-      {[](fs::DecodeProblem& p) { p.k.batch = int64_t(1) << 57; },
+      {[](fs::DecodeProblem& p) { p.attention.k.batch = 12; }, "K's page stride is 12 elements; it must be a multiple of 8"},
+      {[](fs::DecodeProblem& p) { p.attention.v.row = 8; }, "V's row stride 8 is smaller than head_dim 64; rows would overlap"},
+      {[](fs::DecodeProblem& p) { p.attention.k.batch = int64_t(1) << 57; },
        "K's strides (page 144115188075855872, row 128, head 64) over num_pages 12, page_size 32, heads_kv 2 span"},
       {[](fs::DecodeProblem& p) { p.num_pages = int64_t(1) << 30, p.page_size = int64_t(1) << 22; },
        "K and V have num_pages * page_size * heads_kv * head_dim = 1073741824 * 4194304 * 2 * 64 = "
@@ -122,10 +124,10 @@ TEST_CASE("decode: validate_decode names the value and the limit", "[decode]") {
   // A contiguous cache has no pages: their fields must be 0.
   fs::DecodeProblem c = fs::make_decode_problem(1, 1, 64, 1, 1, 64, fs::DType::fp16, false);
   c.num_pages = 5;
-  CHECK(fs::validate_decode(c) == "num_pages is 5 with a contiguous cache (page_size 0); it must be 0");
+  CHECK(fs::validate(c) == "num_pages is 5 with a contiguous cache (page_size 0); it must be 0");
   c = fs::make_decode_problem(1, 1, 64, 1, 1, 64, fs::DType::fp16, false);
-  c.k.batch = 12;
-  CHECK(contains(fs::validate_decode(c), "K's batch stride is 12 elements"));
+  c.attention.k.batch = 12;
+  CHECK(contains(fs::validate(c), "K's batch stride is 12 elements"));
 }
 
 TEST_CASE("decode: pointers and host data", "[decode]") {
@@ -133,48 +135,48 @@ TEST_CASE("decode: pointers and host data", "[decode]") {
   alignas(16) static char mem[256];
   const fs::DecodeTensors ok{mem, mem + 16, mem + 32, reinterpret_cast<const int32_t*>(mem + 48), nullptr, mem + 64,
                              nullptr};
-  CHECK(fs::validate_decode_tensors(p, ok).empty());
+  CHECK(fs::validate_tensors(p, ok).empty());
   fs::DecodeTensors t = ok;
   t.block_table = nullptr;
-  CHECK(fs::validate_decode_tensors(p, t) == "the block table is a null pointer");
+  CHECK(fs::validate_tensors(p, t) == "the block table is a null pointer");
   t = ok;
   t.cache_seqlens = reinterpret_cast<const int32_t*>(mem + 2);
-  CHECK(contains(fs::validate_decode_tensors(p, t), "cache_seqlens pointer"));
-  CHECK(contains(fs::validate_decode_tensors(p, t), "is not 4-byte aligned (address mod 4 = 2)"));
+  CHECK(contains(fs::validate_tensors(p, t), "cache_seqlens pointer"));
+  CHECK(contains(fs::validate_tensors(p, t), "is not 4-byte aligned (address mod 4 = 2)"));
   t = ok;
   t.k_cache = mem + 8;
-  CHECK(contains(fs::validate_decode_tensors(p, t), "the K cache pointer"));
+  CHECK(contains(fs::validate_tensors(p, t), "the K cache pointer"));
   const fs::DecodeProblem c = fs::make_decode_problem(1, 1, 64, 1, 1, 64, fs::DType::fp16, false);
-  CHECK(fs::validate_decode_tensors(c, ok) == "the block table is not null with a contiguous cache (page_size 0)");
+  CHECK(fs::validate_tensors(c, ok) == "the block table is not null with a contiguous cache (page_size 0)");
   t = ok;
   t.block_table = nullptr;
-  CHECK(fs::validate_decode_tensors(c, t).empty());
+  CHECK(fs::validate_tensors(c, t).empty());
 
   // Lengths and block table, when the host has them: 3 sequences of at most 100 keys, 4 pages of 32.
   std::vector<int32_t> table(12, -1);
   std::iota(table.begin(), table.begin() + 4, 0);  // sequence 0: pages 0-3
   table[4] = 7;                                    // sequence 1: one page
-  CHECK(fs::validate_decode_data(p, {100, 32, 0}, table).empty());
-  CHECK(fs::validate_decode_data(p, {100, 33, 0}, table) ==
+  CHECK(fs::validate_data(p, {100, 32, 0}, table).empty());
+  CHECK(fs::validate_data(p, {100, 33, 0}, table) ==
         "block_table[1][1] is -1, which is not a page of the cache (num_pages is 12)");
-  CHECK(fs::validate_decode_data(p, {101, 0, 0}, table) ==
+  CHECK(fs::validate_data(p, {101, 0, 0}, table) ==
         "cache_seqlens[0] is 101; it must be between 0 and seqlen_k (100), the capacity of a sequence");
-  CHECK(fs::validate_decode_data(p, {-1, 0, 0}, table).find("cache_seqlens[0] is -1") == 0);
+  CHECK(fs::validate_data(p, {-1, 0, 0}, table).find("cache_seqlens[0] is -1") == 0);
   table[1] = 12;
-  CHECK(fs::validate_decode_data(p, {100, 0, 0}, table) ==
+  CHECK(fs::validate_data(p, {100, 0, 0}, table) ==
         "block_table[0][1] is 12, which is not a page of the cache (num_pages is 12)");
-  CHECK(fs::validate_decode_data(p, {1, 2}, table) == "there are 2 lengths for batch 3");
+  CHECK(fs::validate_data(p, {1, 2}, table) == "there are 2 lengths for batch 3");
 }
 
 TEST_CASE("decode: gather_sequence finds key j of sequence b at block_table[b][j / page_size]", "[decode]") {
   fs::DecodeProblem p = fs::make_decode_problem(2, 1, 40, 2, 2, 8, fs::DType::fp16, false, 16);
   p.num_pages = 7;
-  p.k.batch = p.v.batch = 16 * 2 * 8 + 8;  // padded pages
+  p.attention.k.batch = p.attention.v.batch = 16 * 2 * 8 + 8;  // padded pages
   const fs::DecodeHostInputs in = host_inputs(p, pseudo);
   const std::vector<int32_t> table = {5, 0, 3, 6, 2, -1};  // sequence 0: pages 5, 0, 3; sequence 1: 6, 2
   for (int64_t b = 0; b < 2; ++b) {
     const int64_t len = b == 0 ? 40 : 17;
-    const std::vector<float> k = fs::gather_sequence(p, in.k_cache, p.k, table, b, len);
+    const std::vector<float> k = fs::gather_sequence(p, in.k_cache, p.attention.k, table, b, len);
     REQUIRE(k.size() == size_t(len * 2 * 8));
     for (int64_t j = 0; j < len; ++j)
       for (int64_t h = 0; h < 2; ++h)
@@ -189,7 +191,7 @@ TEST_CASE("decode: the CPU reference is the forward reference of each sequence",
     for (int64_t seqlen_q : {1, 4}) {
       // Three sequences of 37, 0 and 64 keys in pages of 16, shuffled; the same logical data contiguous.
       fs::DecodeProblem p = fs::make_decode_problem(3, seqlen_q, 64, 8, 2, 16, fs::DType::bf16, causal, 16);
-      p.softmax_scale = 0.3f;
+      p.attention.softmax_scale = 0.3f;
       const std::vector<int32_t> lengths = {37, 0, 64};
       std::vector<int32_t> order(size_t(p.num_pages));
       std::iota(order.begin(), order.end(), 0);
@@ -209,7 +211,7 @@ TEST_CASE("decode: the CPU reference is the forward reference of each sequence",
       });
       in.lengths = lengths;
       in.block_table = table;
-      const fs::Reference r = fs::reference_cpu_decode(p, in);
+      const fs::Reference r = fs::reference_cpu(p, in);
       for (int64_t b = 0; b < 3; ++b) {
         // Sequence b alone, as a forward problem with seqlen_k = its length, filled from the same formula.
         const int64_t len = lengths[size_t(b)];
@@ -242,7 +244,7 @@ TEST_CASE("decode: the CPU reference of a contiguous uniform problem is the forw
   f.data.insert(f.data.end(), in.k_cache.begin(), in.k_cache.end());
   f.v = int64_t(f.data.size());
   f.data.insert(f.data.end(), in.v_cache.begin(), in.v_cache.end());
-  const fs::Reference a = fs::reference_cpu_decode(p, in), b = fs::reference_cpu(fs::forward_view(p), f);
+  const fs::Reference a = fs::reference_cpu(p, in), b = fs::reference_cpu(p.attention, f);
   CHECK(a.o == b.o);
   CHECK(a.lse == b.lse);
 }
@@ -285,11 +287,11 @@ TEST_CASE("decode: the C ABI refuses bad decoding problems before touching the G
   // Which steps decode: 10_decoding does, 01_naive does not.
   int decoding = 0;
   for (int i = 0; i < fs_step_count(); ++i) {
-    CHECK(fs_step_decodes(i) == (std::string(fs_step_id(i)) == "10_decoding" ? 1 : 0));
-    decoding += fs_step_decodes(i);
+    CHECK(fs_step_runs(i, FS_DECODE) == (std::string(fs_step_id(i)) == "10_decoding" ? 1 : 0));
+    decoding += fs_step_runs(i, FS_DECODE);
   }
   CHECK(decoding == 1);
-  CHECK(fs_step_decodes(-1) == -1);
+  CHECK(fs_step_runs(-1, FS_DECODE) == -1);
 
   // A problem every check without a device accepts: FS_OK on a GPU, FS_ERR_CUDA (with why) without one.
   const std::string no_gpu = fs::cuda_unavailable_reason();
@@ -299,10 +301,13 @@ TEST_CASE("decode: the C ABI refuses bad decoding problems before touching the G
 
 TEST_CASE("registry: a decoding entry needs all four functions", "[decode][registry]") {
   fs::Registry r;
-  fs::Step s{"90_test", "test", "a test step", "", 80, 0, [](const fs::Problem&) { return std::string(); },
-             [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
-             [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
-             [](const fs::Problem&, const fs::DeviceInfo&) { return true; }, nullptr};
+  fs::Step s{.id = "90_test",
+             .name = "test",
+             .lesson = "a test step",
+             .forward = {[](const fs::Problem&) { return std::string(); },
+                         [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
+                         [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
+                         [](const fs::Problem&, const fs::DeviceInfo&) { return true; }}};
   s.decode.limits = [](const fs::DecodeProblem&) { return std::string(); };
   CHECK_THROWS_AS(r.add(s), fs::Error);
   s.decode = {};
@@ -338,7 +343,7 @@ TEST_CASE("registry: every decoding step plans every decoding problem it claims"
                     if (!s.decode.present() || s.min_compute_capability > g.cc) continue;
                     if (!s.decode.claims(p, dev)) continue;
                     ++claimed;
-                    const fs::Plan plan = fs::plan_decode_for(s, p, dev);
+                    const fs::Plan plan = fs::plan(s, p, dev);
                     INFO(s.id << " on sm_" << g.cc << ", " << fs::describe(p) << ": " << plan.refusal);
                     CHECK(plan.accepted());
                   }

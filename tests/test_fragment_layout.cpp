@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/bank_model.h"
+#include "common/model/bank_model.h"
+#include "ptx_isa.h"
 #include "steps/03_smem_tiling/traits.h"
 #include "steps/04_bank_conflicts/traits.h"
 #include "steps/06_ldmatrix_mma/traits.h"
-#include "ptx_isa.h"
 
 namespace {
 

@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/cli.h"
-#include "common/registry.h"
+#include "common/backward/rules.h"
+#include "common/decode/rules.h"
+#include "common/forward/rules.h"
+#include "runner/cli.h"
 
 namespace {
 
@@ -211,7 +213,7 @@ TEST_CASE("fuzz: every accepted problem has representable sizes and a non-overla
     check_accepted(p, enumerated);
     // Every step's device-free limits and its plan, on a made-up H100, on every accepted problem.
     for (const fs::Step& s : fs::steps()) {
-      const fs::Plan plan = fs::plan_for(s, p, dev);
+      const fs::Plan plan = fs::plan(s, p, dev);
       ++planned;
       if (!plan.accepted()) {
         REQUIRE(plan.refusal.size() > 15);
@@ -238,18 +240,18 @@ TEST_CASE("fuzz: every accepted backward problem has representable gradients tha
     fs::BackwardProblem p = fs::backward_of(draw_problem(d, strides_drawn), d.coin(2));
     if (d.coin(20)) p.deterministic = int32_t(d.extreme());
     for (fs::Strides* s : {&p.d_o, &p.dq, &p.dk, &p.dv})
-      if (d.coin(6)) *s = draw_strides(d, *s, p.forward.head_dim);
-    const std::string why = fs::validate_backward(p);
+      if (d.coin(6)) *s = draw_strides(d, *s, p.attention.head_dim);
+    const std::string why = fs::validate(p);
     if (!why.empty()) {
       INFO(why);
       REQUIRE(why.size() > 15);
       // The forward problem's rules come first, with their own sentence.
-      if (const std::string forward = fs::validate(p.forward); !forward.empty()) REQUIRE(why == forward);
+      if (const std::string forward = fs::validate(p.attention); !forward.empty()) REQUIRE(why == forward);
       ++refused;
       continue;
     }
     ++accepted;
-    const fs::Problem& f = p.forward;
+    const fs::Problem& f = p.attention;
     CAPTURE(fs::describe(f), p.deterministic, p.dq.batch, p.dq.row, p.dq.head, p.dk.batch, p.dk.row, p.dk.head);
     REQUIRE(fs::validate(f).empty());
     REQUIRE((p.deterministic == 0 || p.deterministic == 1));

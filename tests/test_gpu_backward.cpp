@@ -11,9 +11,11 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/backward.h"
-#include "common/check.h"
-#include "common/registry.h"
+#include "common/backward/check.h"
+#include "common/backward/rules.h"
+#include "common/decode/rules.h"
+#include "common/forward/check.h"
+#include "common/forward/rules.h"
 #include "gpu_test_config.h"
 #include "max_error.h"
 
@@ -45,15 +47,15 @@ TEST_CASE("the cuBLAS backward reference matches the fp64 CPU reference", "[back
   uint64_t seed = 500;
   for (const Shape& s : shapes) {
     const fs::BackwardProblem p = fs::make_backward_problem(s.b, s.sq, s.sk, s.hq, s.hkv, s.d, s.dtype, s.causal, 0);
-    CAPTURE(fs::describe(p.forward), s.scratch);
+    CAPTURE(fs::describe(p.attention), s.scratch);
     const fs::BackwardWorkload w(p, seed++);
     const fs::BackwardHostInputs in = w.download_inputs();
-    const Gradients exact = fs::reference_cpu_backward(p, in, false);
-    const Gradients low = fs::reference_cpu_backward(p, in, true);
+    const Gradients exact = fs::reference_cpu(p, in, false);
+    const Gradients low = fs::reference_cpu(p, in, true);
     fs::GpuBackwardReference gpu;
     if (s.scratch) gpu.set_max_scratch_bytes(s.scratch);
-    const Gradients got = fs::gpu_backward_reference(w, gpu, false);
-    const Gradients got_low = fs::gpu_backward_reference(w, gpu, true);
+    const Gradients got = fs::gpu_reference(w, gpu, false);
+    const Gradients got_low = fs::gpu_reference(w, gpu, true);
     for (auto [name, e, l, g, gl] : {std::tuple{"dQ", &exact.dq, &low.dq, &got.dq, &got_low.dq},
                                      std::tuple{"dK", &exact.dk, &low.dk, &got.dk, &got_low.dk},
                                      std::tuple{"dV", &exact.dv, &low.dv, &got.dv, &got_low.dv}}) {
@@ -150,19 +152,19 @@ void check_backward_steps(const BackwardCase& c) {
   const fs::DeviceInfo dev = fs::current_device();
   fs::BackwardWorkload w(c.problem, c.seed, c.layout);
   const fs::BackwardProblem& p = w.problem();
-  const fs::Problem& f = p.forward;
+  const fs::Problem& f = p.attention;
   bool references_ready = false;
   fs::BackwardReferences ref;
   for (const fs::Step& s : fs::steps()) {
     if (!fs::test::step_selected(s.id) || !s.backward.present()) continue;
     INFO("step " << s.id << " backward on " << describe(c));
-    const fs::Plan plan = fs::plan_backward_for(s, p, dev);
+    const fs::Plan plan = fs::plan(s, p, dev);
     if (!plan.accepted()) {
       INFO("refusal: " << plan.refusal);
       CHECK_FALSE(s.backward.claims(p, dev));  // the step documents that it runs this problem
       CHECK(plan.refusal.size() > 10);
       w.poison();
-      CHECK_THROWS_AS(fs::run_backward(s, p, plan, w.tensors(), nullptr, 0, nullptr), fs::Error);
+      CHECK_THROWS_AS(fs::run(s, p, plan, w.tensors(), nullptr, 0, nullptr), fs::Error);
       CHECK_CUDA(cudaDeviceSynchronize());
       CHECK(all_nan(w.download_dq()));
       CHECK(all_nan(w.download_dk()));
@@ -171,10 +173,10 @@ void check_backward_steps(const BackwardCase& c) {
     }
     if (!references_ready) {
       fs::GpuBackwardReference gpu;
-      ref = fs::make_backward_references(w, gpu);  // fp64 on the CPU when cheap, else fp32 cuBLAS
+      ref = fs::make_reference(w, gpu);  // fp64 on the CPU when cheap, else fp32 cuBLAS
       references_ready = true;
     }
-    const fs::PreparedBackward prepared(s, p, plan);
+    const fs::Prepared prepared(s, p, plan);
     std::vector<float> dq[2], dk[2], dv[2];
     const int runs = p.deterministic ? 2 : 1;
     for (int run = 0; run < runs; ++run) {
@@ -185,7 +187,7 @@ void check_backward_steps(const BackwardCase& c) {
       dk[run] = w.download_dk();
       dv[run] = w.download_dv();
     }
-    for (const fs::GradComparison& g : fs::compare_gradients(p, dq[0], dk[0], dv[0], ref.exact, ref.lowp)) {
+    for (const fs::GradComparison& g : fs::compare_gradients(p, dq[0], dk[0], dv[0], ref)) {
       INFO(g.summary());
       CHECK(g.pass());
     }
@@ -221,14 +223,14 @@ TEST_CASE("the backward's plans for a GPU with 99 KiB of shared memory per block
             fs::make_backward_problem(1, 100, 77, 4, 2, d, fs::DType::bf16, true, deterministic);
         INFO("step " << s.id << " planned for 99 KiB: " << fs::describe(p));
         CHECK(s.backward.claims(p, small));
-        const fs::Plan plan = fs::plan_backward_for(s, p, small);
+        const fs::Plan plan = fs::plan(s, p, small);
         REQUIRE(plan.accepted());
         for (const fs::KernelLaunch& k : plan.kernels) CHECK(k.smem_bytes <= small.smem_per_block_optin);
         fs::BackwardWorkload w(p, 21);
         fs::GpuBackwardReference gpu;
-        const fs::BackwardReferences ref = fs::make_backward_references(w, gpu);
-        const fs::PreparedBackward prepared(s, p, plan);
-        for (const fs::GradComparison& g : fs::backward_launch_and_compare(
+        const fs::BackwardReferences ref = fs::make_reference(w, gpu);
+        const fs::Prepared prepared(s, p, plan);
+        for (const fs::GradComparison& g : fs::launch_and_compare(
                  [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
           INFO(g.summary());
           CHECK(g.pass());

@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/check.h"
-#include "common/decode_workload.h"
+#include "common/decode/check.h"
+#include "common/flash_steps.h"
+#include "common/forward/check.h"
 #include "gpu_test_config.h"
 
 namespace {
@@ -67,8 +68,8 @@ std::vector<DecodeCase> decode_cases() {
   // Padded strides: Q and O rows, a cache whose pages and heads are padded.
   {
     fs::DecodeProblem p = fs::make_decode_problem(3, 3, 400, 8, 2, 64, fs::DType::bf16, true, 32);
-    p.q = p.o = fs::Strides{3 * 8 * 72, 8 * 72, 72, 1};
-    p.k = p.v = fs::Strides{32 * 2 * 80 + 64, 2 * 80, 80, 1};
+    p.attention.q = p.attention.o = fs::Strides{3 * 8 * 72, 8 * 72, 72, 1};
+    p.attention.k = p.attention.v = fs::Strides{32 * 2 * 80 + 64, 2 * 80, 80, 1};
     p.num_pages += 5;  // a larger pool than the sequences use
     cases.push_back({p, ragged(3, 400, 9), 2999});
   }
@@ -83,21 +84,21 @@ void check_case(const DecodeCase& c) {
   const fs::DeviceInfo dev = fs::current_device();
   fs::DecodeWorkload w(c.problem, c.lengths, c.seed);
   fs::GpuReference gpu;
-  const fs::Reference ref = fs::make_decode_reference(w, gpu);
+  const fs::Reference ref = fs::make_reference(w, gpu);
   int ran = 0;
   for (const fs::Step& s : fs::steps()) {
     if (!s.decode.present() || !fs::test::step_selected(s.id)) continue;
     INFO("step " << s.id << " on " << fs::describe(w.problem()) << (c.lengths.empty() ? ", uniform" : ", ragged"));
-    const fs::Plan plan = fs::plan_decode_for(s, w.problem(), dev);
+    const fs::Plan plan = fs::plan(s, w.problem(), dev);
     if (!plan.accepted()) {
       INFO("refusal: " << plan.refusal);
       CHECK_FALSE(s.decode.claims(w.problem(), dev));
       continue;
     }
     ++ran;
-    const fs::PreparedDecode prepared(s, w.problem(), dev);
+    const fs::Prepared prepared(s, w.problem(), dev);
     const fs::DecodeTensors t = w.tensors();
-    const fs::Comparison cmp = fs::decode_launch_and_compare([&](cudaStream_t st) { prepared.launch(t, st); }, w, ref);
+    const fs::Comparison cmp = fs::launch_and_compare([&](cudaStream_t st) { prepared.launch(t, st); }, w, ref);
     INFO("splits " << plan.splits << ": " << cmp.summary());
     CHECK(cmp.pass());
   }
@@ -114,8 +115,8 @@ TEST_CASE("every decoding step matches the reference on the decoding shapes", "[
 TEST_CASE("decoding: the GPU reference gathers paged caches as the CPU one does", "[decode]") {
   fs::DecodeWorkload w(fs::make_decode_problem(3, 4, 300, 8, 2, 64, fs::DType::bf16, true, 16), {300, 0, 47}, 5);
   fs::GpuReference gpu;
-  const fs::Reference cpu = fs::reference_cpu_decode(w.problem(), w.download_inputs());
-  const fs::Reference g = gpu.compute_decode(w.problem(), w.tensors(), w.lengths());
+  const fs::Reference cpu = fs::reference_cpu(w.problem(), w.download_inputs());
+  const fs::Reference g = fs::gpu_reference(w, gpu);
   REQUIRE(g.o.size() == cpu.o.size());
   for (size_t i = 0; i < cpu.o.size(); ++i) CHECK(std::fabs(g.o[i] - cpu.o[i]) <= 1e-4 * (1 + std::fabs(cpu.o[i])));
   for (size_t i = 0; i < cpu.lse.size(); ++i)
@@ -131,10 +132,10 @@ TEST_CASE("decoding: the checked mode reports a bad page or length instead of re
     p.checked = 1;
     fs::DecodeWorkload w(p, {1000, 130, 0}, 31);
     fs::GpuReference gpu;
-    const fs::Reference ref = fs::make_decode_reference(w, gpu);
-    const fs::PreparedDecode prepared(s, p, dev);
+    const fs::Reference ref = fs::make_reference(w, gpu);
+    const fs::Prepared prepared(s, p, dev);
     // Good data: the check passes and the result is right.
-    const fs::Comparison good = fs::decode_launch_and_compare([&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref);
+    const fs::Comparison good = fs::launch_and_compare([&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref);
     INFO(good.summary());
     CHECK(good.pass());
     // A page in use outside the cache: refused with its index and value, nothing launched (O keeps its poison).
@@ -168,7 +169,7 @@ TEST_CASE("decoding: the checked mode reports a bad page or length instead of re
     // no fault, no NaN (tests/sanitize.sh runs memcheck over the paged shapes of sanitize_steps).
     p.checked = 0;
     w.set_block_table_entry(0, 3, -7);
-    const fs::PreparedDecode unchecked(s, p, dev);
+    const fs::Prepared unchecked(s, p, dev);
     w.poison();
     unchecked.launch(w.tensors(), nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
@@ -184,16 +185,16 @@ TEST_CASE("decoding: empty work, and runs that are bitwise identical", "[decode]
     // seqlen_k == 0: O = 0, LSE = -inf; seqlen_q == 0: nothing.
     fs::DecodeWorkload e(fs::make_decode_problem(2, 3, 0, 4, 2, 64, fs::DType::fp16, true, 16), {}, 3);
     e.poison();
-    fs::PreparedDecode(s, e.problem(), dev).launch(e.tensors(), nullptr);
+    fs::Prepared(s, e.problem(), dev).launch(e.tensors(), nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
     for (float x : e.download_o()) CHECK(x == 0.0f);
     for (float x : e.download_lse()) CHECK(x == -INFINITY);
     fs::DecodeWorkload none(fs::make_decode_problem(2, 0, 64, 4, 2, 64, fs::DType::bf16, false), {}, 3);
-    fs::PreparedDecode(s, none.problem(), dev).launch(none.tensors(), nullptr);
+    fs::Prepared(s, none.problem(), dev).launch(none.tensors(), nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
     // Split keys, combined: the same bits twice.
     fs::DecodeWorkload w(fs::make_decode_problem(2, 4, 5000, 32, 8, 128, fs::DType::bf16, true, 64), {5000, 2222}, 4);
-    const fs::PreparedDecode prepared(s, w.problem(), dev);
+    const fs::Prepared prepared(s, w.problem(), dev);
     CHECK(prepared.plan().splits > 1);
     std::vector<float> o[2], lse[2];
     for (int run = 0; run < 2; ++run) {
@@ -212,7 +213,7 @@ TEST_CASE("decoding: the C ABI runs a decoding step on device pointers", "[decod
   fs::DecodeProblem p = fs::make_decode_problem(4, 2, 3000, 32, 8, 64, fs::DType::fp16, true, 16);
   fs::DecodeWorkload w(p, ragged(4, 3000, 17), 41);
   fs::GpuReference gpu;
-  const fs::Reference ref = fs::make_decode_reference(w, gpu);
+  const fs::Reference ref = fs::make_reference(w, gpu);
   int ran = 0;
   for (const fs::Step& s : fs::steps()) {
     if (!s.decode.present()) {
@@ -225,7 +226,7 @@ TEST_CASE("decoding: the C ABI runs a decoding step on device pointers", "[decod
     REQUIRE(fs_decode_workspace_size(s.id.c_str(), &p, &bytes) == FS_OK);
     const fs::DeviceBuffer workspace{size_t(bytes)};
     const fs::DecodeTensors t = w.tensors();
-    const fs::Comparison c = fs::decode_launch_and_compare(
+    const fs::Comparison c = fs::launch_and_compare(
         [&](cudaStream_t st) {
           REQUIRE(fs_run_decode(s.id.c_str(), &p, t.q, t.k_cache, t.v_cache, t.block_table, t.cache_seqlens, t.o,
                                 t.lse, workspace.get(), bytes, st) == FS_OK);

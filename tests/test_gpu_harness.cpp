@@ -6,8 +6,11 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/check.h"
-#include "common/timing.h"
+#include "common/backward/check.h"
+#include "common/flash_steps.h"
+#include "common/forward/check.h"
+#include "common/harness/tensors.h"
+#include "common/harness/timing.h"
 
 namespace {
 
@@ -29,7 +32,7 @@ TEST_CASE("GPU fp32 reference matches the fp64 CPU reference", "[harness]") {
       CAPTURE(fs::describe(p));
       fs::Workload w(p, uint64_t(++seed));
       const fs::Reference cpu = fs::reference_cpu(p, w.download_inputs());
-      const fs::Reference g = gpu.compute(w);
+      const fs::Reference g = fs::gpu_reference(w, gpu);
       std::vector<float> o(g.o.begin(), g.o.end()), lse(g.lse.begin(), g.lse.end());
       // The GPU reference is fp32 with fp32 O: hold it to a tolerance far tighter than any step's.
       double max_err = 0;
@@ -56,11 +59,13 @@ TEST_CASE("GPU reference writes the dtype output in the problem's strides (packe
 }
 
 TEST_CASE("poisoned outputs that a step never writes fail the check", "[harness]") {
-  const fs::Step lazy{"90_lazy", "lazy", "writes nothing", "", 80, 0,
-                      [](const fs::Problem&) { return std::string(); },
-                      [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
-                      [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
-                      [](const fs::Problem&, const fs::DeviceInfo&) { return true; }, nullptr};
+  const fs::Step lazy{.id = "90_lazy",
+                      .name = "lazy",
+                      .lesson = "writes nothing",
+                      .forward = {[](const fs::Problem&) { return std::string(); },
+                                  [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
+                                  [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
+                                  [](const fs::Problem&, const fs::DeviceInfo&) { return true; }}};
   const fs::Problem p = fs::make_problem(1, 16, 16, 1, 1, 64, fs::DType::fp16, false);
   fs::Workload w(p, 3);
   const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
@@ -100,12 +105,12 @@ TEST_CASE("C ABI runs every step on device pointers", "[harness]") {
   const fs::DeviceInfo dev = fs::current_device();
   int ran = 0;
   for (const fs::Step& s : fs::steps()) {
-    if (!s.has_forward()) continue;  // a backward-only step: fs_check refuses it (the C ABI tests say so)
+    if (!s.forward.present()) continue;  // a backward-only step: fs_check refuses it (the C ABI tests say so)
     CAPTURE(s.id);
     if (fs_check(s.id.c_str(), &p) != FS_OK) {
       INFO("refusal: " << fs_last_error());
       CHECK(std::string(fs_last_error()).size() > 0);
-      CHECK_FALSE(s.claims(p, dev));  // no step passes by refusing what it documents
+      CHECK_FALSE(s.forward.claims(p, dev));  // no step passes by refusing what it documents
       continue;
     }
     ++ran;
@@ -194,12 +199,12 @@ TEST_CASE("run_backward writes the gradients of empty problems, strided, and not
     p.dq = dq.s;
     p.dk = dk.s;
     p.dv = dv.s;
-    REQUIRE(fs::validate_backward(p).empty());
+    REQUIRE(fs::validate(p).empty());
     fs::BackwardTensors t;
     t.dq = sq > 0 ? dq.mem.get() : nullptr;
     t.dk = sk > 0 ? dk.mem.get() : nullptr;
     t.dv = sk > 0 ? dv.mem.get() : nullptr;
-    fs::PreparedBackward(s, p, dev).launch(t, nullptr);
+    fs::Prepared(s, p, dev).launch(t, nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
     dq.check(sk == 0);  // no key: dQ = 0
     dk.check(sq == 0);  // no query: dK = dV = 0

@@ -3,17 +3,18 @@
 #include <string>
 
 #include "catch.h"
-#include "common/kernel_resources.h"
 #include "gpu_test_config.h"
+#include "common/forward/rules.h"
+#include "runner/resources.h"
 
 TEST_CASE("every kernel a plan lists fits on an SM as the plan launches it", "[harness]") {
   const fs::DeviceInfo dev = fs::current_device();
   for (const fs::Step& step : fs::steps()) {
-    if (!step.has_forward() || !fs::test::step_selected(step.id)) continue;
+    if (!step.forward.present() || !fs::test::step_selected(step.id)) continue;
     for (int64_t d : {64, 128})
       for (fs::DType dt : {fs::DType::fp16, fs::DType::bf16}) {
         const fs::Problem p = fs::make_problem(2, 1024, 1024, 8, 8, d, dt, true);
-        const fs::Plan plan = fs::plan_for(step, p, dev);
+        const fs::Plan plan = fs::plan(step, p, dev);
         if (!plan.accepted()) continue;
         for (const fs::KernelLaunch& k : plan.kernels) {
           CAPTURE(step.id, fs::describe(p), k.threads, k.smem_bytes);

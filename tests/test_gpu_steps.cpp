@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/check.h"
+#include "common/forward/check.h"
+#include "common/harness/tensors.h"
 #include "gpu_test_config.h"
 
 namespace {
@@ -82,12 +83,12 @@ void check_all_steps(const Case& c) {
   bool reference_ready = false;
   fs::Reference ref;
   for (const fs::Step& s : fs::steps()) {
-    if (!s.has_forward() || !fs::test::step_selected(s.id)) continue;
+    if (!s.forward.present() || !fs::test::step_selected(s.id)) continue;
     INFO("step " << s.id << " on " << fs::describe(w.problem()) << (c.layout == fs::Layout::packed_qkv ? " packed QKV" : ""));
-    const fs::Plan plan = fs::plan_for(s, w.problem(), dev);
+    const fs::Plan plan = fs::plan(s, w.problem(), dev);
     if (!plan.accepted()) {
       INFO("refusal: " << plan.refusal);
-      CHECK_FALSE(s.claims(w.problem(), dev));  // the step documents that it runs this problem
+      CHECK_FALSE(s.forward.claims(w.problem(), dev));  // the step documents that it runs this problem
       // A refusal is a sentence, and nothing is launched: O keeps its poison.
       CHECK(plan.refusal.size() > 10);
       w.poison();
@@ -121,18 +122,18 @@ TEST_CASE("every step matches the reference on the edge shapes", "[edge]") {
 TEST_CASE("every step handles empty work", "[steps]") {
   const fs::DeviceInfo dev = fs::current_device();
   for (const fs::Step& s : fs::steps()) {
-    if (!s.has_forward() || !fs::test::step_selected(s.id)) continue;
+    if (!s.forward.present() || !fs::test::step_selected(s.id)) continue;
     CAPTURE(s.id);
     // seqlen_k == 0: no key for any row, so O = 0 and LSE = -inf.
     fs::Workload w(fs::make_problem(2, 5, 0, 2, 1, 64, fs::DType::fp16, false), 4);
     w.poison();
-    fs::PreparedStep(s, w.problem(), dev).launch(w.tensors(), nullptr);
+    fs::Prepared(s, w.problem(), dev).launch(w.tensors(), nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
     for (float x : w.download_o()) CHECK(x == 0.0f);
     for (float x : w.download_lse()) CHECK(x == -INFINITY);
     // seqlen_q == 0: nothing to do, nothing launched.
     fs::Workload e(fs::make_problem(1, 0, 16, 1, 1, 64, fs::DType::bf16, true), 4);
-    fs::PreparedStep(s, e.problem(), dev).launch(e.tensors(), nullptr);
+    fs::Prepared(s, e.problem(), dev).launch(e.tensors(), nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
   }
 }
@@ -152,11 +153,11 @@ TEST_CASE("numerics: huge and equal scores stay finite, and runs are bitwise ide
       fs::Workload w(p, 77);
       const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
       for (const fs::Step& s : fs::steps()) {
-        if (!s.has_forward() || !fs::test::step_selected(s.id)) continue;
+        if (!s.forward.present() || !fs::test::step_selected(s.id)) continue;
         INFO("step " << s.id << ", " << v.what << (causal ? ", causal" : ""));
-        if (const fs::Plan plan = fs::plan_for(s, p, dev); !plan.accepted()) {
+        if (const fs::Plan plan = fs::plan(s, p, dev); !plan.accepted()) {
           INFO("refusal: " << plan.refusal);
-          CHECK_FALSE(s.claims(p, dev));
+          CHECK_FALSE(s.forward.claims(p, dev));
           continue;
         }
         const fs::Comparison c = fs::run_and_compare(s, w, ref, dev);
@@ -169,15 +170,15 @@ TEST_CASE("numerics: huge and equal scores stay finite, and runs are bitwise ide
   const fs::Problem p = fs::make_problem(2, 300, 301, 4, 2, 128, fs::DType::bf16, true);
   fs::Workload w(p, 78);
   for (const fs::Step& s : fs::steps()) {
-    if (!s.has_forward() || !fs::test::step_selected(s.id)) continue;
+    if (!s.forward.present() || !fs::test::step_selected(s.id)) continue;
     CAPTURE(s.id);
-    if (const fs::Plan plan = fs::plan_for(s, p, dev); !plan.accepted()) {
+    if (const fs::Plan plan = fs::plan(s, p, dev); !plan.accepted()) {
       INFO("refusal: " << plan.refusal);
-      CHECK_FALSE(s.claims(p, dev));
+      CHECK_FALSE(s.forward.claims(p, dev));
       continue;
     }
     std::vector<float> o[2], lse[2];
-    const fs::PreparedStep prepared(s, p, dev);
+    const fs::Prepared prepared(s, p, dev);
     for (int run = 0; run < 2; ++run) {
       w.poison();
       prepared.launch(w.tensors(), nullptr);
@@ -246,7 +247,7 @@ TEST_CASE("tensors of more than 2^32 elements use 64-bit offsets", "[large]") {
   size_t workspace = 0;
   for (const fs::Step& s : fs::steps())
     if (fs::test::step_selected(s.id))
-      if (const fs::Plan plan = fs::plan_for(s, p, dev); plan.accepted()) workspace = std::max(workspace, plan.workspace_bytes);
+      if (const fs::Plan plan = fs::plan(s, p, dev); plan.accepted()) workspace = std::max(workspace, plan.workspace_bytes);
   const double batch_o32 = double(p.seqlen_q * p.heads_q * p.head_dim) * 4;
   const double needed = double(2 * q_elems + 2 * kv_elems) * 2 + double(p.batch * p.heads_q * p.seqlen_q) * 4 +
                         double(workspace) + 2 * batch_o32 + double(p.seqlen_k * p.head_dim) * 4 + 2 * kGiB;
@@ -261,18 +262,18 @@ TEST_CASE("tensors of more than 2^32 elements use 64-bit offsets", "[large]") {
   fs::Workload w(p, 99);
   fs::GpuReference gpu;
   for (const fs::Step& s : fs::steps()) {
-    if (!s.has_forward() || !fs::test::step_selected(s.id)) continue;
+    if (!s.forward.present() || !fs::test::step_selected(s.id)) continue;
     INFO("step " << s.id);
-    const fs::Plan plan = fs::plan_for(s, p, dev);
+    const fs::Plan plan = fs::plan(s, p, dev);
     if (!plan.accepted()) {
       INFO("refusal: " << plan.refusal);
-      CHECK_FALSE(s.claims(p, dev));  // a step that claims the problem must run it
+      CHECK_FALSE(s.forward.claims(p, dev));  // a step that claims the problem must run it
       std::cout << "step " << s.id << " does not claim the 2^32-element problem and refuses it: " << plan.refusal << "\n";
       continue;
     }
     w.poison();
     const fs::Tensors t = w.tensors();
-    fs::PreparedStep(s, p, plan).launch(t, nullptr);
+    fs::Prepared(s, p, plan).launch(t, nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
     for (int64_t b : {int64_t(0), p.batch - 1}) check_batch(p, t, b, w.max_abs_v(), gpu);
   }

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "catch.h"
+#include "common/backward/check.h"
 #include "max_error.h"
-#include "common/backward.h"
 
 namespace {
 
@@ -72,11 +72,11 @@ double loss(const Tiny& t) {
 // The backward problem of a tiny one, with contiguous tensors (fp16).
 fs::BackwardProblem problem_of(const Tiny& t) {
   fs::BackwardProblem p{};
-  p.forward = fs::make_problem(t.batch, t.seqlen_q, t.seqlen_k, t.heads_q, t.heads_kv, t.head_dim, fs::DType::fp16,
+  p.attention = fs::make_problem(t.batch, t.seqlen_q, t.seqlen_k, t.heads_q, t.heads_kv, t.head_dim, fs::DType::fp16,
                                t.causal);
-  p.forward.softmax_scale = float(t.scale);
-  p.d_o = p.dq = p.forward.q;
-  p.dk = p.dv = p.forward.k;
+  p.attention.softmax_scale = float(t.scale);
+  p.d_o = p.dq = p.attention.q;
+  p.dk = p.dv = p.attention.k;
   return p;
 }
 
@@ -145,7 +145,7 @@ TEST_CASE("backward reference: dQ, dK, dV are the derivatives of Σ dO∘O (fini
   for (const Shape& s : shapes) {
     CAPTURE(s.b, s.sq, s.sk, s.hq, s.hkv, s.d, s.causal);
     const Tiny t = make_tiny(s.b, s.sq, s.sk, s.hq, s.hkv, s.d, s.causal, seed++);
-    const fs::BackwardReference r = fs::reference_cpu_backward(problem_of(t), inputs_of(t), false);
+    const fs::BackwardReference r = fs::reference_cpu(problem_of(t), inputs_of(t), false);
     // Central differences err by O(step²) (third derivatives of size 1) plus O(1e-16 · |loss| / step).
     const double tol = 1e-7;
     CHECK(max_fd_error(t, &Tiny::q, r.dq) < tol * (1 + max_abs(r.dq)));
@@ -164,7 +164,7 @@ TEST_CASE("backward reference: a row with no key has dQ = 0 and adds nothing to 
     for (int64_t hd = 0; hd < 2 * 8; ++hd) t.d_o[size_t(i * 16 + hd)] = 1e6;
   for (bool rounded : {false, true}) {
     CAPTURE(rounded);
-    const fs::BackwardReference r = fs::reference_cpu_backward(problem_of(t), inputs_of(t), rounded);
+    const fs::BackwardReference r = fs::reference_cpu(problem_of(t), inputs_of(t), rounded);
     for (double x : r.dq) CHECK(std::isfinite(x));
     for (double x : r.dk) CHECK(std::isfinite(x));
     for (double x : r.dv) CHECK(std::isfinite(x));
@@ -179,10 +179,10 @@ TEST_CASE("backward reference: Q, K, V read through their strides", "[reference]
   // the same gradients bit for bit.
   const Tiny t = make_tiny(2, 7, 7, 4, 2, 8, true, 9);
   const fs::BackwardProblem dense = problem_of(t);
-  const fs::BackwardReference want = fs::reference_cpu_backward(dense, inputs_of(t), false);
+  const fs::BackwardReference want = fs::reference_cpu(dense, inputs_of(t), false);
   fs::BackwardProblem packed = dense;
   const int64_t heads = 4 + 2 * 2, D = 8, S = 7;
-  packed.forward.q = packed.forward.k = packed.forward.v = fs::contiguous_strides(S, heads, D);
+  packed.attention.q = packed.attention.k = packed.attention.v = fs::contiguous_strides(S, heads, D);
   fs::BackwardHostInputs in;
   in.qkv.data.assign(size_t(2 * S * heads * D), std::numeric_limits<float>::quiet_NaN());
   in.qkv.q = 0;
@@ -198,7 +198,7 @@ TEST_CASE("backward reference: Q, K, V read through their strides", "[reference]
       }
     }
   in.d_o.assign(t.d_o.begin(), t.d_o.end());
-  const fs::BackwardReference got = fs::reference_cpu_backward(packed, in, false);
+  const fs::BackwardReference got = fs::reference_cpu(packed, in, false);
   CHECK(got.dq == want.dq);
   CHECK(got.dk == want.dk);
   CHECK(got.dv == want.dv);
@@ -210,10 +210,10 @@ TEST_CASE("backward reference: rounded to the dtype differs from exact by about 
     CAPTURE(dtype);
     const Tiny t = make_tiny(1, 33, 40, 2, 1, 32, true, 5);
     fs::BackwardProblem p = problem_of(t);
-    p.forward.dtype = dtype;
+    p.attention.dtype = dtype;
     const fs::BackwardHostInputs in = inputs_of(t);
-    const fs::BackwardReference exact = fs::reference_cpu_backward(p, in, false);
-    const fs::BackwardReference low = fs::reference_cpu_backward(p, in, true);
+    const fs::BackwardReference exact = fs::reference_cpu(p, in, false);
+    const fs::BackwardReference low = fs::reference_cpu(p, in, true);
     const double u = dtype == FS_BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
     for (auto [e, l] : {std::pair{&exact.dq, &low.dq}, {&exact.dk, &low.dk}, {&exact.dv, &low.dv}}) {
       // P, dS and O are each within u (relative) of their exact values, so the gradients move by

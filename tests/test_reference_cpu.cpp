@@ -4,7 +4,7 @@
 #include <random>
 
 #include "catch.h"
-#include "common/reference.h"
+#include "common/forward/check.h"
 
 namespace {
 

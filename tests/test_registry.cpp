@@ -4,7 +4,9 @@
 #include <string>
 
 #include "catch.h"
-#include "common/registry.h"
+#include "common/backward/rules.h"
+#include "common/decode/rules.h"
+#include "common/forward/rules.h"
 
 namespace {
 fs::DeviceInfo fake_device(int cc, size_t free_bytes) {
@@ -40,15 +42,18 @@ TEST_CASE("registry: ids are unique, sorted and described", "[registry]") {
 
 TEST_CASE("registry: adding a broken or duplicate step is refused", "[registry]") {
   fs::Registry r;
-  fs::Step s{"90_test", "test", "a test step", "", 80, 0, [](const fs::Problem&) { return std::string(); },
-             [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
-             [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
-             [](const fs::Problem&, const fs::DeviceInfo&) { return true; }, nullptr};
+  fs::Step s{.id = "90_test",
+             .name = "test",
+             .lesson = "a test step",
+             .forward = {[](const fs::Problem&) { return std::string(); },
+                         [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
+                         [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
+                         [](const fs::Problem&, const fs::DeviceInfo&) { return true; }}};
   r.add(s);
   CHECK_THROWS_AS(r.add(s), fs::Error);
   fs::Step no_launch = s;
   no_launch.id = "91_test";
-  no_launch.launch = nullptr;
+  no_launch.forward.launch = nullptr;
   CHECK_THROWS_AS(r.add(no_launch), fs::Error);
 }
 
@@ -56,13 +61,13 @@ TEST_CASE("registry: check() applies the harness, the compute capability, then t
   // seqlen_q 16: a problem every step's static limits accept (the decoding step runs up to 16 new tokens).
   const fs::Problem p = fs::make_problem(1, 16, 64, 2, 2, 64, fs::DType::fp16, false);
   for (const fs::Step& s : fs::steps()) {
-    if (!s.has_forward()) continue;  // refused whole (test_backward_harness.cpp)
+    if (!s.forward.present()) continue;  // refused whole (test_backward_harness.cpp)
     CAPTURE(s.id);
-    REQUIRE(fs::check_static(s, p).empty());
+    REQUIRE(fs::static_refusal(s, p).empty());
     fs::Problem bad = p;
     bad.batch = 0;
-    CHECK(fs::plan_for(s, bad, fake_device(90, size_t(1) << 34)).refusal == "batch is 0; it must be at least 1");
-    const std::string old_gpu = fs::plan_for(s, p, fake_device(s.min_compute_capability - 10, size_t(1) << 34)).refusal;
+    CHECK(fs::plan(s, bad, fake_device(90, size_t(1) << 34)).refusal == "batch is 0; it must be at least 1");
+    const std::string old_gpu = fs::plan(s, p, fake_device(s.min_compute_capability - 10, size_t(1) << 34)).refusal;
     CHECK(old_gpu.find("needs compute capability") != std::string::npos);
   }
 }
@@ -71,10 +76,10 @@ TEST_CASE("step 01 refuses a score matrix larger than free memory", "[registry]"
   const fs::Step* s = fs::find_step("01_naive");
   REQUIRE(s != nullptr);
   const fs::Problem p = fs::make_problem(8, 16384, 16384, 16, 16, 128, fs::DType::fp16, false);  // S = 128 GiB
-  const std::string why = fs::plan_for(*s, p, fake_device(90, size_t(80) << 30)).refusal;
+  const std::string why = fs::plan(*s, p, fake_device(90, size_t(80) << 30)).refusal;
   CHECK(why == "the score matrix S needs 131072 MiB (batch·heads·seqlen_q·seqlen_k·4 bytes) but only 73728 MiB "
                "(90 % of free device memory) is available");
-  const fs::Plan ok = fs::plan_for(*s, p, fake_device(90, size_t(200) << 30));
+  const fs::Plan ok = fs::plan(*s, p, fake_device(90, size_t(200) << 30));
   CHECK(ok.accepted());
   CHECK(ok.workspace_bytes == size_t(1) << 37);  // S is the workspace: 8·16·16384²·4 bytes
 }
@@ -85,11 +90,11 @@ TEST_CASE("step 01 refuses a score matrix whose size overflows, without a device
   // b4 h1 sq = sk = 2^30: S = 2^64 bytes wrapped to 0, and the step accepted the problem.
   const fs::Problem p = fs::make_problem(4, int64_t(1) << 30, int64_t(1) << 30, 1, 1, 64, fs::DType::fp16, false);
   REQUIRE(fs::validate(p).empty());
-  const std::string why = fs::check_static(*s, p);
+  const std::string why = fs::static_refusal(*s, p);
   CHECK(why == "the score matrix S would need batch·heads·seqlen_q·seqlen_k·4 = 4·1·1073741824·1073741824·4 bytes, "
                "which overflows 64 bits");
-  CHECK(fs::plan_for(*s, p, fake_device(90, size_t(1) << 62)).refusal == why);
-  CHECK_FALSE(s->claims(p, fake_device(90, size_t(1) << 62)));
+  CHECK(fs::plan(*s, p, fake_device(90, size_t(1) << 62)).refusal == why);
+  CHECK_FALSE(s->forward.claims(p, fake_device(90, size_t(1) << 62)));
 }
 
 // What each step documents it runs (Step::claims), it accepts: on every kind of GPU the project
@@ -112,11 +117,11 @@ TEST_CASE("registry: every step plans every problem it claims", "[registry]") {
               for (fs::DType dt : {fs::DType::fp16, fs::DType::bf16}) {
                 const fs::Problem p = fs::make_problem(2, sq, sk, hq, hkv, d, dt, causal);
                 for (const fs::Step& s : fs::steps()) {
-                  if (!s.has_forward()) continue;
+                  if (!s.forward.present()) continue;
                   if (s.min_compute_capability > g.cc || (s.arch_specific && s.arch_specific != g.cc)) continue;
-                  if (!s.claims(p, dev)) continue;
+                  if (!s.forward.claims(p, dev)) continue;
                   ++claimed;
-                  const fs::Plan plan = fs::plan_for(s, p, dev);
+                  const fs::Plan plan = fs::plan(s, p, dev);
                   if (!plan.accepted()) {
                     INFO(s.id << " on sm_" << g.cc << " with " << g.smem_optin << " bytes of shared memory, "
                               << fs::describe(p) << ": " << plan.refusal);
@@ -158,16 +163,16 @@ TEST_CASE("speed-ups: x prev is over the fastest row of the previous step key", 
 
 TEST_CASE("workspace: a plan's workspace is refused, in a sentence, when it is missing, short or misaligned", "[registry]") {
   fs::Plan none;
-  CHECK(fs::check_workspace(none, nullptr, 0).empty());  // no workspace needed: NULL is fine
+  CHECK(fs::validate_workspace(none, nullptr, 0, "fs_workspace_size").empty());  // no workspace needed: NULL is fine
   fs::Plan plan;
   plan.workspace_bytes = 4096;
   alignas(16) static unsigned char mem[4096 + 16];
-  CHECK(fs::check_workspace(plan, mem, 4096).empty());
-  CHECK(fs::check_workspace(plan, mem, 8192).empty());
-  CHECK(fs::check_workspace(plan, nullptr, 4096) ==
+  CHECK(fs::validate_workspace(plan, mem, 4096, "fs_workspace_size").empty());
+  CHECK(fs::validate_workspace(plan, mem, 8192, "fs_workspace_size").empty());
+  CHECK(fs::validate_workspace(plan, nullptr, 4096, "fs_workspace_size") ==
         "the workspace is a null pointer; this problem needs 4096 bytes of workspace (see fs_workspace_size)");
-  CHECK(fs::check_workspace(plan, mem, 4095) == "the workspace is 4095 bytes; this problem needs 4096 (see fs_workspace_size)");
-  CHECK(fs::check_workspace(plan, mem + 8, 4096).find("is not 16-byte aligned") != std::string::npos);
+  CHECK(fs::validate_workspace(plan, mem, 4095, "fs_workspace_size") == "the workspace is 4095 bytes; this problem needs 4096 (see fs_workspace_size)");
+  CHECK(fs::validate_workspace(plan, mem + 8, 4096, "fs_workspace_size").find("is not 16-byte aligned") != std::string::npos);
   // fs::run refuses before anything is launched (no GPU needed to see it).
   const fs::Step* s = fs::find_step("01_naive");
   REQUIRE(s != nullptr);

@@ -7,7 +7,7 @@
 
 #include "catch.h"
 #include "common/flash_steps.h"
-#include "common/kernel_resources.h"
+#include "runner/resources.h"
 
 TEST_CASE("fs_problem_flops counts as FlashAttention does", "[c_api][rules]") {
   fs_problem p;

@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/registry.h"
-#include "common/workload.h"
+#include "common/backward/rules.h"
+#include "common/decode/rules.h"
+#include "common/forward/check.h"
+#include "common/forward/rules.h"
 #include "steps/06_ldmatrix_mma/traits.h"
 #include "steps/07_flash_attention2/traits.h"
 
@@ -308,44 +310,44 @@ TEST_CASE("step 07: every sub-step is registered, in idea order, and refuses wha
     const fs::Step* s = fs::find_step(id);
     REQUIRE(s != nullptr);
     CHECK(s->dir == "07_flash_attention2");
-    const fs::Plan plan = fs::plan_for(*s, d128, fake_device(kSm90));
+    const fs::Plan plan = fs::plan(*s, d128, fake_device(kSm90));
     REQUIRE(plan.accepted());
     REQUIRE(plan.kernels.size() == 1);
     CHECK(plan.kernels[0].threads == 128);
     const bool table = std::string(id) == "07g_flash_attention2";
     CHECK(plan.config == (table ? fa2::kD128_S2 : fa2::kD128_K32));
     CHECK(plan.kernels[0].smem_bytes == size_t(fa2::smem_bytes(fa2::kConfigs[plan.config])));
-    CHECK(s->claims(d128, fake_device(kSm90)));
-    CHECK(fs::plan_for(*s, d40, fake_device(kSm90)).accepted() == table);
-    CHECK(s->claims(d40, fake_device(kSm90)) == table);
+    CHECK(s->forward.claims(d128, fake_device(kSm90)));
+    CHECK(fs::plan(*s, d40, fake_device(kSm90)).accepted() == table);
+    CHECK(s->forward.claims(d40, fake_device(kSm90)) == table);
     if (!table)
-      CHECK(fs::plan_for(*s, d40, fake_device(kSm90)).refusal ==
+      CHECK(fs::plan(*s, d40, fake_device(kSm90)).refusal ==
             "head_dim is 40; this sub-step has tiles for head_dim 64 and 128 only (07g_flash_attention2 adds every "
             "head_dim)");
   }
   // 07a keeps step 06's 2-D grid (x = query tiles, y = batch·heads); 07b and later a 1-D grid.
-  CHECK(fs::plan_for(*fs::find_step("07a_rows32"), d128, fake_device(kSm90)).kernels[0].blocks == 1 * 2);
-  CHECK(fs::plan_for(*fs::find_step("07b_work_order"), d128, fake_device(kSm90)).kernels[0].blocks == 1 * 2);
+  CHECK(fs::plan(*fs::find_step("07a_rows32"), d128, fake_device(kSm90)).kernels[0].blocks == 1 * 2);
+  CHECK(fs::plan(*fs::find_step("07b_work_order"), d128, fake_device(kSm90)).kernels[0].blocks == 1 * 2);
   const fs::Problem many = fs::make_problem(1000, 300, 300, 100, 100, 64, fs::DType::fp16, false);
-  CHECK(fs::plan_for(*fs::find_step("07a_rows32"), many, fake_device(kSm90)).kernels[0].blocks == 3 * 65535);
-  CHECK(fs::plan_for(*fs::find_step("07b_work_order"), many, fake_device(kSm90)).kernels[0].blocks == 3 * 100000);
+  CHECK(fs::plan(*fs::find_step("07a_rows32"), many, fake_device(kSm90)).kernels[0].blocks == 3 * 65535);
+  CHECK(fs::plan(*fs::find_step("07b_work_order"), many, fake_device(kSm90)).kernels[0].blocks == 3 * 100000);
 }
 
 TEST_CASE("step 07 refuses, in a sentence, what no configuration fits", "[step07][registry]") {
   const fs::Step* s = fs::find_step("07g_flash_attention2");
   REQUIRE(s != nullptr);
   const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 256, fs::DType::bf16, true);
-  CHECK(fs::plan_for(*s, p, fake_device(kSm90)).accepted());
-  CHECK(fs::plan_for(*s, p, fake_device(kSm86)).accepted());
-  CHECK(fs::plan_for(*s, p, fake_device(48 * 1024)).refusal ==
+  CHECK(fs::plan(*s, p, fake_device(kSm90)).accepted());
+  CHECK(fs::plan(*s, p, fake_device(kSm86)).accepted());
+  CHECK(fs::plan(*s, p, fake_device(48 * 1024)).refusal ==
         "head_dim 256 runs on 256-wide tiles, which need at least 65536 bytes of shared memory per block; this "
         "GPU allows 49152");
   // 2^31 query tiles of 128 rows: one 1-D grid cannot hold them.
   fs::Problem big = fs::make_problem(1024, 128 * 1024, 1, 16, 16, 64, fs::DType::fp16, false);
   big.batch = 1024 * 8;  // 8192 · 16 · 1024 = 2^27 blocks: fine
-  CHECK(fs::plan_for(*s, big, fake_device(kSm90)).accepted());
+  CHECK(fs::plan(*s, big, fake_device(kSm90)).accepted());
   big.batch = 1 << 17;  // 2^31 blocks
-  CHECK(fs::plan_for(*s, big, fake_device(kSm90)).refusal ==
+  CHECK(fs::plan(*s, big, fake_device(kSm90)).refusal ==
         "this step launches one block per 128 query rows per batch and head, 2147483648 blocks here, more than "
         "the grid limit of 2147483647");
 }

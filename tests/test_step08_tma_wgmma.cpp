@@ -19,9 +19,11 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/bank_model.h"
-#include "common/registry.h"
-#include "common/workload.h"
+#include "common/backward/rules.h"
+#include "common/decode/rules.h"
+#include "common/forward/check.h"
+#include "common/forward/rules.h"
+#include "common/model/bank_model.h"
 #include "steps/08_tma_wgmma/traits.h"
 
 namespace {
@@ -378,7 +380,7 @@ TEST_CASE("step 08: tensor maps carry the problem's strides in bytes and meet th
     q.k.batch = int64_t(8) * (rng() % 3 == 0 ? 0 : int64_t(rng()));
     const fs::Step* step = fs::find_step("08_tma_wgmma");
     REQUIRE(step != nullptr);
-    if (!fs::check_static(*step, q).empty()) continue;
+    if (!fs::static_refusal(*step, q).empty()) continue;
     ++checked;
     const s8::TensorMapShape m = s8::tensor_map_shape(q.k, q.seqlen_k, q.heads_kv, q.batch, q.head_dim, 128);
     for (uint64_t s : m.strides) {
@@ -574,7 +576,7 @@ TEST_CASE("step 08 runs on sm_90 only and refuses, in a sentence, what the TMA o
   CHECK(s->arch_specific == 90);
   const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 128, fs::DType::bf16, true);
   const fs::DeviceInfo h200 = fake_device(90, 227 * 1024);
-  const fs::Plan plan = fs::plan_for(*s, p, h200);
+  const fs::Plan plan = fs::plan(*s, p, h200);
   REQUIRE(plan.accepted());
   CHECK(plan.config == s8::config_for(128));
   REQUIRE(plan.kernels.size() == 1);
@@ -582,31 +584,31 @@ TEST_CASE("step 08 runs on sm_90 only and refuses, in a sentence, what the TMA o
   CHECK(plan.kernels[0].smem_bytes == size_t(s8::smem_bytes(s8::kConfigs[plan.config])));
   CHECK(plan.kernels[0].blocks == 8 * 2 * 8);
   CHECK(plan.kernels[0].function != nullptr);
-  CHECK(s->claims(p, h200));
-  CHECK_FALSE(s->claims(p, fake_device(80, 163 * 1024)));
-  CHECK(fs::plan_for(*s, p, fake_device(80, 163 * 1024)).refusal ==
+  CHECK(s->forward.claims(p, h200));
+  CHECK_FALSE(s->forward.claims(p, fake_device(80, 163 * 1024)));
+  CHECK(fs::plan(*s, p, fake_device(80, 163 * 1024)).refusal ==
         "step 08_tma_wgmma needs compute capability 9.0 or newer; this GPU is 8.0");
-  CHECK(fs::plan_for(*s, p, fake_device(100, 227 * 1024)).refusal ==
+  CHECK(fs::plan(*s, p, fake_device(100, 227 * 1024)).refusal ==
         "step 08_tma_wgmma is built for sm_90a only (architecture-specific instructions), which runs on compute "
         "capability 9.0 alone; this GPU is 10.0");
-  CHECK(fs::plan_for(*s, p, fake_device(90, 100 * 1024)).refusal ==
+  CHECK(fs::plan(*s, p, fake_device(90, 100 * 1024)).refusal ==
         "head_dim 128 runs on 128-wide tiles, which need 164904 bytes of shared memory per block; this GPU allows "
         "102400");
   // A batch stride of 2^39 elements is 2^40 bytes: past what a tensor map can hold.
   fs::Problem far = p;
   far.k.batch = int64_t(1) << 39;
-  CHECK(fs::plan_for(*s, far, h200).refusal ==
+  CHECK(fs::plan(*s, far, h200).refusal ==
         "K's batch stride is 549755813888 elements (1099511627776 bytes); the TMA addresses strides below 2^40 bytes");
-  CHECK_FALSE(s->claims(far, h200));
+  CHECK_FALSE(s->forward.claims(far, h200));
   // ... unless the dimension has one entry, so the stride is never used.
   far.batch = 1;
-  CHECK(fs::plan_for(*s, far, h200).accepted());
+  CHECK(fs::plan(*s, far, h200).accepted());
   // 2^31 query tiles of 128 rows: one 1-D grid cannot hold them.
   fs::Problem big = fs::make_problem(1 << 17, 128 * 1024, 1, 16, 16, 64, fs::DType::fp16, false);
-  CHECK(fs::plan_for(*s, big, h200).refusal ==
+  CHECK(fs::plan(*s, big, h200).refusal ==
         "this step launches one block per 128 query rows per batch and head, 2147483648 blocks here, more than "
         "the grid limit of 2147483647");
-  CHECK_FALSE(s->claims(big, h200));
+  CHECK_FALSE(s->forward.claims(big, h200));
 }
 
 TEST_CASE("step 08 explains its maps without a GPU", "[step08]") {

@@ -21,9 +21,11 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/bank_model.h"
-#include "common/registry.h"
-#include "common/workload.h"
+#include "common/backward/rules.h"
+#include "common/decode/rules.h"
+#include "common/forward/check.h"
+#include "common/forward/rules.h"
+#include "common/model/bank_model.h"
 #include "steps/09_warp_specialized/traits.h"
 
 namespace {
@@ -756,9 +758,9 @@ TEST_CASE("step 09: four sub-steps, in idea order, on sm_90 only, each with its 
     for (bool causal : {false, true})
       for (int64_t d : {40, 64, 128, 200, 256}) {
         const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, d, fs::DType::bf16, causal);
-        const fs::Plan plan = fs::plan_for(*s, p, h200);
+        const fs::Plan plan = fs::plan(*s, p, h200);
         REQUIRE(plan.accepted());
-        CHECK(s->claims(p, h200));
+        CHECK(s->forward.claims(p, h200));
         CHECK(plan.config == s9::choose_config(ideas, d, causal));
         REQUIRE(plan.kernels.size() == 1);
         CHECK(plan.kernels[0].threads == 384);
@@ -767,30 +769,30 @@ TEST_CASE("step 09: four sub-steps, in idea order, on sm_90 only, each with its 
         CHECK(plan.kernels[0].function != nullptr);
       }
     const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 128, fs::DType::fp16, false);
-    CHECK(fs::plan_for(*s, p, fake_device(100, 227 * 1024)).refusal ==
+    CHECK(fs::plan(*s, p, fake_device(100, 227 * 1024)).refusal ==
           "step " + s->id +
               " is built for sm_90a only (architecture-specific instructions), which runs on compute capability "
               "9.0 alone; this GPU is 10.0");
-    CHECK_FALSE(s->claims(p, fake_device(80, 163 * 1024)));
+    CHECK_FALSE(s->forward.claims(p, fake_device(80, 163 * 1024)));
   }
   // Different sub-steps and tiles are different kernels.
   const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 128, fs::DType::fp16, false);
   std::set<const void*> kernels;
-  for (const char* id : ids) kernels.insert(fs::plan_for(*fs::find_step(id), p, h200).kernels[0].function);
+  for (const char* id : ids) kernels.insert(fs::plan(*fs::find_step(id), p, h200).kernels[0].function);
   CHECK(kernels.size() == 4);
   // 09d at head_dim 128: 128 × 176 tiles, 209 KiB; a GPU with less shared memory is refused in a sentence.
-  CHECK(fs::plan_for(*fs::find_step("09d_tile_sizes"), p, fake_device(90, 200 * 1024)).refusal ==
+  CHECK(fs::plan(*fs::find_step("09d_tile_sizes"), p, fake_device(90, 200 * 1024)).refusal ==
         "head_dim 128 runs on 128-wide tiles of 176 keys, which need 214088 bytes of shared memory per block; this "
         "GPU allows 204800");
   // 2^31 query tiles of 128 rows: one 1-D grid cannot hold them.
   const fs::Problem big = fs::make_problem(1 << 17, 128 * 1024, 1, 16, 16, 64, fs::DType::fp16, false);
-  CHECK(fs::plan_for(*fs::find_step("09a_producer_consumer"), big, h200).refusal ==
+  CHECK(fs::plan(*fs::find_step("09a_producer_consumer"), big, h200).refusal ==
         "this step launches one block per 128 query rows per batch and head, 2147483648 blocks here, more than the "
         "grid limit of 2147483647");
   // A stride the TMA cannot address.
   fs::Problem far = p;
   far.v.head = int64_t(1) << 39;
-  CHECK(fs::plan_for(*fs::find_step("09c_intra_overlap"), far, h200).refusal ==
+  CHECK(fs::plan(*fs::find_step("09c_intra_overlap"), far, h200).refusal ==
         "V's head stride is 549755813888 elements (1099511627776 bytes); the TMA addresses strides below 2^40 bytes");
 }
 

@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/registry.h"
-#include "common/workload.h"
+#include "common/backward/rules.h"
+#include "common/decode/rules.h"
+#include "common/forward/check.h"
+#include "common/forward/rules.h"
 #include "steps/07_flash_attention2/traits.h"
 #include "steps/10_decoding/traits.h"
 
@@ -322,7 +324,7 @@ TEST_CASE("step 10: plans, splits, workspace and refusals on made-up GPUs", "[st
   const fs::DeviceInfo h200 = fake_gpu(90, kSm90);
   // b1 sk131072 h32/8 d128: 30 splits, a combine kernel, partial O and LSE for 32 rows.
   fs::DecodeProblem p = fs::make_decode_problem(1, 1, 131072, 32, 8, 128, fs::DType::fp16, false);
-  fs::Plan plan = fs::plan_decode_for(*s, p, h200);
+  fs::Plan plan = fs::plan(*s, p, h200);
   REQUIRE(plan.accepted());
   CHECK(plan.splits == 30);
   REQUIRE(plan.kernels.size() == 2);
@@ -331,44 +333,44 @@ TEST_CASE("step 10: plans, splits, workspace and refusals on made-up GPUs", "[st
   CHECK(plan.kernels[0].smem_bytes == size_t((16 + 2 * 3 * 64) * 128 * 2));
   CHECK(plan.workspace_bytes == size_t(30 * 32 * 4 + 30 * 32 * 128 * 4));
   // The same shape, paged: the same plan.
-  const fs::Plan paged = fs::plan_decode_for(*s, fs::make_decode_problem(1, 1, 131072, 32, 8, 128, fs::DType::fp16, false, 64), h200);
+  const fs::Plan paged = fs::plan(*s, fs::make_decode_problem(1, 1, 131072, 32, 8, 128, fs::DType::fp16, false, 64), h200);
   CHECK(paged.splits == 30);
   // b64 sk4096: no split, no workspace, one kernel.
-  plan = fs::plan_decode_for(*s, fs::make_decode_problem(64, 1, 4096, 32, 8, 128, fs::DType::bf16, false), h200);
+  plan = fs::plan(*s, fs::make_decode_problem(64, 1, 4096, 32, 8, 128, fs::DType::bf16, false), h200);
   CHECK(plan.splits == 1);
   CHECK(plan.workspace_bytes == 0);
   CHECK(plan.kernels.size() == 1);
   // A forced number of splits, and the checked mode's 256 bytes.
   p.num_splits = 3;
   p.checked = 1;
-  plan = fs::plan_decode_for(*s, p, h200);
+  plan = fs::plan(*s, p, h200);
   CHECK(plan.splits == 3);
   CHECK(plan.workspace_bytes == size_t(3 * 32 * 4 + 3 * 32 * 128 * 4) + fs::kDecodeCheckBytes);
   // GQA 64:1 at seqlen_q 16: 1024 packed rows, 64 row tiles per KV head.
-  plan = fs::plan_decode_for(*s, fs::make_decode_problem(2, 16, 1000, 64, 1, 64, fs::DType::fp16, true), h200);
+  plan = fs::plan(*s, fs::make_decode_problem(2, 16, 1000, 64, 1, 64, fs::DType::fp16, true), h200);
   REQUIRE(plan.accepted());
   CHECK(plan.kernels[0].blocks == 2 * 64 * plan.splits);
   // The forward entry plans the decoding problem of a forward problem.
   const fs::Problem f = fs::make_problem(8, 1, 32768, 32, 8, 128, fs::DType::fp16, false);
-  const fs::Plan fwd = fs::plan_for(*s, f, h200);
+  const fs::Plan fwd = fs::plan(*s, f, h200);
   REQUIRE(fwd.accepted());
   CHECK(fwd.splits == 4);
-  CHECK(fwd.workspace_bytes == fs::plan_decode_for(*s, fs::decode_view(f), h200).workspace_bytes);
+  CHECK(fwd.workspace_bytes == fs::plan(*s, fs::decode_of(f), h200).workspace_bytes);
 
   // Refusals: prefill, and keys past 32-bit tile arithmetic.
-  CHECK(fs::check_static(*s, fs::make_problem(2, 2048, 2048, 16, 16, 128, fs::DType::fp16, false)) ==
+  CHECK(fs::static_refusal(*s, fs::make_problem(2, 2048, 2048, 16, 16, 128, fs::DType::fp16, false)) ==
         "seqlen_q is 2048; this step is the decoding kernel and runs up to 16 new tokens per sequence (prefill "
         "belongs to steps 07 and 08, whose tiles reuse each K/V tile for 128 query rows)");
-  CHECK(fs::check_decode_static(*s, fs::make_decode_problem(1, 17, 64, 1, 1, 64, fs::DType::fp16, false))
+  CHECK(fs::static_refusal(*s, fs::make_decode_problem(1, 17, 64, 1, 1, 64, fs::DType::fp16, false))
             .find("seqlen_q is 17") == 0);
-  CHECK(fs::check_decode_static(*s, fs::make_decode_problem(1, 1, INT32_MAX, 1, 1, 64, fs::DType::fp16, false))
+  CHECK(fs::static_refusal(*s, fs::make_decode_problem(1, 1, INT32_MAX, 1, 1, 64, fs::DType::fp16, false))
             .find("seqlen_k is 2147483647; this step counts keys in 32-bit integers") == 0);
   // A GPU too small for the tile refuses with the numbers; an old one by compute capability.
-  const std::string small = fs::plan_decode_for(*s, p, fake_gpu(90, 48 * 1024)).refusal;
+  const std::string small = fs::plan(*s, p, fake_gpu(90, 48 * 1024)).refusal;
   CHECK(small == "head_dim 128 runs on 128-wide tiles, which need at least 69632 bytes of shared memory per block; "
                  "this GPU allows 49152");
-  CHECK(fs::plan_decode_for(*s, p, fake_gpu(75, kSm86)).refusal.find("needs compute capability 8.0") != std::string::npos);
+  CHECK(fs::plan(*s, p, fake_gpu(75, kSm86)).refusal.find("needs compute capability 8.0") != std::string::npos);
   // A step without a decoding entry says so.
-  const std::string none = fs::check_decode_static(*fs::find_step("07g_flash_attention2"), p);
+  const std::string none = fs::static_refusal(*fs::find_step("07g_flash_attention2"), p);
   CHECK(none.find("step 07g_flash_attention2 has no decoding entry") == 0);
 }

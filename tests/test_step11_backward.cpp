@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/bank_model.h"
-#include "common/workload.h"
+#include "common/forward/check.h"
+#include "common/model/bank_model.h"
 #include "ptx_isa.h"
 #include "steps/07_flash_attention2/traits.h"
 #include "steps/11_backward/traits.h"

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/checked.h"
-#include "common/cli.h"
-#include "common/problem.h"
+#include "common/forward/rules.h"
+#include "common/step/overflow.h"
+#include "runner/cli.h"
 
 namespace {
 

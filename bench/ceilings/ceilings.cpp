@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "common/buffer.h"
-#include "common/device.h"
-#include "common/timing.h"
+#include "common/harness/gpu.h"
+#include "common/harness/gpu.h"
+#include "common/harness/timing.h"
 #include "kernels.h"
 #include "report.h"
 #include "tests/gpu_test_config.h"  // kSkipCode: ctest reports exit 77 as skipped

@@ -6,7 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/device.h"
+#include "common/harness/gpu.h"
 #include "instructions.cuh"
 #include "kernels.h"
 #include "values.cuh"

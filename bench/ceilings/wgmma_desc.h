@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "common/problem.h"  // FS_HD
+#include "common/forward/rules.h"  // FS_HD
 
 namespace fs::ceilings {
 

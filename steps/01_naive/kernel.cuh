@@ -12,8 +12,8 @@
 
 #include <cmath>
 
-#include "common/dtype.cuh"
-#include "common/workload.h"
+#include "common/forward/problem.h"
+#include "common/step/dtype.cuh"
 #include "steps/01_naive/traits.h"
 
 namespace fs::step01 {

@@ -5,8 +5,9 @@
 #include <sstream>
 #include <vector>
 
-#include "common/checked.h"
-#include "common/registry.h"
+#include "common/step/dispatch.h"
+#include "common/step/overflow.h"
+#include "common/step/step.h"
 #include "steps/01_naive/kernel.cuh"
 
 namespace fs::step01 {
@@ -86,9 +87,10 @@ namespace fs {
 
 void register_step_01_naive(Registry& r) {
   using namespace step01;
-  r.add(Step{"01_naive", "naive attention",
-             "textbook attention: S = QKᵀ, softmax and P·V as three kernels, S in global memory", "", 80, 0,
-             limits, plan, launch, claims, {}});
+  r.add({.id = "01_naive",
+         .name = "naive attention",
+         .lesson = "textbook attention: S = QKᵀ, softmax and P·V as three kernels, S in global memory",
+         .forward = {limits, plan, launch, claims}});
 }
 
 }  // namespace fs

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "common/problem.h"  // FS_HD, Problem
+#include "common/forward/problem.h"  // FS_HD, Problem
 
 namespace fs::step01 {
 

@@ -18,8 +18,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/dtype.cuh"
-#include "common/workload.h"
+#include "common/forward/problem.h"
+#include "common/step/dtype.cuh"
 #include "steps/02_online_softmax/traits.h"
 
 namespace fs::step02 {

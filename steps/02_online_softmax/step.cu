@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <string>
 
-#include "common/registry.h"
+#include "common/step/dispatch.h"
+#include "common/step/step.h"
 #include "steps/02_online_softmax/kernel.cuh"
 
 namespace fs::step02 {
@@ -66,9 +67,10 @@ namespace fs {
 
 void register_step_02_online_softmax(Registry& r) {
   using namespace step02;
-  r.add(Step{"02_online_softmax", "online softmax",
-             "one fused kernel: running max and sum over the keys, S never stored (memory O(N·d), not O(N²))", "", 80, 0,
-             limits, plan, launch, claims, {}});
+  r.add({.id = "02_online_softmax",
+         .name = "online softmax",
+         .lesson = "one fused kernel: running max and sum over the keys, S never stored (memory O(N·d), not O(N²))",
+         .forward = {limits, plan, launch, claims}});
 }
 
 }  // namespace fs

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "common/problem.h"  // FS_HD
+#include "common/forward/problem.h"  // FS_HD
 
 namespace fs::step02 {
 

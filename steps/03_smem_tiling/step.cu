@@ -5,8 +5,9 @@
 #include <ostream>
 #include <string>
 
-#include "common/bank_report.h"
-#include "common/registry.h"
+#include "common/model/bank_report.h"
+#include "common/step/dispatch.h"
+#include "common/step/step.h"
 #include "steps/03_smem_tiling/kernel.cuh"
 
 namespace fs::step03 {
@@ -94,11 +95,12 @@ namespace fs {
 
 void register_step_03_smem_tiling(Registry& r) {
   using namespace step03;
-  r.add(Step{"03_smem_tiling", "shared-memory tiling",
-             "Q, K, V tiles in shared memory, a 4×4 register tile of S per thread (FlashAttention-2 loop on "
-             "CUDA cores); row-major tiles with 8-way bank conflicts",
-             "", 80, 0, limits, plan<RowMajorLayout>, launch<RowMajorLayout>, claims,
-             bank_report<RowMajorLayout>("03_smem_tiling", "row-major")});
+  r.add({.id = "03_smem_tiling",
+         .name = "shared-memory tiling",
+         .lesson = "Q, K, V tiles in shared memory, a 4×4 register tile of S per thread (FlashAttention-2 loop on "
+                   "CUDA cores); row-major tiles with 8-way bank conflicts",
+         .forward = {limits, plan<RowMajorLayout>, launch<RowMajorLayout>, claims},
+         .explain = bank_report<RowMajorLayout>("03_smem_tiling", "row-major")});
 }
 
 }  // namespace fs

@@ -7,7 +7,7 @@
 // those of the code that runs.
 #pragma once
 
-#include "common/problem.h"  // FS_HD
+#include "common/forward/problem.h"  // FS_HD
 
 namespace fs::step03 {
 

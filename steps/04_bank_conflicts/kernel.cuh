@@ -20,8 +20,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/dtype.cuh"
-#include "common/workload.h"
+#include "common/forward/problem.h"
+#include "common/step/dtype.cuh"
 #include "steps/04_bank_conflicts/traits.h"
 
 namespace fs::step04 {

@@ -5,8 +5,9 @@
 #include <ostream>
 #include <string>
 
-#include "common/bank_report.h"
-#include "common/registry.h"
+#include "common/model/bank_report.h"
+#include "common/step/dispatch.h"
+#include "common/step/step.h"
 #include "steps/04_bank_conflicts/kernel.cuh"
 
 namespace fs::step04 {
@@ -94,16 +95,18 @@ namespace fs {
 
 void register_step_04_bank_conflicts(Registry& r) {
   using namespace step04;
-  r.add(Step{"04_pad", "bank conflicts: padding",
-             "step 03 with each shared row 16 bytes longer: 8 consecutive K rows start in 8 different bank "
-             "groups, no conflict",
-             "", 80, 0, limits, plan<Padded16Layout>, launch<Padded16Layout>, claims,
-             bank_report<Padded16Layout>("04_pad", "padded +16 B per row")});
-  r.add(Step{"04_swizzle", "bank conflicts: XOR swizzle",
-             "step 03 with the 16-byte chunks of each shared row XOR-swizzled by row % 8: no conflict, no extra "
-             "memory",
-             "", 80, 0, limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims,
-             bank_report<Swizzled128Layout>("04_swizzle", "XOR-swizzled, chunk ^ row % 8")});
+  r.add({.id = "04_pad",
+         .name = "bank conflicts: padding",
+         .lesson = "step 03 with each shared row 16 bytes longer: 8 consecutive K rows start in 8 different bank "
+                   "groups, no conflict",
+         .forward = {limits, plan<Padded16Layout>, launch<Padded16Layout>, claims},
+         .explain = bank_report<Padded16Layout>("04_pad", "padded +16 B per row")});
+  r.add({.id = "04_swizzle",
+         .name = "bank conflicts: XOR swizzle",
+         .lesson = "step 03 with the 16-byte chunks of each shared row XOR-swizzled by row % 8: no conflict, no "
+                   "extra memory",
+         .forward = {limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims},
+         .explain = bank_report<Swizzled128Layout>("04_swizzle", "XOR-swizzled, chunk ^ row % 8")});
 }
 
 }  // namespace fs

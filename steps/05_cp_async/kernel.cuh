@@ -18,8 +18,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/dtype.cuh"
-#include "common/workload.h"
+#include "common/forward/problem.h"
+#include "common/step/dtype.cuh"
 #include "steps/05_cp_async/traits.h"
 
 namespace fs::step05 {

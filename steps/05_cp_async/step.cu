@@ -5,8 +5,9 @@
 #include <ostream>
 #include <string>
 
-#include "common/bank_report.h"
-#include "common/registry.h"
+#include "common/model/bank_report.h"
+#include "common/step/dispatch.h"
+#include "common/step/step.h"
 #include "steps/05_cp_async/kernel.cuh"
 
 namespace fs::step05 {
@@ -95,11 +96,12 @@ namespace fs {
 
 void register_step_05_cp_async(Registry& r) {
   using namespace step05;
-  r.add(Step{"05_cp_async", "cp.async double buffering",
-             "04_swizzle with K/V tiles copied by cp.async into two buffers: tile n+1 streams in while tile n "
-             "is computed",
-             "", 80, 0, limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims,
-             bank_report<Swizzled128Layout>("05_cp_async", "XOR-swizzled, chunk ^ row % 8")});
+  r.add({.id = "05_cp_async",
+         .name = "cp.async double buffering",
+         .lesson = "04_swizzle with K/V tiles copied by cp.async into two buffers: tile n+1 streams in while tile n "
+                   "is computed",
+         .forward = {limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims},
+         .explain = bank_report<Swizzled128Layout>("05_cp_async", "XOR-swizzled, chunk ^ row % 8")});
 }
 
 }  // namespace fs

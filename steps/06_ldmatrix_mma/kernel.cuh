@@ -28,8 +28,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/dtype.cuh"
-#include "common/workload.h"
+#include "common/forward/problem.h"
+#include "common/step/dtype.cuh"
 #include "steps/06_ldmatrix_mma/traits.h"
 
 namespace fs::step06 {

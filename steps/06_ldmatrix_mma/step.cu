@@ -5,7 +5,8 @@
 #include <ostream>
 #include <string>
 
-#include "common/registry.h"
+#include "common/step/dispatch.h"
+#include "common/step/step.h"
 #include "steps/06_ldmatrix_mma/kernel.cuh"
 
 namespace fs::step06 {
@@ -144,9 +145,12 @@ namespace fs {
 
 void register_step_06_ldmatrix_mma(Registry& r) {
   using namespace step06;
-  r.add(Step{"06_ldmatrix_mma", "tensor cores: ldmatrix + mma.sync",
-             "S = Q·Kᵀ and O = P·V on the tensor cores: ldmatrix fragments, mma.sync.m16n8k16, P kept in registers",
-             "", 80, 0, limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims, explain});
+  r.add({.id = "06_ldmatrix_mma",
+         .name = "tensor cores: ldmatrix + mma.sync",
+         .lesson = "S = Q·Kᵀ and O = P·V on the tensor cores: ldmatrix fragments, mma.sync.m16n8k16, P kept in "
+                   "registers",
+         .forward = {limits, plan<Swizzled128Layout>, launch<Swizzled128Layout>, claims},
+         .explain = explain});
 }
 
 }  // namespace fs

@@ -39,8 +39,8 @@
 
 #include <type_traits>
 
-#include "common/dtype.cuh"
-#include "common/problem.h"
+#include "common/forward/problem.h"
+#include "common/step/dtype.cuh"
 #include "steps/07_flash_attention2/traits.h"
 
 namespace fs::step07 {

@@ -3,8 +3,9 @@
 #include <sstream>
 #include <utility>
 
-#include "common/dtype.cuh"
-#include "common/registry.h"
+#include "common/step/dispatch.h"
+#include "common/step/dtype.cuh"
+#include "common/step/step.h"
 #include "steps/07_flash_attention2/kernel.cuh"
 
 namespace fs::step07 {
@@ -40,22 +41,6 @@ KernelLaunch kernel_launch(const Problem& p, dim3& grid) {
                       size_t(Tr::SMEM_BYTES), int64_t(grid.x) * grid.y};
 }
 
-// f(std::integral_constant<int, CONFIG>) for the run-time index `config`; only the configurations
-// sub-step IDEAS has are instantiated.
-template <int IDEAS, int CONFIG, typename F>
-void call_if(int config, F& f) {
-  if constexpr (has_config(IDEAS, CONFIG))
-    if (config == CONFIG) f(std::integral_constant<int, CONFIG>{});
-}
-template <int IDEAS, typename F, int... CONFIGS>
-void for_config(int config, F&& f, std::integer_sequence<int, CONFIGS...>) {
-  (call_if<IDEAS, CONFIGS>(config, f), ...);
-}
-template <int IDEAS, typename F>
-void for_config(int config, F&& f) {
-  for_config<IDEAS>(config, std::forward<F>(f), std::make_integer_sequence<int, kNumConfigs>{});
-}
-
 template <int IDEAS>
 Plan plan(const Problem& p, const DeviceInfo& dev) {
   Plan pl;
@@ -80,9 +65,11 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
   }
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_config<IDEAS>(pl.config, [&](auto c) {
-      dim3 grid;
-      pl.kernels = {kernel_launch<T, IDEAS, decltype(c)::value>(p, grid)};
+    with_config<kNumConfigs>(pl.config, [&](auto c) {
+      if constexpr (has_config(IDEAS, decltype(c)::value)) {
+        dim3 grid;
+        pl.kernels = {kernel_launch<T, IDEAS, decltype(c)::value>(p, grid)};
+      }
     });
   });
   return pl;
@@ -93,27 +80,29 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
   const float scale_log2 = float(double(p.softmax_scale) * 1.4426950408889634);  // scale · log2(e)
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_config<IDEAS>(plan.config, [&](auto c) {
-      using Tr = TraitsOf<decltype(c)::value, IDEAS>;
-      dim3 grid;
-      const KernelLaunch kl = kernel_launch<T, IDEAS, decltype(c)::value>(p, grid);
-      auto* kernel = flash_attention2_kernel<T, Tr>;
-      CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kl.smem_bytes)));
-      // All of the SM's unified L1/shared memory as shared memory, so that two blocks fit (cp.async.cg
-      // bypasses L1, so the kernel loses nothing).
-      CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared));
-      kernel<<<grid, kl.threads, kl.smem_bytes, stream>>>(static_cast<const T*>(t.q), static_cast<const T*>(t.k),
-                                                         static_cast<const T*>(t.v), static_cast<T*>(t.o), t.lse, p,
-                                                         scale_log2);
-      CHECK_LAUNCH();
+    with_config<kNumConfigs>(plan.config, [&](auto c) {
+      if constexpr (has_config(IDEAS, decltype(c)::value)) {
+        using Tr = TraitsOf<decltype(c)::value, IDEAS>;
+        dim3 grid;
+        const KernelLaunch kl = kernel_launch<T, IDEAS, decltype(c)::value>(p, grid);
+        auto* kernel = flash_attention2_kernel<T, Tr>;
+        CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kl.smem_bytes)));
+        // All of the SM's unified L1/shared memory as shared memory, so that two blocks fit (cp.async.cg
+        // bypasses L1, so the kernel loses nothing).
+        CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+        kernel<<<grid, kl.threads, kl.smem_bytes, stream>>>(static_cast<const T*>(t.q), static_cast<const T*>(t.k),
+                                                           static_cast<const T*>(t.v), static_cast<T*>(t.o), t.lse, p,
+                                                           scale_log2);
+        CHECK_LAUNCH();
+      }
     });
   });
 }
 
 template <int IDEAS>
 Step sub_step(const char* id, const char* name, const char* lesson) {
-  return Step{id, name, lesson, "", 80, 0, limits<IDEAS>, plan<IDEAS>, launch<IDEAS>, claims<IDEAS>, nullptr};
+  return {.id = id, .name = name, .lesson = lesson, .forward = {limits<IDEAS>, plan<IDEAS>, launch<IDEAS>, claims<IDEAS>}};
 }
 
 }  // namespace

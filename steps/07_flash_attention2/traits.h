@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/problem.h"
+#include "common/forward/problem.h"
 
 namespace fs::step07 {
 

@@ -46,7 +46,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/dtype.cuh"
+#include "common/step/dtype.cuh"
 #include "steps/08_tma_wgmma/traits.h"
 
 namespace fs::step08 {

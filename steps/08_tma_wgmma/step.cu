@@ -10,8 +10,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "common/dtype.cuh"
-#include "common/registry.h"
+#include "common/step/dispatch.h"
+#include "common/step/dtype.cuh"
+#include "common/step/step.h"
 #include "steps/08_tma_wgmma/kernel.cuh"
 
 namespace fs {
@@ -59,18 +60,6 @@ bool claims(const Problem& p, const DeviceInfo& dev) {
          s8::grid_blocks(p) <= INT32_MAX;
 }
 
-// The kernel of table row CONFIGS[config] for element type T.
-template <typename T, int... CONFIGS>
-const void* kernel_at(int config, std::integer_sequence<int, CONFIGS...>) {
-  const void* kernel = nullptr;
-  ((config == CONFIGS ? void(kernel = reinterpret_cast<const void*>(
-                                 &s8::tma_wgmma_kernel<T, s8::kConfigs[CONFIGS].head_dim, s8::kConfigs[CONFIGS].block_kv,
-                                                       s8::kConfigs[CONFIGS].kv_stages>))
-                      : void()),
-   ...);
-  return kernel;
-}
-
 Plan plan(const Problem& p, const DeviceInfo& dev) {
   Plan pl;
   pl.config = s8::config_for(p.head_dim);
@@ -90,10 +79,14 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
     pl.refusal = m.str();
     return pl;
   }
-  const void* kernel = dispatch_dtype(p.dtype, [&](auto tag) {
-    return kernel_at<typename decltype(tag)::type>(pl.config, std::make_integer_sequence<int, s8::kNumConfigs>{});
+  dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    with_config<s8::kNumConfigs>(pl.config, [&](auto c) {
+      constexpr s8::Config k = s8::kConfigs[decltype(c)::value];
+      const void* kernel = reinterpret_cast<const void*>(&s8::tma_wgmma_kernel<T, k.head_dim, k.block_kv, k.kv_stages>);
+      pl.kernels = {KernelLaunch{kernel, s8::NUM_THREADS, size_t(smem), blocks}};
+    });
   });
-  pl.kernels = {KernelLaunch{kernel, s8::NUM_THREADS, size_t(smem), blocks}};
   return pl;
 }
 
@@ -149,18 +142,12 @@ void launch_tiles(const Problem& p, const Tensors& t, const Plan& plan, cudaStre
   CHECK_LAUNCH();
 }
 
-template <typename T, int... CONFIGS>
-void launch_at(const Problem& p, const Tensors& t, const Plan& plan, cudaStream_t stream,
-               std::integer_sequence<int, CONFIGS...>) {
-  ((plan.config == CONFIGS ? launch_tiles<T, s8::kConfigs[CONFIGS].head_dim, s8::kConfigs[CONFIGS].block_kv,
-                                          s8::kConfigs[CONFIGS].kv_stages>(p, t, plan, stream)
-                           : void()),
-   ...);
-}
-
 void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStream_t stream) {
   dispatch_dtype(p.dtype, [&](auto tag) {
-    launch_at<typename decltype(tag)::type>(p, t, plan, stream, std::make_integer_sequence<int, s8::kNumConfigs>{});
+    with_config<s8::kNumConfigs>(plan.config, [&](auto c) {
+      constexpr s8::Config k = s8::kConfigs[decltype(c)::value];
+      launch_tiles<typename decltype(tag)::type, k.head_dim, k.block_kv, k.kv_stages>(p, t, plan, stream);
+    });
   });
 }
 
@@ -280,10 +267,12 @@ void explain(std::ostream& out) {
 }  // namespace
 
 void register_step_08_tma_wgmma(Registry& r) {
-  r.add(Step{"08_tma_wgmma", "TMA + wgmma",
-             "Hopper's data path: tiles copied by the TMA into 128-byte-swizzled shared memory, mbarrier phases, "
-             "both products on wgmma (sm_90a)",
-             "", 90, 90, limits, plan, launch, claims, explain});
+  r.add({.id = "08_tma_wgmma",
+         .name = "TMA + wgmma",
+         .lesson = "Hopper's data path: tiles copied by the TMA into 128-byte-swizzled shared memory, mbarrier "
+                   "phases, both products on wgmma (sm_90a)",
+         .forward = {limits, plan, launch, claims},
+         .explain = explain});
 }
 
 }  // namespace fs

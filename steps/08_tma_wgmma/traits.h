@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "common/problem.h"
+#include "common/forward/problem.h"
 
 namespace fs::step08 {
 

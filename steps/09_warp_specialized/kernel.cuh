@@ -57,7 +57,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/dtype.cuh"
+#include "common/step/dtype.cuh"
 #include "steps/09_warp_specialized/traits.h"
 
 namespace fs::step09 {

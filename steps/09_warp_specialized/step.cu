@@ -10,8 +10,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "common/dtype.cuh"
-#include "common/registry.h"
+#include "common/step/dispatch.h"
+#include "common/step/dtype.cuh"
+#include "common/step/step.h"
 #include "steps/09_warp_specialized/kernel.cuh"
 
 namespace fs::step09 {
@@ -59,22 +60,6 @@ bool claims(const Problem& p, const DeviceInfo& dev) {
          limits(p).empty() && grid_blocks(p) <= INT32_MAX;
 }
 
-// f(std::integral_constant<int, CONFIG>) for the run-time index `config`; only the configurations
-// sub-step IDEAS has are instantiated.
-template <int IDEAS, int CONFIG, typename F>
-void call_if(int config, F& f) {
-  if constexpr (has_config(IDEAS, CONFIG))
-    if (config == CONFIG) f(std::integral_constant<int, CONFIG>{});
-}
-template <int IDEAS, typename F, int... CONFIGS>
-void for_config(int config, F&& f, std::integer_sequence<int, CONFIGS...>) {
-  (call_if<IDEAS, CONFIGS>(config, f), ...);
-}
-template <int IDEAS, typename F>
-void for_config(int config, F&& f) {
-  for_config<IDEAS>(config, std::forward<F>(f), std::make_integer_sequence<int, kNumConfigs>{});
-}
-
 template <int IDEAS>
 Plan plan(const Problem& p, const DeviceInfo& dev) {
   Plan pl;
@@ -98,10 +83,12 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
   }
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_config<IDEAS>(pl.config, [&](auto c) {
-      using Tr = TraitsOf<decltype(c)::value, IDEAS>;
-      pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&warp_specialized_kernel<T, Tr>), NUM_THREADS,
-                                 size_t(Tr::SMEM_BYTES), blocks}};
+    with_config<kNumConfigs>(pl.config, [&](auto c) {
+      if constexpr (has_config(IDEAS, decltype(c)::value)) {
+        using Tr = TraitsOf<decltype(c)::value, IDEAS>;
+        pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&warp_specialized_kernel<T, Tr>), NUM_THREADS,
+                                   size_t(Tr::SMEM_BYTES), blocks}};
+      }
     });
   });
   return pl;
@@ -143,32 +130,37 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
   const float scale_log2 = float(double(p.softmax_scale) * 1.4426950408889634);  // scale · log2(e)
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_config<IDEAS>(plan.config, [&](auto c) {
-      using Tr = TraitsOf<decltype(c)::value, IDEAS>;
-      auto* kernel = warp_specialized_kernel<T, Tr>;
-      const CUtensorMapDataType type =
-          std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-      // Q arrives in one tile of BLOCK_Q rows, K and V in tiles of BLOCK_KV; O leaves per consumer,
-      // 64 rows at a time.
-      const CUtensorMap q_map =
-          make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, p.seqlen_q, p.heads_q, p.batch, p.head_dim, BLOCK_Q));
-      const CUtensorMap k_map = make_tensor_map(
-          "K", t.k, type, tensor_map_shape(p.k, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
-      const CUtensorMap v_map = make_tensor_map(
-          "V", t.v, type, tensor_map_shape(p.v, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
-      const CUtensorMap o_map = make_tensor_map(
-          "O", t.o, type, tensor_map_shape(p.o, p.seqlen_q, p.heads_q, p.batch, p.head_dim, ROWS_PER_WARPGROUP));
-      CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
-      kernel<<<unsigned(plan.kernels.front().blocks), NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
-          q_map, k_map, v_map, o_map, t.lse, p, scale_log2);
-      CHECK_LAUNCH();
+    const CUtensorMapDataType type =
+        std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    with_config<kNumConfigs>(plan.config, [&](auto c) {
+      if constexpr (has_config(IDEAS, decltype(c)::value)) {
+        using Tr = TraitsOf<decltype(c)::value, IDEAS>;
+        auto* kernel = warp_specialized_kernel<T, Tr>;
+        // Q arrives in one tile of BLOCK_Q rows, K and V in tiles of BLOCK_KV; O leaves per consumer,
+        // 64 rows at a time.
+        const CUtensorMap q_map =
+            make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, p.seqlen_q, p.heads_q, p.batch, p.head_dim, BLOCK_Q));
+        const CUtensorMap k_map = make_tensor_map(
+            "K", t.k, type, tensor_map_shape(p.k, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
+        const CUtensorMap v_map = make_tensor_map(
+            "V", t.v, type, tensor_map_shape(p.v, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
+        const CUtensorMap o_map = make_tensor_map(
+            "O", t.o, type, tensor_map_shape(p.o, p.seqlen_q, p.heads_q, p.batch, p.head_dim, ROWS_PER_WARPGROUP));
+        CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
+        kernel<<<unsigned(plan.kernels.front().blocks), NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
+            q_map, k_map, v_map, o_map, t.lse, p, scale_log2);
+        CHECK_LAUNCH();
+      }
     });
   });
 }
 
 // ---- explain -----------------------------------------------------------------------------------
 
-std::string load_name(const KvLoad& l) { return std::string(l.v ? "V" : "K") + std::to_string(l.visit); }
+std::string load_name(const KvLoad& l) {
+  std::string name = l.v ? "V" : "K";
+  return name += std::to_string(l.visit);
+}
 
 // What sub-step IDEAS does, from the functions of traits.h the kernel calls: its tiles, the
 // register reallocation, the producer's copies and the consumers' turns for a short query tile,
@@ -266,7 +258,11 @@ void explain(std::ostream& out) {
 
 template <int IDEAS>
 Step sub_step(const char* id, const char* name, const char* lesson) {
-  return Step{id, name, lesson, "", 90, 90, limits, plan<IDEAS>, launch<IDEAS>, claims<IDEAS>, explain<IDEAS>};
+  return {.id = id,
+          .name = name,
+          .lesson = lesson,
+          .forward = {limits, plan<IDEAS>, launch<IDEAS>, claims<IDEAS>},
+          .explain = explain<IDEAS>};
 }
 
 }  // namespace

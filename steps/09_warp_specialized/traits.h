@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "common/problem.h"
+#include "common/forward/problem.h"
 
 namespace fs::step09 {
 

@@ -26,8 +26,8 @@
 
 #include <cuda_runtime.h>
 
-#include "common/decode.h"
-#include "common/dtype.cuh"
+#include "common/decode/problem.h"
+#include "common/step/dtype.cuh"
 #include "steps/10_decoding/traits.h"
 
 namespace fs::step10 {
@@ -116,7 +116,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
     split_kv_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                     const int32_t* __restrict__ block_table, const int32_t* __restrict__ cache_seqlens,
                     T* __restrict__ o, float* __restrict__ lse, float* __restrict__ part_o,
-                    float* __restrict__ part_lse, const DecodeProblem p, const Args a) {
+                    float* __restrict__ part_lse, const DecodeProblem dp, const Args a) {
+  const Problem& p = dp.attention;  // sizes and strides; k and v are the cache's
   using Layout = typename Tr::Layout;
   constexpr int BLOCK_KV = Tr::BLOCK_KV, KV_STAGES = Tr::KV_STAGES, KEYS_PER_WARP = Tr::KEYS_PER_WARP;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -167,10 +168,10 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
     if (found) {
       int64_t slot = w.b, row = key0;  // contiguous: batch entry b, row key0
       if (block_table) {
-        const int page = __ldg(block_table + int64_t(w.b) * p.block_table_stride + key0 / int(p.page_size));
-        found = page >= 0 && page < p.num_pages;
+        const int page = __ldg(block_table + int64_t(w.b) * dp.block_table_stride + key0 / int(dp.page_size));
+        found = page >= 0 && page < dp.num_pages;
         slot = page;
-        row = key0 % int(p.page_size);
+        row = key0 % int(dp.page_size);
       }
       k_row0 = slot * p.k.batch + row * p.k.row;
       v_row0 = slot * p.v.batch + row * p.v.row;
@@ -395,7 +396,7 @@ inline constexpr int kCombineWarps = 4;
 template <typename T>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, T* __restrict__ o,
-                   float* __restrict__ lse, const DecodeProblem p, const int splits, const int64_t rows_all) {
+                   float* __restrict__ lse, const Problem p, const int splits, const int64_t rows_all) {
   __shared__ float weight[kCombineWarps][kMaxSplits];  // each warp's w_i of its row
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, head_dim = int(p.head_dim);
   for (int64_t row = int64_t(blockIdx.x) * kCombineWarps + warp; row < rows_all;

@@ -6,9 +6,10 @@
 #include <sstream>
 #include <utility>
 
-#include "common/decode.h"
-#include "common/dtype.cuh"
-#include "common/registry.h"
+#include "common/decode/problem.h"
+#include "common/step/dispatch.h"
+#include "common/step/dtype.cuh"
+#include "common/step/step.h"
 #include "steps/10_decoding/kernel.cuh"
 
 namespace fs::step10 {
@@ -20,7 +21,8 @@ constexpr int64_t kMaxSeqlenQ = 16;
 // Keys are counted in 32-bit integers, rounded up to whole tiles of at most 128 keys.
 constexpr int64_t kMaxSeqlenK = INT32_MAX - 255;
 
-std::string limits(const DecodeProblem& p) {
+std::string limits(const DecodeProblem& dp) {
+  const Problem& p = dp.attention;
   std::ostringstream m;
   if (p.seqlen_q > kMaxSeqlenQ) {
     m << "seqlen_q is " << p.seqlen_q << "; this step is the decoding kernel and runs up to " << kMaxSeqlenQ
@@ -46,11 +48,12 @@ struct Grid {
   int splits;
   int64_t blocks() const { return base_blocks * splits; }
 };
-Grid grid_of(const DecodeProblem& p, int config, const DeviceInfo& dev) {
+Grid grid_of(const DecodeProblem& dp, int config, const DeviceInfo& dev) {
+  const Problem& p = dp.attention;
   const Config& c = kConfigs[config];
   const int64_t base = p.batch * p.heads_kv * row_tiles(packed_rows(p.heads_q, p.heads_kv, p.seqlen_q));
   const int64_t slots = int64_t(dev.sm_count > 0 ? dev.sm_count : 1) * blocks_per_sm(c, int64_t(dev.smem_per_block_optin));
-  const int splits = p.num_splits ? p.num_splits : num_splits_for(base, kv_tiles(p.seqlen_k, c.block_kv), slots);
+  const int splits = dp.num_splits ? dp.num_splits : num_splits_for(base, kv_tiles(p.seqlen_k, c.block_kv), slots);
   return {base, splits};
 }
 
@@ -59,23 +62,14 @@ Grid grid_of(const DecodeProblem& p, int config, const DeviceInfo& dev) {
 // 2^31 - 1 blocks (only a forced num_splits on a huge batch goes past it).
 bool claims(const DecodeProblem& p, const DeviceInfo& dev) {
   if (!limits(p).empty() || dev.smem_per_block_optin < 99 * KiB) return false;
-  const int config = choose_config(p.head_dim, int64_t(dev.smem_per_block_optin));
+  const int config = choose_config(p.attention.head_dim, int64_t(dev.smem_per_block_optin));
   return config >= 0 && grid_of(p, config, dev).blocks() <= INT32_MAX;
-}
-
-// f(std::integral_constant<int, CONFIG>) for the run-time index `config`.
-template <typename F, int... CONFIGS>
-void for_config(int config, F&& f, std::integer_sequence<int, CONFIGS...>) {
-  ((config == CONFIGS ? f(std::integral_constant<int, CONFIGS>{}) : void()), ...);
-}
-template <typename F>
-void for_config(int config, F&& f) {
-  for_config(config, std::forward<F>(f), std::make_integer_sequence<int, kNumConfigs>{});
 }
 
 inline constexpr int kCombineThreads = kCombineWarps * 32;
 
-Plan plan(const DecodeProblem& p, const DeviceInfo& dev) {
+Plan plan(const DecodeProblem& dp, const DeviceInfo& dev) {
+  const Problem& p = dp.attention;
   Plan pl;
   pl.config = choose_config(p.head_dim, int64_t(dev.smem_per_block_optin));
   if (pl.config < 0) {
@@ -85,7 +79,7 @@ Plan plan(const DecodeProblem& p, const DeviceInfo& dev) {
     pl.refusal = m.str();
     return pl;
   }
-  const Grid grid = grid_of(p, pl.config, dev);
+  const Grid grid = grid_of(dp, pl.config, dev);
   if (grid.blocks() > INT32_MAX) {
     std::ostringstream m;
     m << "this step launches one block per 16 packed rows, KV head, sequence and split: " << grid.base_blocks
@@ -98,7 +92,7 @@ Plan plan(const DecodeProblem& p, const DeviceInfo& dev) {
   pl.workspace_bytes = size_t(workspace_layout(grid.splits, rows_all, p.head_dim).bytes);
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_config(pl.config, [&](auto c) {
+    with_config<kNumConfigs>(pl.config, [&](auto c) {
       using Tr = TraitsOf<decltype(c)::value>;
       pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&split_kv_kernel<T, Tr>), Tr::NUM_THREADS,
                                  size_t(Tr::SMEM_BYTES), grid.blocks()}};
@@ -110,7 +104,8 @@ Plan plan(const DecodeProblem& p, const DeviceInfo& dev) {
   return pl;
 }
 
-void launch(const DecodeProblem& p, const DecodeTensors& t, const Plan& plan, void* workspace, cudaStream_t stream) {
+void launch(const DecodeProblem& dp, const DecodeTensors& t, const Plan& plan, void* workspace, cudaStream_t stream) {
+  const Problem& p = dp.attention;
   const int64_t rows = packed_rows(p.heads_q, p.heads_kv, p.seqlen_q), rows_all = p.batch * p.heads_q * p.seqlen_q;
   const Args a{int(p.heads_q / p.heads_kv), int(rows), int(row_tiles(rows)), plan.splits, rows_all,
                float(double(p.softmax_scale) * 1.4426950408889634)};  // scale · log2(e)
@@ -119,7 +114,7 @@ void launch(const DecodeProblem& p, const DecodeTensors& t, const Plan& plan, vo
   float* part_o = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + ws.o_offset) : nullptr;
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_config(plan.config, [&](auto c) {
+    with_config<kNumConfigs>(plan.config, [&](auto c) {
       using Tr = TraitsOf<decltype(c)::value>;
       const KernelLaunch& kl = plan.kernels[0];
       auto* kernel = split_kv_kernel<T, Tr>;
@@ -130,7 +125,7 @@ void launch(const DecodeProblem& p, const DecodeTensors& t, const Plan& plan, vo
                                       cudaSharedmemCarveoutMaxShared));
       kernel<<<unsigned(kl.blocks), kl.threads, kl.smem_bytes, stream>>>(
           static_cast<const T*>(t.q), static_cast<const T*>(t.k_cache), static_cast<const T*>(t.v_cache),
-          t.block_table, t.cache_seqlens, static_cast<T*>(t.o), t.lse, part_o, part_lse, p, a);
+          t.block_table, t.cache_seqlens, static_cast<T*>(t.o), t.lse, part_o, part_lse, dp, a);
       CHECK_LAUNCH();
       if (plan.splits > 1) {
         const KernelLaunch& combine = plan.kernels[1];
@@ -159,7 +154,9 @@ void explain(std::ostream& out) {
   const struct { int64_t batch, seqlen_k, heads_q, heads_kv; } shapes[] = {
       {1, 131072, 32, 8}, {8, 32768, 32, 8}, {64, 4096, 32, 8}, {128, 2048, 64, 8}, {16, 16384, 32, 32}};
   for (const auto& s : shapes) {
-    const DecodeProblem p = make_decode_problem(s.batch, 1, s.seqlen_k, s.heads_q, s.heads_kv, 128, DType::fp16, false);
+    DecodeProblem p{};  // the sizes grid_of reads; num_splits 0: the heuristic
+    p.attention.batch = s.batch, p.attention.seqlen_q = 1, p.attention.seqlen_k = s.seqlen_k;
+    p.attention.heads_q = s.heads_q, p.attention.heads_kv = s.heads_kv, p.attention.head_dim = 128;
     const Grid g = grid_of(p, config, h200);
     out << "  b" << s.batch << " sk" << s.seqlen_k << " h" << s.heads_q << "/" << s.heads_kv << ": " << g.base_blocks
         << " blocks without a split, " << kv_tiles(s.seqlen_k, c.block_kv) << " K/V tiles per sequence -> " << g.splits
@@ -174,23 +171,21 @@ namespace fs {
 
 void register_step_10_decoding(Registry& r) {
   using namespace step10;
-  Step s;
-  s.id = "10_decoding";
-  s.name = "decoding";
-  s.lesson = "split-KV for a few new tokens against a long KV cache: GQA packing, the keys of a sequence cut into "
-             "splits merged by the LSE rule, per-sequence lengths, a paged cache";
-  s.min_compute_capability = 80;
-  s.decode = DecodeEntry{limits, plan, launch, claims};
-  // The forward entry: a forward problem is the decoding problem of a contiguous cache with every
-  // sequence at seqlen_k keys.
-  s.limits = [](const Problem& p) { return limits(decode_view(p)); };
-  s.plan = [](const Problem& p, const DeviceInfo& dev) { return plan(decode_view(p), dev); };
-  s.launch = [](const Problem& p, const Tensors& t, const Plan& pl, void* workspace, cudaStream_t stream) {
-    launch(decode_view(p), DecodeTensors{t.q, t.k, t.v, nullptr, nullptr, t.o, t.lse}, pl, workspace, stream);
-  };
-  s.claims = [](const Problem& p, const DeviceInfo& dev) { return claims(decode_view(p), dev); };
-  s.explain = explain;
-  r.add(std::move(s));
+  r.add({.id = "10_decoding",
+         .name = "decoding",
+         .lesson = "split-KV for a few new tokens against a long KV cache: GQA packing, the keys of a sequence cut "
+                   "into splits merged by the LSE rule, per-sequence lengths, a paged cache",
+         // The forward entry: a forward problem is the decoding problem of a contiguous cache with every
+         // sequence at seqlen_k keys.
+         .forward = {[](const Problem& p) { return limits(decode_of(p)); },
+                     [](const Problem& p, const DeviceInfo& dev) { return plan(decode_of(p), dev); },
+                     [](const Problem& p, const Tensors& t, const Plan& pl, void* workspace, cudaStream_t stream) {
+                       launch(decode_of(p), DecodeTensors{t.q, t.k, t.v, nullptr, nullptr, t.o, t.lse}, pl,
+                              workspace, stream);
+                     },
+                     [](const Problem& p, const DeviceInfo& dev) { return claims(decode_of(p), dev); }},
+         .decode = {limits, plan, launch, claims},
+         .explain = explain});
 }
 
 }  // namespace fs

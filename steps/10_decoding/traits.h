@@ -13,8 +13,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/decode.h"
-#include "common/problem.h"
+#include "common/decode/problem.h"
+#include "common/forward/problem.h"
 
 namespace fs::step10 {
 

@@ -34,8 +34,8 @@
 
 #include <type_traits>
 
-#include "common/backward.h"
-#include "common/dtype.cuh"
+#include "common/backward/problem.h"
+#include "common/step/dtype.cuh"
 #include "steps/11_backward/traits.h"
 
 namespace fs::step11 {
@@ -134,7 +134,7 @@ template <typename T>
 __global__ void __launch_bounds__(kPreprocessWarps * 32)
     preprocess_kernel(const T* __restrict__ o, const T* __restrict__ d_o, const float* __restrict__ lse,
                       float* __restrict__ lse2, float* __restrict__ d_rows, const BackwardProblem p) {
-  const Problem& f = p.forward;
+  const Problem& f = p.attention;
   const int64_t rows_per_head = padded_rows(f.seqlen_q);
   const int64_t row = int64_t(blockIdx.x) * kPreprocessWarps + threadIdx.x / 32;
   if (row >= f.batch * f.heads_q * rows_per_head) return;
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
   using Layout = typename Tr::Layout;
   using DsLayout = typename Tr::DsLayout;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, BLOCK_KV = Tr::BLOCK_KV, NT = Tr::NUM_THREADS;
-  const Problem& f = p.forward;
+  const Problem& f = p.attention;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* k_smem = reinterpret_cast<T*>(smem_raw);           // [BLOCK_KV, HEAD_DIM], swizzled
@@ -485,7 +485,7 @@ inline constexpr int kConvertThreads = 256;
 template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(kConvertThreads)
     convert_dq_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq, const BackwardProblem p) {
-  const Problem& f = p.forward;
+  const Problem& f = p.attention;
   const int64_t chunks = f.head_dim / 8;
   const int64_t idx = int64_t(blockIdx.x) * kConvertThreads + threadIdx.x;
   if (idx >= f.batch * f.heads_q * f.seqlen_q * chunks) return;
@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
               const BackwardProblem p, const float scale_log2) {
   using Layout = typename Tr::Layout;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, BLOCK_KV = Tr::BLOCK_KV, NT = Tr::NUM_THREADS;
-  const Problem& f = p.forward;
+  const Problem& f = p.attention;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);  // [BLOCK_Q, HEAD_DIM], swizzled

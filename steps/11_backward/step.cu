@@ -5,9 +5,10 @@
 #include <sstream>
 #include <utility>
 
-#include "common/checked.h"
-#include "common/dtype.cuh"
-#include "common/registry.h"
+#include "common/backward/problem.h"
+#include "common/step/dispatch.h"
+#include "common/step/overflow.h"
+#include "common/step/step.h"
 #include "steps/11_backward/kernel.cuh"
 
 namespace fs::step11 {
@@ -17,9 +18,10 @@ namespace {
 constexpr int64_t kMaxSeqlen = INT32_MAX - 127;
 // Whole 16-byte chunks: 256-byte aligned parts of the workspace.
 constexpr int64_t kAlign = 256;
+constexpr double kLog2e = 1.4426950408889634;  // exp(x) = 2^(x·log2(e))
 
 std::string limits(const BackwardProblem& p) {
-  for (const auto& [name, len] : {std::pair{"seqlen_q", p.forward.seqlen_q}, std::pair{"seqlen_k", p.forward.seqlen_k}})
+  for (const auto& [name, len] : {std::pair{"seqlen_q", p.attention.seqlen_q}, std::pair{"seqlen_k", p.attention.seqlen_k}})
     if (len > kMaxSeqlen) {
       std::ostringstream m;
       m << name << " is " << len << "; this step counts rows in 32-bit integers, rounded up to whole tiles, and runs "
@@ -36,7 +38,7 @@ struct Workspace {
   int64_t lse2 = 0, d_rows = 0, dq_accum = 0, bytes = 0;
 };
 std::optional<Workspace> workspace_of(const BackwardProblem& p, int tile_width) {
-  const Problem& f = p.forward;
+  const Problem& f = p.attention;
   const auto rows = checked_product({f.batch, f.heads_q, padded_rows(f.seqlen_q)});
   if (!rows) return std::nullopt;
   const auto row_bytes = checked_mul(*rows, 4);
@@ -62,7 +64,7 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
   using DqTr = DqTraitsOf<CONFIG>;
   static_assert(main_smem_bytes(kConfigs[CONFIG]) == Tr::SMEM_BYTES && dq_smem_bytes(kConfigs[CONFIG]) == DqTr::SMEM_BYTES,
                 "the table's byte counts (choose_config) are what the kernels allocate");
-  const Problem& f = p.forward;
+  const Problem& f = p.attention;
   std::vector<KernelLaunch> k;
   k.push_back({reinterpret_cast<const void*>(&preprocess_kernel<T>), kPreprocessWarps * 32, 0,
                tiles(w.rows, kPreprocessWarps)});
@@ -81,25 +83,14 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
   return k;
 }
 
-// f(std::integral_constant<int, CONFIG>) for the run-time row `config` of the table.
-template <typename F, int... CONFIGS>
-void with_config(int config, F&& f, std::integer_sequence<int, CONFIGS...>) {
-  const bool found = ((config == CONFIGS ? (f(std::integral_constant<int, CONFIGS>{}), true) : false) || ...);
-  if (!found) throw Error("step 11: no tile configuration " + std::to_string(config));
-}
-template <typename F>
-void with_config(int config, F&& f) {
-  with_config(config, std::forward<F>(f), std::make_integer_sequence<int, kNumConfigs>{});
-}
-
 Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   Plan pl;
   const bool deterministic = p.deterministic != 0;
-  pl.config = choose_config(p.forward.head_dim, deterministic, int64_t(dev.smem_per_block_optin));
+  pl.config = choose_config(p.attention.head_dim, deterministic, int64_t(dev.smem_per_block_optin));
   std::ostringstream m;
   if (pl.config < 0) {
-    m << "head_dim " << p.forward.head_dim << " runs on " << padded_width(p.forward.head_dim)
-      << "-wide tiles, which need at least " << min_smem_needed(p.forward.head_dim, deterministic)
+    m << "head_dim " << p.attention.head_dim << " runs on " << padded_width(p.attention.head_dim)
+      << "-wide tiles, which need at least " << min_smem_needed(p.attention.head_dim, deterministic)
       << " bytes of shared memory per block" << (deterministic ? " in the deterministic mode" : "")
       << "; this GPU allows " << dev.smem_per_block_optin;
     pl.refusal = m.str();
@@ -107,15 +98,15 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   }
   const std::optional<Workspace> w = workspace_of(p, kConfigs[pl.config].head_dim);
   if (!w) {
-    m << "the workspace of batch " << p.forward.batch << " · heads_q " << p.forward.heads_q << " · seqlen_q "
-      << p.forward.seqlen_q << " rows does not fit in 64-bit byte counts";
+    m << "the workspace of batch " << p.attention.batch << " · heads_q " << p.attention.heads_q << " · seqlen_q "
+      << p.attention.seqlen_q << " rows does not fit in 64-bit byte counts";
     pl.refusal = m.str();
     return pl;
   }
   pl.workspace_bytes = size_t(w->bytes);
-  dispatch_dtype(p.forward.dtype, [&](auto tag) {
+  dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_config(pl.config, [&](auto c) { pl.kernels = kernels_of<T, decltype(c)::value>(p, *w); });
+    with_config<kNumConfigs>(pl.config, [&](auto c) { pl.kernels = kernels_of<T, decltype(c)::value>(p, *w); });
   });
   for (const KernelLaunch& k : pl.kernels)
     if (k.blocks > INT32_MAX) {
@@ -133,7 +124,7 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
 // allows at least 99 KiB), as long as the grids stay within 2^31 - 1 blocks: at most 2^33 padded query rows (the preprocessing's
 // grid, the largest of the query side) and 2^31 / 4 K/V blocks.
 bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
-  const Problem& f = p.forward;
+  const Problem& f = p.attention;
   return limits(p).empty() &&
          choose_config(f.head_dim, p.deterministic != 0, int64_t(dev.smem_per_block_optin)) >= 0 &&
          f.batch * f.heads_q <= (int64_t(1) << 33) / padded_rows(f.seqlen_q) &&
@@ -147,17 +138,17 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
   float* lse2 = reinterpret_cast<float*>(base + w.lse2);
   float* d_rows = reinterpret_cast<float*>(base + w.d_rows);
   float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
-  const float scale_log2 = float(double(p.forward.softmax_scale) * kLog2e);
+  const float scale_log2 = float(double(p.attention.softmax_scale) * kLog2e);
   const KernelLaunch& pre = plan.kernels.at(0);
   const KernelLaunch& main = plan.kernels.at(1);
   const KernelLaunch& dq = plan.kernels.at(2);
-  dispatch_dtype(p.forward.dtype, [&](auto tag) {
+  dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* q = static_cast<const T*>(t.q);
     const T* k = static_cast<const T*>(t.k);
     const T* v = static_cast<const T*>(t.v);
     const T* d_o = static_cast<const T*>(t.d_o);
-    with_config(plan.config, [&](auto c) {
+    with_config<kNumConfigs>(plan.config, [&](auto c) {
       using Tr = TraitsOf<decltype(c)::value>;
       using DqTr = DqTraitsOf<decltype(c)::value>;
       if (!p.deterministic) CHECK_CUDA(cudaMemsetAsync(dq_accum, 0, size_t(w.bytes - w.dq_accum), stream));
@@ -194,15 +185,13 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
 namespace fs {
 
 void register_step_11_backward(Registry& r) {
-  Step s;
-  s.id = "11_backward";
-  s.name = "FlashAttention-2 backward";
-  s.lesson =
-      "dQ, dK, dV without storing P: P recomputed from the forward's LSE, blocks own K/V tiles and loop over "
-      "queries, dQ summed with fp32 atomics (or, deterministic, by a second kernel that owns query rows)";
-  s.min_compute_capability = 80;
-  s.backward = BackwardEntry{step11::limits, step11::plan, step11::launch, step11::claims};
-  r.add(std::move(s));
+  using namespace step11;
+  r.add({.id = "11_backward",
+         .name = "FlashAttention-2 backward",
+         .lesson = "dQ, dK, dV without storing P: P recomputed from the forward's LSE, blocks own K/V tiles and loop "
+                   "over queries, dQ summed with fp32 atomics (or, deterministic, by a second kernel that owns query "
+                   "rows)",
+         .backward = {limits, plan, launch, claims}});
 }
 
 }  // namespace fs

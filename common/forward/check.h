@@ -1,0 +1,131 @@
+// Checking a forward step: the workload (random inputs, poisoned outputs), the two references and the
+// comparison with its tolerance.
+//
+// References:
+//   reference_cpu: fp64 on the CPU, from the already-rounded fp16/bf16 inputs. Small shapes.
+//   GpuReference:  fp32 on the GPU with cuBLAS (S = scale·Q·Kᵀ GEMM, masked softmax kernel, O = P·V
+//                  GEMM). Large shapes; itself tested against reference_cpu. It is also the runner's
+//                  "unfused cuBLAS" baseline row.
+//
+// Tolerance, per element: |out - ref| <= atol + rtol * |ref|, with u the unit roundoff of the dtype
+// (fp16: 2^-11, bf16: 2^-8) and
+//   rtol = 2u            O is rounded to the dtype once: at most u·|O|.
+//   atol = 2u · max|V|   the fused steps round the probabilities P (each in [0, 1]) to the dtype
+//                        before P·V: O = Σ p̃_j v_j / l with |p̃_j - p_j| <= u·p_j, so the error is at
+//                        most u · Σ p_j |v_j| / l <= u · max|V|.
+// Both bounds are worst cases and the factor 2 leaves room for the fp32 accumulation order and the
+// exp2/log2 approximations (relative errors near 2^-22). LSE is fp32 throughout: |err| <= 1e-4 · (1 + |ref|).
+// A NaN or infinity anywhere in O fails; in LSE only -inf where the reference has -inf passes.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "forward/rules.h"
+#include "harness/check.h"
+
+namespace fs {
+
+// O as (batch, seqlen_q, heads_q, head_dim) contiguous; LSE as (batch, heads_q, seqlen_q).
+struct Reference {
+  std::vector<double> o;
+  std::vector<double> lse;
+};
+
+struct Tolerance {
+  double atol, rtol, lse_rtol;
+};
+Tolerance tolerance_for(int32_t dtype, double max_abs_v);
+
+struct Comparison {
+  double max_abs_err = 0;       // over O
+  double rel_fro_err = 0;       // ||out - ref||_F / ||ref||_F over O
+  double max_lse_err = 0;
+  int64_t nonfinite = 0;        // NaN / inf in O, and NaN / wrong inf in LSE
+  int64_t mismatches = 0;       // elements outside the tolerance (O and LSE)
+  std::vector<std::string> first_mismatches;  // up to 8, with coordinates (b, s, h, d)
+  bool pass() const { return nonfinite == 0 && mismatches == 0; }
+  std::string summary() const;  // one line
+};
+
+// `o` is the O view's storage (index with p.o strides); `lse` is (batch, heads_q, seqlen_q), or
+// empty to skip the LSE check.
+Comparison compare(const Problem& p, const std::vector<float>& o, const std::vector<float>& lse, const Reference& ref,
+                   double max_abs_v);
+
+// Host copies of the inputs as the exact float values of the fp16/bf16 elements; q/k/v index the
+// problem's strides from these base offsets into `data`.
+struct HostInputs {
+  std::vector<float> data;
+  int64_t q = 0, k = 0, v = 0;
+  const float* q_ptr() const { return data.data() + q; }
+  const float* k_ptr() const { return data.data() + k; }
+  const float* v_ptr() const { return data.data() + v; }
+};
+
+Reference reference_cpu(const Problem& p, const HostInputs& in);
+// Multiply-adds of the CPU reference, to decide when it is too slow (B·Hq·Sq·Sk·d).
+double reference_cpu_cost(const Problem& p);
+
+class GpuReference {
+ public:
+  GpuReference();
+  ~GpuReference();
+  GpuReference(const GpuReference&) = delete;
+  GpuReference& operator=(const GpuReference&) = delete;
+
+  // Enqueues the reference on `stream`. Writes, where the pointer is not null:
+  //   o32   fp32 O, (batch, seqlen_q, heads_q, head_dim) contiguous
+  //   t.o   O in the problem's dtype and strides (the "unfused cuBLAS" baseline)
+  //   t.lse fp32 LSE
+  // Works in row chunks so that its scratch S stays under 1 GiB.
+  void run(const Problem& p, const Tensors& t, float* o32, cudaStream_t stream);
+
+ private:
+  void reserve(size_t bytes, DeviceBuffer& buf);
+  cublasHandle_t handle_ = nullptr;
+  DeviceBuffer s_;    // scores, then probabilities, fp32
+  DeviceBuffer v32_;  // V of one K/V head as fp32
+  DeviceBuffer o32_;  // fp32 O when the caller gives none
+  size_t max_scratch_bytes_ = size_t(1) << 30;
+};
+
+// The inputs and outputs of one problem on the device: random Q, K, V (seeded, not zero-mean), O and
+// LSE buffers poisoned with NaN before every checked launch.
+class Workload {
+ public:
+  // `shape` gives the sizes, dtype, causal flag and scale. With Layout::separate its strides are
+  // kept; with Layout::packed_qkv they are replaced (needs seqlen_q == seqlen_k).
+  Workload(const Problem& shape, uint64_t seed, Layout layout = Layout::separate);
+
+  const Problem& problem() const { return p_; }
+  Tensors tensors() const;
+
+  void randomize(uint64_t seed);               // a fresh draw of Q, K, V
+  void poison(cudaStream_t stream = nullptr);  // O and LSE := NaN (all bits set)
+
+  HostInputs download_inputs() const;
+  std::vector<float> download_o() const;    // the O view's storage, as floats (index with p.o strides)
+  std::vector<float> download_lse() const;  // (batch, heads_q, seqlen_q)
+  float max_abs_v() const { return max_abs_v_; }
+  Comparison compare(const Reference& ref) const { return fs::compare(p_, download_o(), download_lse(), ref, max_abs_v_); }
+
+ private:
+  Problem p_;
+  DeviceBuffer inputs_;  // Q, K, V
+  DeviceBuffer out_;     // O
+  DeviceBuffer lse_;
+  int64_t q_off_ = 0, k_off_ = 0, v_off_ = 0, input_elems_ = 0;
+  float max_abs_v_ = 0;
+};
+
+// The GPU reference of the workload's inputs, downloaded.
+Reference gpu_reference(const Workload& w, GpuReference& gpu);
+// The reference for the workload's current inputs: fp64 on the CPU when it costs at most
+// kCpuReferenceMaxCost, else cuBLAS.
+Reference make_reference(const Workload& w, GpuReference& gpu);
+
+}  // namespace fs

@@ -1,0 +1,78 @@
+#include "forward/check.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace fs {
+
+Tolerance tolerance_for(int32_t dtype, double max_abs_v) {
+  const double u = unit_roundoff(dtype);
+  return Tolerance{2 * u * max_abs_v, 2 * u, 1e-4};
+}
+
+std::string Comparison::summary() const {
+  std::ostringstream m;
+  m << (pass() ? "PASS" : "FAIL") << ": max |err| " << max_abs_err << ", rel Frobenius " << rel_fro_err
+    << ", max LSE err " << max_lse_err << ", non-finite " << nonfinite << ", mismatches " << mismatches;
+  for (const auto& s : first_mismatches) m << "\n    " << s;
+  return m.str();
+}
+
+Comparison compare(const Problem& p, const std::vector<float>& o, const std::vector<float>& lse,
+                   const Reference& ref, double max_abs_v) {
+  const Tolerance tol = tolerance_for(p.dtype, max_abs_v);
+  const int64_t B = p.batch, Sq = p.seqlen_q, H = p.heads_q, D = p.head_dim;
+  Comparison c;
+  double err2 = 0, ref2 = 0;
+  auto note = [&](const std::string& s) {
+    if (c.first_mismatches.size() < 8) c.first_mismatches.push_back(s);
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < Sq; ++s)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          const double got = o[size_t(b * p.o.batch + s * p.o.row + h * p.o.head + d)];
+          const double want = ref.o[size_t(((b * Sq + s) * H + h) * D + d)];
+          const double err = std::fabs(got - want);
+          const bool finite = std::isfinite(got);
+          if (!finite) ++c.nonfinite;
+          if (finite) {
+            c.max_abs_err = std::max(c.max_abs_err, err);
+            err2 += err * err;
+          }
+          ref2 += want * want;
+          if (!finite || err > tol.atol + tol.rtol * std::fabs(want)) {
+            ++c.mismatches;
+            std::ostringstream m;
+            m << "O(b=" << b << ", s=" << s << ", h=" << h << ", d=" << d << ") = " << got << ", reference "
+              << want << " (tolerance " << tol.atol + tol.rtol * std::fabs(want) << ")";
+            note(m.str());
+          }
+        }
+  c.rel_fro_err = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  if (!lse.empty())
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t s = 0; s < Sq; ++s) {
+          const size_t i = size_t((b * H + h) * Sq + s);
+          const double got = lse[i], want = ref.lse[i];
+          bool ok;
+          if (std::isinf(want)) {
+            ok = got == want;
+          } else {
+            const double err = std::fabs(got - want);
+            ok = std::isfinite(got) && err <= tol.lse_rtol * (1 + std::fabs(want));
+            if (std::isfinite(got)) c.max_lse_err = std::max(c.max_lse_err, err);
+          }
+          if (!std::isfinite(got) && !(std::isinf(want) && got == want)) ++c.nonfinite;
+          if (!ok) {
+            ++c.mismatches;
+            std::ostringstream m;
+            m << "LSE(b=" << b << ", h=" << h << ", s=" << s << ") = " << got << ", reference " << want;
+            note(m.str());
+          }
+        }
+  return c;
+}
+
+}  // namespace fs

@@ -1,0 +1,73 @@
+/* The forward problem: the struct of the C ABI (common/flash_steps.h has its contract) and, for C++,
+ * what a kernel needs to read it. A step of the forward pass includes this file, common/step/step.h
+ * and common/step/dtype.cuh, and nothing else of the harness.
+ *
+ *   Q : (batch, seqlen_q, heads_q,  head_dim)     O : (batch, seqlen_q, heads_q, head_dim)
+ *   K : (batch, seqlen_k, heads_kv, head_dim)     V : (batch, seqlen_k, heads_kv, head_dim)
+ * fp16 or bf16, element strides for batch, row and head, head_dim contiguous. */
+#ifndef FLASH_STEPS_FORWARD_PROBLEM_H
+#define FLASH_STEPS_FORWARD_PROBLEM_H
+
+#include <stdint.h>
+
+typedef enum fs_dtype { FS_FP16 = 0, FS_BF16 = 1 } fs_dtype;
+
+/* Element strides of one (batch, seqlen, heads, head_dim) tensor. `dim` must be 1; it is there so that
+ * a framework tensor's four strides can be passed as they are and refused clearly when it is not. */
+typedef struct fs_strides {
+  int64_t batch;
+  int64_t row;
+  int64_t head;
+  int64_t dim;
+} fs_strides;
+
+typedef struct fs_problem {
+  int64_t batch;
+  int64_t seqlen_q;
+  int64_t seqlen_k;
+  int64_t heads_q;
+  int64_t heads_kv;
+  int64_t head_dim;
+  int32_t dtype;  /* fs_dtype */
+  int32_t causal; /* 0 or 1; bottom-right aligned */
+  float softmax_scale;
+  fs_strides q, k, v, o;
+} fs_problem;
+
+#ifdef __cplusplus
+
+#include "step/hd.h"
+
+namespace fs {
+
+using Problem = fs_problem;
+using Strides = fs_strides;
+
+enum class DType : int32_t { fp16 = FS_FP16, bf16 = FS_BF16 };
+
+// Device pointers of one launch. `lse` may be null.
+struct Tensors {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;
+};
+
+// The K/V head that query head `h` reads (GQA: every heads_q / heads_kv query heads share one; MQA: one).
+FS_HD inline int64_t kv_head_of(const Problem& p, int64_t h) { return h / (p.heads_q / p.heads_kv); }
+
+// Bottom-right causal alignment: may query row i attend to key j?
+FS_HD inline bool causal_allows(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k) {
+  return j <= i + seqlen_k - seqlen_q;
+}
+
+// Element offset of (b, s, h, 0) in a (batch, seqlen, heads, head_dim) view. 64-bit throughout.
+FS_HD inline int64_t offset_of(const Strides& st, int64_t b, int64_t s, int64_t h) {
+  return b * st.batch + s * st.row + h * st.head;
+}
+
+}  // namespace fs
+
+#endif  // __cplusplus
+#endif  // FLASH_STEPS_FORWARD_PROBLEM_H

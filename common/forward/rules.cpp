@@ -1,0 +1,128 @@
+#include "forward/rules.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "step/overflow.h"
+
+namespace fs {
+
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case FS_FP16: return "fp16";
+    case FS_BF16: return "bf16";
+    default: return "dtype?";
+  }
+}
+
+double max_softmax_scale(int32_t dtype, int64_t head_dim) {
+  if (dtype == FS_FP16) return kMaxLogit / (kLog2e * double(head_dim) * kMaxAbsFp16 * kMaxAbsFp16);
+  return kMaxLogit / kLog2e;
+}
+
+Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
+                     int64_t head_dim, DType dtype, bool causal) {
+  Problem p{};
+  p.batch = batch;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.head_dim = head_dim;
+  p.dtype = static_cast<int32_t>(dtype);
+  p.causal = causal ? 1 : 0;
+  p.softmax_scale = head_dim > 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))) : 1.0f;
+  p.q = p.o = contiguous_strides(seqlen_q, heads_q, head_dim);
+  p.k = p.v = contiguous_strides(seqlen_k, heads_kv, head_dim);
+  return p;
+}
+
+std::string validate(const Problem& p) {
+  std::ostringstream m;
+  if (p.dtype != FS_FP16 && p.dtype != FS_BF16) {
+    m << "dtype is " << p.dtype << "; it must be " << FS_FP16 << " (fp16) or " << FS_BF16 << " (bf16)";
+    return m.str();
+  }
+  if (p.batch < 1) {
+    m << "batch is " << p.batch << "; it must be at least 1";
+    return m.str();
+  }
+  for (const auto& [name, len] : {std::pair{"seqlen_q", p.seqlen_q}, std::pair{"seqlen_k", p.seqlen_k}})
+    if (len < 0 || len > kMaxSeqlen) {
+      m << name << " is " << len << "; it must be between 0 and " << kMaxSeqlen;
+      return m.str();
+    }
+  for (const auto& [name, heads] : {std::pair{"heads_q", p.heads_q}, std::pair{"heads_kv", p.heads_kv}})
+    if (heads < 1) {
+      m << name << " is " << heads << "; it must be at least 1";
+      return m.str();
+    }
+  if (p.heads_q % p.heads_kv != 0) {
+    m << "heads_q (" << p.heads_q << ") is not a multiple of heads_kv (" << p.heads_kv
+      << "); GQA needs every K/V head shared by the same number of query heads";
+    return m.str();
+  }
+  if (const auto bh = checked_mul(p.batch, p.heads_q); !bh || *bh > kMaxBatchHeads) {
+    m << "batch * heads_q is " << p.batch << " * " << p.heads_q;
+    if (bh) m << " = " << *bh;
+    else m << ", which overflows 64 bits";
+    m << "; it must be at most " << kMaxBatchHeads;
+    return m.str();
+  }
+  if (p.head_dim < kHeadDimMultiple || p.head_dim > kMaxHeadDim || p.head_dim % kHeadDimMultiple != 0) {
+    m << "head_dim is " << p.head_dim << "; it must be a multiple of " << kHeadDimMultiple << " between "
+      << kHeadDimMultiple << " and " << kMaxHeadDim;
+    return m.str();
+  }
+  if (p.causal != 0 && p.causal != 1) {
+    m << "causal is " << p.causal << "; it must be 0 or 1";
+    return m.str();
+  }
+  if (!std::isfinite(p.softmax_scale) || p.softmax_scale <= 0.0f) {
+    m << "softmax_scale is " << p.softmax_scale << "; it must be finite and greater than 0";
+    return m.str();
+  }
+  if (const double bound = max_softmax_scale(p.dtype, p.head_dim); double(p.softmax_scale) > bound) {
+    m << "softmax_scale is " << p.softmax_scale << "; ";
+    if (p.dtype == FS_FP16)
+      m << "with fp16 inputs and head_dim " << p.head_dim << " it must be at most " << bound
+        << ", so that the largest possible logit, head_dim * 65504^2 * scale * log2(e), is at most 2^126 "
+           "(finite in fp32)";
+    else
+      m << "it must be at most " << bound << ", so that scale * log2(e) is at most 2^126 (finite in fp32)";
+    return m.str();
+  }
+  const View q{"Q", "Q and O", p.q, p.batch, p.seqlen_q, p.heads_q, p.head_dim, "seqlen_q", "heads_q"};
+  const View k{"K", "K and V", p.k, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, "seqlen_k", "heads_kv"};
+  const View v{"V", "K and V", p.v, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, "seqlen_k", "heads_kv"};
+  const View o{"O", "Q and O", p.o, p.batch, p.seqlen_q, p.heads_q, p.head_dim, "seqlen_q", "heads_q"};
+  // Sizes, from the dimensions given, before any stride is read (contiguous strides are derived from them).
+  std::string why = validate_size(q);
+  if (why.empty()) why = validate_size(k);
+  for (const View* view : {&q, &k, &v, &o}) {
+    if (why.empty()) why = validate_strides(*view);
+    if (why.empty()) why = validate_extent(*view);
+  }
+  return why.empty() ? validate_no_overlap(o, "Q, K and V") : why;
+}
+
+std::string validate_tensors(const Problem& p, const Tensors& t) {
+  const bool work = p.seqlen_q > 0, reads = work && p.seqlen_k > 0;
+  return validate_pointers(
+      {{"Q", t.q, work}, {"K", t.k, reads}, {"V", t.v, reads}, {"O", t.o, work}, {"LSE", t.lse, false, 4}});
+}
+
+double attention_flops(const Problem& p) {
+  const double f = 4.0 * double(p.batch) * double(p.heads_q) * double(p.seqlen_q) * double(p.seqlen_k) *
+                   double(p.head_dim);
+  return p.causal ? f / 2 : f;
+}
+
+std::string describe(const Problem& p) {
+  std::ostringstream m;
+  m << "b" << p.batch << " h" << p.heads_q << "/" << p.heads_kv << " sq" << p.seqlen_q << " sk" << p.seqlen_k << " d"
+    << p.head_dim << " " << dtype_name(p.dtype) << (p.causal ? " causal" : "");
+  return m.str();
+}
+
+}  // namespace fs

@@ -1,0 +1,48 @@
+// Checking a step against a reference, the part every pass shares: when the fp64 CPU reference is
+// used, and one checked launch (outputs poisoned, the launch, a compare). Each pass's check.h has its
+// workload (inputs and poisoned outputs on the device), its references and its comparison.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+
+#include "forward/problem.h"
+#include "harness/chain.h"
+
+namespace fs {
+
+// Problems whose fp64 CPU reference costs at most this many multiply-adds use it; larger ones use
+// the GPU fp32 reference (itself tested against the CPU one).
+inline constexpr double kCpuReferenceMaxCost = double(1 << 27);
+
+// The unit roundoff of the dtype: fp16 2^-11, bf16 2^-8.
+inline double unit_roundoff(int32_t dtype) { return dtype == FS_BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
+
+enum class Layout {
+  separate,    // Q, K, V each in its own region, with the problem's strides
+  packed_qkv,  // one (batch, seqlen, heads_q + 2*heads_kv, head_dim) buffer; Q, K, V are strided views
+};
+
+// Poisons the workload's outputs with NaN, enqueues `launch` on the default stream, waits, and compares
+// the outputs with `ref`: a Comparison (forward, decode) or the gradients' comparisons (backward).
+template <typename Workload, typename Reference>
+auto launch_and_compare(const std::function<void(cudaStream_t)>& launch, Workload& w, const Reference& ref) {
+  w.poison();
+  launch(nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  return w.compare(ref);
+}
+
+// The same for a step: plans it for the workload's problem (throws fs::Error when it refuses), gives it
+// the workspace it asks for, then launch_and_compare.
+template <typename Workload, typename Reference>
+auto run_and_compare(const Step& step, Workload& w, const Reference& ref, const DeviceInfo& dev) {
+  const Prepared prepared(step, w.problem(), dev);
+  const auto t = w.tensors();
+  return launch_and_compare([&](cudaStream_t s) { prepared.launch(t, s); }, w, ref);
+}
+
+}  // namespace fs

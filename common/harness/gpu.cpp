@@ -1,0 +1,111 @@
+#include "harness/gpu.h"
+
+#include <map>
+#include <mutex>
+#include <sstream>
+
+namespace fs {
+
+void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
+  std::ostringstream m;
+  m << file << ":" << line << ": " << expr << " failed: " << cudaGetErrorName(err) << " ("
+    << cudaGetErrorString(err) << ")";
+  throw CudaError(m.str());
+}
+
+bool cuda_device_absent() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0)) return true;
+  if (err == cudaErrorInsufficientDriver) {
+    int driver = 0;
+    cudaDriverGetVersion(&driver);
+    return driver == 0;  // no driver loaded at all; a loaded but old driver is a broken machine
+  }
+  return false;
+}
+
+std::string cuda_unavailable_reason() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0))
+    return "no CUDA device was found";
+  if (err == cudaErrorInsufficientDriver) {
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    if (driver == 0) return "no CUDA device was found (no NVIDIA driver is loaded)";
+    std::ostringstream m;
+    m << "the NVIDIA driver is too old for this CUDA runtime (driver supports CUDA " << driver / 1000
+      << "." << (driver % 1000) / 10 << ", runtime is " << runtime / 1000 << "."
+      << (runtime % 1000) / 10 << ")";
+    return m.str();
+  }
+  if (err != cudaSuccess) {
+    std::ostringstream m;
+    m << "CUDA is not usable: cudaGetDeviceCount failed with " << cudaGetErrorName(err) << " ("
+      << cudaGetErrorString(err) << ")";
+    return m.str();
+  }
+  return "";
+}
+
+namespace {
+DeviceInfo query_device(int ordinal) {
+  DeviceInfo d;
+  d.ordinal = ordinal;
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, ordinal));
+  d.name = prop.name;
+  d.compute_capability = prop.major * 10 + prop.minor;
+  d.sm_count = prop.multiProcessorCount;
+  int optin = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
+  d.smem_per_block_optin = static_cast<size_t>(optin);
+  d.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
+  CHECK_CUDA(cudaDriverGetVersion(&d.driver_version));
+  CHECK_CUDA(cudaRuntimeGetVersion(&d.runtime_version));
+  return d;
+}
+}  // namespace
+
+DeviceInfo current_device() {
+  // The properties are read once per device (cudaGetDeviceProperties is slow); free memory each time.
+  static std::mutex mutex;
+  static std::map<int, DeviceInfo> cache;
+  static const std::string why = cuda_unavailable_reason();
+  if (!why.empty()) throw CudaError(why);
+  int ordinal = 0;
+  CHECK_CUDA(cudaGetDevice(&ordinal));
+  DeviceInfo d;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(ordinal);
+    if (it == cache.end()) it = cache.emplace(ordinal, query_device(ordinal)).first;
+    d = it->second;
+  }
+  CHECK_CUDA(cudaMemGetInfo(&d.free_bytes, &d.total_bytes));
+  return d;
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes_ == 0) return;
+  const cudaError_t err = cudaMalloc(&ptr_, bytes_);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it, so that the next CHECK_LAUNCH does not report it
+    ptr_ = nullptr;
+    throw OutOfMemory("out of device memory: cudaMalloc of " + std::to_string(bytes) + " bytes failed", bytes);
+  }
+  if (err != cudaSuccess) throw_cuda_error(err, "cudaMalloc(&ptr_, bytes_)", __FILE__, __LINE__);
+}
+
+std::string describe(const DeviceInfo& d) {
+  std::ostringstream m;
+  m << d.name << " (sm_" << d.compute_capability << ", " << d.sm_count << " SMs, "
+    << d.total_bytes / (1 << 20) << " MiB, CUDA driver " << d.driver_version / 1000 << "."
+    << (d.driver_version % 1000) / 10 << ", runtime " << d.runtime_version / 1000 << "."
+    << (d.runtime_version % 1000) / 10 << ")";
+  return m.str();
+}
+
+}  // namespace fs
