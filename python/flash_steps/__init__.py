@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 
-from ._capi import (DTYPE_CODES, FS_BF16, FS_FP16, CudaError, FlashStepsError, FsBackwardProblem,
+from ._capi import (DTYPE_CODES, FS_BF16, FS_FP16, PASSES, CudaError, FlashStepsError, FsBackwardProblem,
                     FsDecodeProblem, FsProblem, FsStrides, InternalError, InvalidArgument, Library, LibraryNotFound,
-                    OutOfMemory, Step, UnknownStep, find_library, library_candidates)
+                    OutOfMemory, Pass, Step, UnknownStep, find_library, library_candidates, pass_of)
 from ._capi import load as load_library
 from ._args import backward_problem, decode_problem, forward_problem
 from ._torch import attention, backward, decode, default_step, forward  # PyTorch is imported when they are called
@@ -38,8 +38,8 @@ def library(path: str | os.PathLike | None = None) -> Library:
 
 
 def steps() -> list[Step]:
-    """The registered steps, in order: id, name, lesson, dir, min_compute_capability, decodes, has_forward,
-    has_backward."""
+    """The registered steps, in order: id, name, lesson, dir, min_compute_capability and passes (the
+    names of the passes each runs: "forward", "decode", "backward")."""
     return library().steps()
 
 
@@ -47,4 +47,4 @@ __all__ = ["library", "load_library", "find_library", "library_candidates", "ste
            "attention", "decode", "default_step", "forward_problem", "backward_problem", "decode_problem",
            "Library", "Step", "FlashStepsError", "InvalidArgument", "UnknownStep", "CudaError", "OutOfMemory",
            "InternalError", "LibraryNotFound", "FsProblem", "FsDecodeProblem", "FsBackwardProblem", "FsStrides",
-           "DTYPE_CODES", "FS_FP16", "FS_BF16"]
+           "Pass", "PASSES", "pass_of", "DTYPE_CODES", "FS_FP16", "FS_BF16"]

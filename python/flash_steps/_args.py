@@ -134,7 +134,7 @@ def backward_problem(function: str, q, k, v, o, lse, d_o, dq, dk, dv, causal: bo
     check_same_shape(function, "dK", dk, "K", k)
     check_same_shape(function, "dV", dv, "V", v)
     check_lse(function, lse, q)
-    return FsBackwardProblem(forward=forward, deterministic=int(bool(deterministic)),
+    return FsBackwardProblem(attention=forward, deterministic=int(bool(deterministic)),
                              d_o=FsStrides(*strides_of(d_o)), dq=FsStrides(*strides_of(dq)),
                              dk=FsStrides(*strides_of(dk)), dv=FsStrides(*strides_of(dv)))
 
@@ -188,10 +188,11 @@ def decode_problem(function: str, q, k_cache, v_cache, o, cache_seqlens, block_t
     seqlen_k = capacity if max_seqlen_k is None else int(max_seqlen_k)
     if not 0 <= seqlen_k <= capacity:
         raise refuse(function, f"max_seqlen_k is {seqlen_k}; it must be between 0 and the cache's capacity, {capacity}")
-    return FsDecodeProblem(batch=b, seqlen_q=sq, seqlen_k=seqlen_k, heads_q=hq, heads_kv=hkv, head_dim=d,
-                           dtype=DTYPE_CODES[dtype], causal=int(bool(causal)),
-                           softmax_scale=softmax_scale(function, scale, d), num_splits=int(num_splits),
-                           checked=int(bool(checked)), page_size=page_size, num_pages=num_pages,
-                           max_pages_per_seq=max_pages, block_table_stride=table_stride,
-                           q=FsStrides(*strides_of(q)), k=FsStrides(*strides_of(k_cache)),
-                           v=FsStrides(*strides_of(v_cache)), o=FsStrides(*strides_of(o)))
+    attention = FsProblem(batch=b, seqlen_q=sq, seqlen_k=seqlen_k, heads_q=hq, heads_kv=hkv, head_dim=d,
+                          dtype=DTYPE_CODES[dtype], causal=int(bool(causal)),
+                          softmax_scale=softmax_scale(function, scale, d), q=FsStrides(*strides_of(q)),
+                          k=FsStrides(*strides_of(k_cache)), v=FsStrides(*strides_of(v_cache)),
+                          o=FsStrides(*strides_of(o)))
+    return FsDecodeProblem(attention=attention, num_splits=int(num_splits), checked=int(bool(checked)),
+                           page_size=page_size, num_pages=num_pages, max_pages_per_seq=max_pages,
+                           block_table_stride=table_stride)

@@ -1,9 +1,11 @@
 """The one ctypes layer over the C ABI of common/flash_steps.h (libflash_steps.so).
 
 The structs below mirror fs_strides, fs_problem, fs_decode_problem and fs_backward_problem field for
-field (tests/python/test_flash_steps.py checks their sizes and offsets against a C compiler); every
-function gets its argtypes and restype; a non-zero fs_status becomes a FlashStepsError carrying the
-library's sentence (fs_last_error). Nothing here imports PyTorch: pointers are plain integers.
+field (tests/python/test_flash_steps.py checks their sizes and offsets against a C compiler). A pass
+(forward, decode, backward) is one entry of PASSES: its struct, its three C functions (check,
+workspace size, run) and the pointers its run takes; the Library serves every pass with one method per
+verb, the pass chosen by the problem's type. A non-zero fs_status becomes a FlashStepsError carrying
+the library's sentence (fs_last_error). Nothing here imports PyTorch: pointers are plain integers.
 """
 from __future__ import annotations
 
@@ -79,78 +81,108 @@ def error(status: int, function: str, message: str) -> FlashStepsError:
 
 # ---- the structs of flash_steps.h ------------------------------------------------------------------
 
+_I64, _I32, _INT, _DBL, _U64, _PTR, _STR = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int, ctypes.c_double,
+                                             ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p)
+_P = ctypes.POINTER
+
+
 class FsStrides(ctypes.Structure):
-    _fields_ = [("batch", ctypes.c_int64), ("row", ctypes.c_int64), ("head", ctypes.c_int64),
-                ("dim", ctypes.c_int64)]
+    _fields_ = [(name, _I64) for name in ("batch", "row", "head", "dim")]
 
 
 class FsProblem(ctypes.Structure):
-    _fields_ = [
-        ("batch", ctypes.c_int64),
-        ("seqlen_q", ctypes.c_int64),
-        ("seqlen_k", ctypes.c_int64),
-        ("heads_q", ctypes.c_int64),
-        ("heads_kv", ctypes.c_int64),
-        ("head_dim", ctypes.c_int64),
-        ("dtype", ctypes.c_int32),
-        ("causal", ctypes.c_int32),
-        ("softmax_scale", ctypes.c_float),
-        ("q", FsStrides),
-        ("k", FsStrides),
-        ("v", FsStrides),
-        ("o", FsStrides),
-    ]
+    _fields_ = ([(name, _I64) for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")]
+                + [("dtype", _I32), ("causal", _I32), ("softmax_scale", ctypes.c_float)]
+                + [(name, FsStrides) for name in ("q", "k", "v", "o")])
 
 
 class FsDecodeProblem(ctypes.Structure):
-    _fields_ = [
-        ("batch", ctypes.c_int64),
-        ("seqlen_q", ctypes.c_int64),
-        ("seqlen_k", ctypes.c_int64),
-        ("heads_q", ctypes.c_int64),
-        ("heads_kv", ctypes.c_int64),
-        ("head_dim", ctypes.c_int64),
-        ("dtype", ctypes.c_int32),
-        ("causal", ctypes.c_int32),
-        ("softmax_scale", ctypes.c_float),
-        ("num_splits", ctypes.c_int32),
-        ("checked", ctypes.c_int32),
-        ("page_size", ctypes.c_int64),
-        ("num_pages", ctypes.c_int64),
-        ("max_pages_per_seq", ctypes.c_int64),
-        ("block_table_stride", ctypes.c_int64),
-        ("q", FsStrides),
-        ("k", FsStrides),
-        ("v", FsStrides),
-        ("o", FsStrides),
-    ]
+    _fields_ = ([("attention", FsProblem), ("num_splits", _I32), ("checked", _I32)]
+                + [(name, _I64) for name in ("page_size", "num_pages", "max_pages_per_seq", "block_table_stride")])
 
 
 class FsBackwardProblem(ctypes.Structure):
-    _fields_ = [
-        ("forward", FsProblem),
-        ("deterministic", ctypes.c_int32),
-        ("d_o", FsStrides),
-        ("dq", FsStrides),
-        ("dk", FsStrides),
-        ("dv", FsStrides),
-    ]
+    _fields_ = ([("attention", FsProblem), ("deterministic", _I32)]
+                + [(name, FsStrides) for name in ("d_o", "dq", "dk", "dv")])
+
+
+# ---- the passes ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass of the C ABI: its fs_pass code, struct, functions and the pointers its run takes (in order,
+    before the workspace)."""
+    name: str
+    code: int
+    struct: type
+    init: str
+    init_extra: tuple  # the init function's arguments after (batch, ..., head_dim, dtype, causal)
+    check: str
+    workspace_size: str
+    run: str
+    pointers: tuple
+
+
+PASSES = (
+    Pass("forward", 0, FsProblem, "fs_problem_init", (), "fs_check", "fs_workspace_size", "fs_run",
+         ("q", "k", "v", "o", "lse")),
+    Pass("decode", 1, FsDecodeProblem, "fs_decode_problem_init", (_I64,), "fs_decode_check", "fs_decode_workspace_size",
+         "fs_run_decode", ("q", "k_cache", "v_cache", "block_table", "cache_seqlens", "o", "lse")),
+    Pass("backward", 2, FsBackwardProblem, "fs_backward_problem_init", (_I32,), "fs_backward_check",
+         "fs_backward_workspace_size", "fs_run_backward", ("q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv")),
+)
+PASS_OF = {ps.struct: ps for ps in PASSES}
+
+
+def pass_of(p) -> Pass:
+    """The pass whose problem `p` is (an FsProblem, FsDecodeProblem or FsBackwardProblem)."""
+    try:
+        return PASS_OF[type(p)]
+    except KeyError:
+        raise InvalidArgument(FS_ERR_INVALID, "", f"{type(p).__name__} is no problem of flash_steps (one of "
+                              + ", ".join(ps.struct.__name__ for ps in PASSES) + ")") from None
+
+
+# name: (argtypes, restype) of every function of flash_steps.h; each pass's four from PASSES.
+SIGNATURES = {
+    "fs_last_error": ([], _STR),
+    "fs_step_count": ([], _INT),
+    **{f"fs_step_{what}": ([_INT], _STR) for what in ("id", "name", "lesson", "dir")},
+    "fs_step_min_compute_capability": ([_INT], _INT),
+    "fs_step_runs": ([_INT, _I32], _INT),
+    "fs_problem_flops": ([_P(FsProblem)], _DBL),
+    "fs_decode_kv_bytes": ([_P(FsDecodeProblem), _P(_I32)], _DBL),
+    "fs_backward_flops": ([_P(FsBackwardProblem)], _DBL),
+    "fs_tolerance": ([_I32, _DBL] + [_P(_DBL)] * 3, _INT),
+    "fs_backward_bound": ([_I32, _DBL, _DBL, _P(_DBL)], _INT),
+    "fs_speedups": ([_INT, _P(_STR)] + [_P(_DBL)] * 3, _INT),
+    "fs_sweep_tokens": ([], _I64),
+    "fs_sweep_seqlens": ([_I32, _P(_I64), _INT], _INT),
+    "fs_sweep_head_dims": ([_I32, _P(_I64), _INT], _INT),
+    "fs_sweep_dtypes": ([_I32, _P(_I32), _INT], _INT),
+    "fs_sweep_shape": ([_I64] * 3 + [_P(_I64)] * 2, _INT),
+}
+for _ps in PASSES:
+    SIGNATURES[_ps.init] = ([_P(_ps.struct)] + [_I64] * 6 + [_I32] * 2 + list(_ps.init_extra), None)
+    SIGNATURES[_ps.check] = ([_STR, _P(_ps.struct)], _INT)
+    SIGNATURES[_ps.workspace_size] = ([_STR, _P(_ps.struct), _P(_U64)], _INT)
+    SIGNATURES[_ps.run] = ([_STR, _P(_ps.struct)] + [_PTR] * (len(_ps.pointers) + 1) + [_U64, _PTR], _INT)
 
 
 # ---- the registry ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Step:
-    """One registered step (fs_step_*). has_forward is False for a backward-only step (step 11); where the
-    library predates the backward pass, has_forward is True and has_backward False."""
+    """One registered step (fs_step_*): `passes` are the names of the passes it runs."""
     id: str
     name: str
     lesson: str
     dir: str
     min_compute_capability: int
-    decodes: bool
-    has_forward: bool
-    has_backward: bool
+    passes: tuple
+
+    def runs(self, pass_name: str) -> bool:
+        return pass_name in self.passes
 
 
 # ---- finding the library ---------------------------------------------------------------------------
@@ -198,48 +230,6 @@ def load(path: str | os.PathLike | None = None) -> "Library":
 
 # ---- the library -----------------------------------------------------------------------------------
 
-_P = ctypes.POINTER
-_I64, _I32, _INT, _DBL, _U64, _PTR, _STR = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int, ctypes.c_double,
-                                             ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p)
-
-# name: (argtypes, restype) of every function of flash_steps.h.
-SIGNATURES = {
-    "fs_problem_init": ([_P(FsProblem)] + [_I64] * 6 + [_I32] * 2, None),
-    "fs_step_count": ([], _INT),
-    "fs_step_id": ([_INT], _STR),
-    "fs_step_name": ([_INT], _STR),
-    "fs_step_lesson": ([_INT], _STR),
-    "fs_step_dir": ([_INT], _STR),
-    "fs_step_min_compute_capability": ([_INT], _INT),
-    "fs_step_has_forward": ([_INT], _INT),
-    "fs_check": ([_STR, _P(FsProblem)], _INT),
-    "fs_workspace_size": ([_STR, _P(FsProblem), _P(_U64)], _INT),
-    "fs_run": ([_STR, _P(FsProblem)] + [_PTR] * 6 + [_U64, _PTR], _INT),
-    "fs_last_error": ([], _STR),
-    "fs_decode_problem_init": ([_P(FsDecodeProblem)] + [_I64] * 6 + [_I32] * 2 + [_I64], None),
-    "fs_step_decodes": ([_INT], _INT),
-    "fs_decode_check": ([_STR, _P(FsDecodeProblem)], _INT),
-    "fs_decode_workspace_size": ([_STR, _P(FsDecodeProblem), _P(_U64)], _INT),
-    "fs_run_decode": ([_STR, _P(FsDecodeProblem)] + [_PTR] * 8 + [_U64, _PTR], _INT),
-    "fs_decode_kv_bytes": ([_P(FsDecodeProblem), _P(_I32)], _DBL),
-    "fs_backward_problem_init": ([_P(FsBackwardProblem)] + [_I64] * 6 + [_I32] * 3, None),
-    "fs_step_has_backward": ([_INT], _INT),
-    "fs_backward_check": ([_STR, _P(FsBackwardProblem)], _INT),
-    "fs_backward_workspace_size": ([_STR, _P(FsBackwardProblem), _P(_U64)], _INT),
-    "fs_run_backward": ([_STR, _P(FsBackwardProblem)] + [_PTR] * 10 + [_U64, _PTR], _INT),
-    "fs_backward_flops": ([_P(FsBackwardProblem)], _DBL),
-    "fs_backward_bound": ([_I32, _DBL, _DBL, _P(_DBL)], _INT),
-    "fs_problem_flops": ([_P(FsProblem)], _DBL),
-    "fs_tolerance": ([_I32, _DBL] + [_P(_DBL)] * 3, _INT),
-    "fs_speedups": ([_INT, _P(_STR)] + [_P(_DBL)] * 3, _INT),
-    "fs_sweep_tokens": ([], _I64),
-    "fs_sweep_seqlens": ([_I32, _P(_I64), _INT], _INT),
-    "fs_sweep_head_dims": ([_I32, _P(_I64), _INT], _INT),
-    "fs_sweep_dtypes": ([_I32, _P(_I32), _INT], _INT),
-    "fs_sweep_shape": ([_I64] * 3 + [_P(_I64)] * 2, _INT),
-}
-
-
 def _ptr(x: int | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(x or None)
 
@@ -275,135 +265,95 @@ class Library:
         if status != FS_OK:
             raise error(status, name, self.last_error())
 
-    # ---- the registry ----
-
     def steps(self) -> list[Step]:
-        lib = self.lib
-        has_forward = (lambda i: 1) if "fs_step_has_forward" in self.missing else lib.fs_step_has_forward
-        has_backward = (lambda i: 0) if "fs_step_has_backward" in self.missing else lib.fs_step_has_backward
+        lib, runs = self.lib, self._fn("fs_step_runs")
         return [Step(id=lib.fs_step_id(i).decode(), name=lib.fs_step_name(i).decode(),
                      lesson=lib.fs_step_lesson(i).decode(), dir=lib.fs_step_dir(i).decode(),
                      min_compute_capability=lib.fs_step_min_compute_capability(i),
-                     decodes=lib.fs_step_decodes(i) == 1, has_forward=has_forward(i) == 1,
-                     has_backward=has_backward(i) == 1)
+                     passes=tuple(ps.name for ps in PASSES if runs(i, ps.code) == 1))
                 for i in range(lib.fs_step_count())]
 
-    # ---- the forward problem ----
+    # ---- the problems: the init functions, then the strides given ----
+
+    def _init(self, ps: Pass, sizes: tuple, dtype: str, causal: bool, extra: tuple, strides: dict | None):
+        p = ps.struct()
+        self._fn(ps.init)(ctypes.byref(p), *sizes, DTYPE_CODES[dtype], int(causal), *extra)
+        for name, s in (strides or {}).items():
+            setattr(p if name in ("d_o", "dq", "dk", "dv") or ps.struct is FsProblem else p.attention, name,
+                    FsStrides(*s))
+        return p
 
     def problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
                 strides: dict | None = None) -> FsProblem:
         """fs_problem_init (contiguous, scale 1/sqrt(head_dim)), then the strides given:
         {"q": (batch, row, head, dim), ...}."""
-        p = FsProblem()
-        self.lib.fs_problem_init(ctypes.byref(p), batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                                 DTYPE_CODES[dtype], int(causal))
-        for name, s in (strides or {}).items():
-            setattr(p, name, FsStrides(*s))
-        return p
-
-    def check(self, step_id: str, p: FsProblem) -> None:
-        """Raises when the step cannot run p on the current device (fs_check)."""
-        self.call("fs_check", step_id.encode(), ctypes.byref(p))
-
-    def workspace_size(self, step_id: str, p: FsProblem) -> int:
-        n = _U64(0)
-        self.call("fs_workspace_size", step_id.encode(), ctypes.byref(p), ctypes.byref(n))
-        return n.value
-
-    def run(self, step_id: str, p: FsProblem, q: int, k: int, v: int, o: int, lse: int, workspace: int = 0,
-            workspace_bytes: int = 0, stream: int = 0) -> None:
-        """fs_run: checks, then enqueues the step on `stream`."""
-        self.runner(step_id, p, q, k, v, o, lse, workspace, workspace_bytes, stream)()
-
-    def runner(self, step_id: str, p: FsProblem, q: int, k: int, v: int, o: int, lse: int, workspace: int = 0,
-               workspace_bytes: int = 0, stream: int = 0):
-        """A no-argument callable that enqueues fs_run with these arguments (for timing: the ctypes
-        conversions are done once, here)."""
-        fn, sid, pp = self._fn("fs_run"), step_id.encode(), ctypes.byref(p)
-        args = tuple(_ptr(x) for x in (q, k, v, o, lse, workspace)) + (_U64(workspace_bytes), _ptr(stream))
-
-        def run():
-            status = fn(sid, pp, *args)
-            if status != FS_OK:
-                raise error(status, f"fs_run({step_id})", self.last_error())
-        return run
-
-    # ---- decoding ----
+        return self._init(PASSES[0], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal, (),
+                          strides)
 
     def decode_problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
                        page_size: int = 0) -> FsDecodeProblem:
         """fs_decode_problem_init: contiguous Q and O, a contiguous (page_size 0) or paged cache."""
-        p = FsDecodeProblem()
-        self.lib.fs_decode_problem_init(ctypes.byref(p), batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                                        DTYPE_CODES[dtype], int(causal), page_size)
-        return p
-
-    def decode_check(self, step_id: str, p: FsDecodeProblem) -> None:
-        self.call("fs_decode_check", step_id.encode(), ctypes.byref(p))
-
-    def decode_workspace_size(self, step_id: str, p: FsDecodeProblem) -> int:
-        n = _U64(0)
-        self.call("fs_decode_workspace_size", step_id.encode(), ctypes.byref(p), ctypes.byref(n))
-        return n.value
-
-    def decode_runner(self, step_id: str, p: FsDecodeProblem, q: int, k_cache: int, v_cache: int, block_table: int,
-                      cache_seqlens: int, o: int, lse: int, workspace: int = 0, workspace_bytes: int = 0,
-                      stream: int = 0):
-        """A no-argument callable that enqueues fs_run_decode (0 for a NULL pointer)."""
-        fn, sid, pp = self._fn("fs_run_decode"), step_id.encode(), ctypes.byref(p)
-        args = (tuple(_ptr(x) for x in (q, k_cache, v_cache, block_table, cache_seqlens, o, lse, workspace))
-                + (_U64(workspace_bytes), _ptr(stream)))
-
-        def run():
-            status = fn(sid, pp, *args)
-            if status != FS_OK:
-                raise error(status, f"fs_run_decode({step_id})", self.last_error())
-        return run
-
-    def decode_kv_bytes(self, p: FsDecodeProblem, lengths: list[int] | None = None) -> float:
-        """fs_decode_kv_bytes: the bytes of K and V a launch must read (every sequence at seqlen_k keys
-        when lengths is None)."""
-        c_lengths = (_I32 * len(lengths))(*lengths) if lengths is not None else None
-        return self.lib.fs_decode_kv_bytes(ctypes.byref(p), c_lengths)
-
-    # ---- the backward pass ----
+        return self._init(PASSES[1], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
+                          (page_size,), None)
 
     def backward_problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
                          deterministic: bool = False, strides: dict | None = None) -> FsBackwardProblem:
         """fs_backward_problem_init (contiguous), then the strides given: {"q", "k", "v", "o", "d_o", "dq",
         "dk", "dv"} -> (batch, row, head, dim)."""
-        p = FsBackwardProblem()
-        self._fn("fs_backward_problem_init")(ctypes.byref(p), batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                                              DTYPE_CODES[dtype], int(causal), int(deterministic))
-        for name, s in (strides or {}).items():
-            setattr(p.forward if name in ("q", "k", "v", "o") else p, name, FsStrides(*s))
-        return p
+        return self._init(PASSES[2], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
+                          (int(deterministic),), strides)
 
-    def backward_check(self, step_id: str, p: FsBackwardProblem) -> None:
-        self.call("fs_backward_check", step_id.encode(), ctypes.byref(p))
+    # ---- the three verbs, for every pass ----
 
-    def backward_workspace_size(self, step_id: str, p: FsBackwardProblem) -> int:
+    def check(self, step_id: str, p) -> None:
+        """Raises when the step cannot run p on the current device (fs_check, fs_decode_check, ...)."""
+        self.call(pass_of(p).check, step_id.encode(), ctypes.byref(p))
+
+    def workspace_size(self, step_id: str, p) -> int:
         n = _U64(0)
-        self.call("fs_backward_workspace_size", step_id.encode(), ctypes.byref(p), ctypes.byref(n))
+        self.call(pass_of(p).workspace_size, step_id.encode(), ctypes.byref(p), ctypes.byref(n))
         return n.value
 
-    def backward_runner(self, step_id: str, p: FsBackwardProblem, q: int, k: int, v: int, o: int, lse: int,
-                        d_o: int, dq: int, dk: int, dv: int, workspace: int = 0, workspace_bytes: int = 0,
-                        stream: int = 0):
-        """A no-argument callable that enqueues fs_run_backward."""
-        fn, sid, pp = self._fn("fs_run_backward"), step_id.encode(), ctypes.byref(p)
-        args = (tuple(_ptr(x) for x in (q, k, v, o, lse, d_o, dq, dk, dv, workspace))
-                + (_U64(workspace_bytes), _ptr(stream)))
+    def runner(self, step_id: str, p, *pointers: int, workspace: int = 0, workspace_bytes: int = 0, stream: int = 0):
+        """A no-argument callable that enqueues the pass's run (fs_run, fs_run_decode, fs_run_backward) with
+        these arguments, the pointers in the order of the pass's C function (Pass.pointers; 0 for NULL). For
+        timing: the ctypes conversions are done once, here."""
+        ps = pass_of(p)
+        if len(pointers) != len(ps.pointers):
+            raise InvalidArgument(FS_ERR_INVALID, ps.run, f"{len(pointers)} pointers given; {ps.run} takes "
+                                  f"{len(ps.pointers)}: " + ", ".join(ps.pointers))
+        fn, sid, pp = self._fn(ps.run), step_id.encode(), ctypes.byref(p)
+        args = tuple(_ptr(x) for x in pointers + (workspace,)) + (_U64(workspace_bytes), _ptr(stream))
 
         def run():
             status = fn(sid, pp, *args)
             if status != FS_OK:
-                raise error(status, f"fs_run_backward({step_id})", self.last_error())
+                raise error(status, f"{ps.run}({step_id})", self.last_error())
         return run
 
-    def backward_flops(self, p: FsBackwardProblem) -> float:
-        """fs_backward_flops: 2.5 x the forward's."""
-        return self._fn("fs_backward_flops")(ctypes.byref(p))
+    def run(self, step_id: str, p, *pointers: int, workspace: int = 0, workspace_bytes: int = 0,
+            stream: int = 0) -> None:
+        """Checks, then enqueues the step on `stream`."""
+        self.runner(step_id, p, *pointers, workspace=workspace, workspace_bytes=workspace_bytes, stream=stream)()
+
+    # ---- the rules the tools share ----
+
+    def flops(self, p) -> float:
+        """fs_problem_flops or fs_backward_flops (2.5 x the forward's): the FlashAttention convention."""
+        fn = "fs_backward_flops" if isinstance(p, FsBackwardProblem) else "fs_problem_flops"
+        return self._fn(fn)(ctypes.byref(p))
+
+    def decode_kv_bytes(self, p: FsDecodeProblem, lengths: list[int] | None = None) -> float:
+        """fs_decode_kv_bytes: the bytes of K and V a launch must read (every sequence at seqlen_k keys
+        when lengths is None)."""
+        c_lengths = (_I32 * len(lengths))(*lengths) if lengths is not None else None
+        return self._fn("fs_decode_kv_bytes")(ctypes.byref(p), c_lengths)
+
+    def tolerance(self, dtype: str, max_abs_v: float) -> tuple[float, float, float]:
+        """fs_tolerance: (atol, rtol, lse_tol) of common/forward/check.h."""
+        out = [_DBL() for _ in range(3)]
+        self.call("fs_tolerance", DTYPE_CODES[dtype], max_abs_v, *(ctypes.byref(x) for x in out))
+        return tuple(x.value for x in out)
 
     def backward_bound(self, dtype: str, ref_err: float, max_abs_exact: float) -> float:
         """fs_backward_bound: 2*ref_err + u*max_abs_exact (the largest |exact| over dQ, dK and dV), the largest
@@ -411,18 +361,6 @@ class Library:
         out = _DBL()
         self.call("fs_backward_bound", DTYPE_CODES[dtype], ref_err, max_abs_exact, ctypes.byref(out))
         return out.value
-
-    # ---- the rules the tools share ----
-
-    def flops(self, p: FsProblem) -> float:
-        """fs_problem_flops: the FlashAttention convention."""
-        return self.lib.fs_problem_flops(ctypes.byref(p))
-
-    def tolerance(self, dtype: str, max_abs_v: float) -> tuple[float, float, float]:
-        """fs_tolerance: (atol, rtol, lse_tol) of common/compare.h."""
-        out = [_DBL() for _ in range(3)]
-        self.call("fs_tolerance", DTYPE_CODES[dtype], max_abs_v, *(ctypes.byref(x) for x in out))
-        return tuple(x.value for x in out)
 
     def speedups(self, ids: list[str], ms: list[float]) -> list[tuple[float, float]]:
         """fs_speedups: (x_step01, x_prev) per row; ms <= 0 for a row that was not timed."""

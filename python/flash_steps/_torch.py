@@ -7,7 +7,7 @@ PyTorch is imported on the first call, so that `import flash_steps` works withou
 from __future__ import annotations
 
 from . import _args
-from ._capi import FS_ERR_INVALID, InvalidArgument, Library
+from ._capi import FS_ERR_INVALID, InvalidArgument, Library, pass_of
 
 _torch_module = None  # PyTorch, once imported
 _attention_function = None
@@ -31,22 +31,19 @@ def _library() -> Library:
 _defaults: dict = {}
 
 
-def _default_step(lib: Library, kind: str, p, device: int) -> str:
-    """The newest registered step that accepts p on this device: for kind "forward" among the steps with a
-    forward pass (fs_check), "backward" among the steps with a backward (fs_backward_check), "decode"
-    among the steps with a decoding entry (fs_decode_check). Remembered per problem and device."""
+def _default_step(lib: Library, p, device: int) -> str:
+    """The newest registered step that runs p's pass and accepts p on this device (the pass's check).
+    Remembered per problem and device."""
+    kind = pass_of(p).name
     key = (kind, bytes(p), device)
     if key in _defaults:
         return _defaults[key]
-    check = {"forward": lib.check, "backward": lib.backward_check, "decode": lib.decode_check}[kind]
-    eligible = {"forward": lambda s: s.has_forward, "backward": lambda s: s.has_backward,
-                "decode": lambda s: s.decodes}[kind]
     refusals = []
     for s in reversed(lib.steps()):
-        if not eligible(s):
+        if not s.runs(kind):
             continue
         try:
-            check(s.id, p)
+            lib.check(s.id, p)
         except InvalidArgument as e:
             refusals.append(f"{s.id}: {e.message}")
             continue
@@ -57,24 +54,30 @@ def _default_step(lib: Library, kind: str, p, device: int) -> str:
                           + ("; ".join(refusals[:4]) or f"no step has a {kind} pass") + ")")
 
 
-def default_step(kind: str, problem, device: int | None = None) -> str:
+def default_step(problem, device: int | None = None) -> str:
     """The step flash_steps uses when none is given: the newest registered step that accepts `problem`
-    (an FsProblem for "forward", FsBackwardProblem for "backward", FsDecodeProblem for "decode") on the
-    current CUDA device; `device` (its index) only keys the memo. Raises InvalidArgument with the
-    refusals of the newest steps when none accepts it."""
-    return _default_step(_library(), kind, problem, -1 if device is None else device)
+    (an FsProblem, FsDecodeProblem or FsBackwardProblem: its pass) on the current CUDA device; `device`
+    (its index) only keys the memo. Raises InvalidArgument with the refusals of the newest steps when none
+    accepts it."""
+    return _default_step(_library(), problem, -1 if device is None else device)
 
 
 def _empty(shape, dtype, device):
     return _torch().empty(tuple(shape), dtype=dtype, device=device)
 
 
-def _workspace(nbytes: int, device):
-    """(pointer, bytes) of a fresh workspace, and the tensor that owns it."""
-    if not nbytes:
-        return None, 0, 0
-    ws = _empty((nbytes,), _torch().uint8, device)
-    return ws, ws.data_ptr(), nbytes
+def _launch(p, step: str | None, device, tensors) -> None:
+    """Runs p's pass on PyTorch's current stream of `device`: the step given or the default one, a fresh
+    workspace of the size it asks (a torch.uint8 tensor, kept alive until the launch is enqueued),
+    `tensors` the run's pointer arguments in order (None for NULL)."""
+    torch, lib = _torch(), _library()
+    with torch.cuda.device(device):
+        sid = step or _default_step(lib, p, device.index)
+        nbytes = lib.workspace_size(sid, p)
+        ws = _empty((nbytes,), torch.uint8, device) if nbytes else None
+        lib.run(sid, p, *(t.data_ptr() if t is not None else 0 for t in tensors),
+                workspace=ws.data_ptr() if ws is not None else 0, workspace_bytes=nbytes,
+                stream=torch.cuda.current_stream(device).cuda_stream)
 
 
 def usable(t):
@@ -86,6 +89,13 @@ def usable(t):
     return t.clone(memory_format=_torch().contiguous_format)
 
 
+def _lse_for(fn: str, lse, q, p):
+    if lse is None:
+        return _empty((p.batch, p.heads_q, p.seqlen_q), _torch().float32, q.device)
+    _args.check_lse(fn, lse, q)
+    return lse
+
+
 # ---- forward, backward, decode ---------------------------------------------------------------------
 
 def forward(q, k, v, causal: bool = False, scale: float | None = None, step: str | None = None, out=None, lse=None):
@@ -94,20 +104,11 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, step: str
     contiguous). causal: bottom-right aligned. scale: default 1/sqrt(head_dim). step: a step id, default
     the newest step that accepts the problem. out (like q) and lse (fp32 (batch, heads_q, seqlen_q),
     contiguous): written when given, else allocated. Returns (o, lse)."""
-    torch = _torch()
-    fn = "flash_steps.forward"
+    _torch()
     o = out if out is not None else _empty(q.shape, q.dtype, q.device)
-    p = _args.forward_problem(fn, q, k, v, o, causal, scale)
-    if lse is None:
-        lse = _empty((p.batch, p.heads_q, p.seqlen_q), torch.float32, q.device)
-    else:
-        _args.check_lse(fn, lse, q)
-    lib = _library()
-    with torch.cuda.device(q.device):
-        sid = step or _default_step(lib, "forward", p, q.device.index)
-        ws, ws_ptr, ws_bytes = _workspace(lib.workspace_size(sid, p), q.device)
-        lib.run(sid, p, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), ws_ptr, ws_bytes,
-                torch.cuda.current_stream(q.device).cuda_stream)
+    p = _args.forward_problem("flash_steps.forward", q, k, v, o, causal, scale)
+    lse = _lse_for("flash_steps.forward", lse, q, p)
+    _launch(p, step, q.device, (q, k, v, o, lse))
     return o, lse
 
 
@@ -118,18 +119,12 @@ def backward(q, k, v, o, lse, d_o, causal: bool = False, scale: float | None = N
     deterministic: bitwise repeatable gradients (no atomics). dq, dk, dv: written when given (like q, k,
     v), else allocated contiguous. With GQA, dK and dV are summed over the query heads of a group.
     Returns (dq, dk, dv)."""
-    torch = _torch()
+    _torch()
     dq = dq if dq is not None else _empty(q.shape, q.dtype, q.device)
     dk = dk if dk is not None else _empty(k.shape, k.dtype, k.device)
     dv = dv if dv is not None else _empty(v.shape, v.dtype, v.device)
     p = _args.backward_problem("flash_steps.backward", q, k, v, o, lse, d_o, dq, dk, dv, causal, scale, deterministic)
-    lib = _library()
-    with torch.cuda.device(q.device):
-        sid = step or _default_step(lib, "backward", p, q.device.index)
-        ws, ws_ptr, ws_bytes = _workspace(lib.backward_workspace_size(sid, p), q.device)
-        lib.backward_runner(sid, p, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                            d_o.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ws_ptr, ws_bytes,
-                            torch.cuda.current_stream(q.device).cuda_stream)()
+    _launch(p, step, q.device, (q, k, v, o, lse, d_o, dq, dk, dv))
     return dq, dk, dv
 
 
@@ -142,23 +137,13 @@ def decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal: bo
     sequence (None: max_seqlen_k each). max_seqlen_k: the most keys a sequence has (default the cache's
     capacity; a tighter bound helps the split). num_splits: 0 for the step's heuristic. checked: check
     cache_seqlens and block_table on the device first (synchronizes). Returns (o, lse)."""
-    torch = _torch()
+    _torch()
     fn = "flash_steps.decode"
     o = out if out is not None else _empty(q.shape, q.dtype, q.device)
     p = _args.decode_problem(fn, q, k_cache, v_cache, o, cache_seqlens, block_table, causal, scale, max_seqlen_k,
                              num_splits, checked)
-    if lse is None:
-        lse = _empty((p.batch, p.heads_q, p.seqlen_q), torch.float32, q.device)
-    else:
-        _args.check_lse(fn, lse, q)
-    lib = _library()
-    with torch.cuda.device(q.device):
-        sid = step or _default_step(lib, "decode", p, q.device.index)
-        ws, ws_ptr, ws_bytes = _workspace(lib.decode_workspace_size(sid, p), q.device)
-        lib.decode_runner(sid, p, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                          block_table.data_ptr() if block_table is not None else 0,
-                          cache_seqlens.data_ptr() if cache_seqlens is not None else 0, o.data_ptr(), lse.data_ptr(),
-                          ws_ptr, ws_bytes, torch.cuda.current_stream(q.device).cuda_stream)()
+    lse = _lse_for(fn, lse, q, p.attention)
+    _launch(p, step, q.device, (q, k_cache, v_cache, block_table, cache_seqlens, o, lse))
     return o, lse
 
 

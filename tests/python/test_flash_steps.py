@@ -138,10 +138,11 @@ class Library(unittest.TestCase):
         self.assertEqual(steps[0].dir, "01_naive")
         self.assertEqual(len({s.id for s in steps}), len(steps))
         self.assertTrue(all(s.lesson and s.name and s.min_compute_capability >= 80 for s in steps))
-        self.assertEqual([s.id for s in steps if s.decodes], ["10_decoding"])
-        self.assertFalse(any(s.has_backward for s in steps if s.id < "11"))  # the backward starts at step 11
-        self.assertTrue(all(s.has_forward for s in steps if s.id < "11"))
-        self.assertTrue(all(s.has_forward or s.has_backward for s in steps))
+        self.assertEqual([s.id for s in steps if s.runs("decode")], ["10_decoding"])
+        self.assertFalse(any(s.runs("backward") for s in steps if s.id < "11"))  # the backward starts at step 11
+        self.assertTrue(all(s.runs("forward") for s in steps if s.id < "11"))
+        self.assertTrue(all(s.runs("forward") or s.runs("backward") for s in steps))
+        self.assertTrue(all(set(s.passes) <= {"forward", "decode", "backward"} for s in steps))
 
     def test_problem_init_and_strides(self):
         p = self.lib.problem(2, 512, 512, 16, 16, 128, "bf16", True)
@@ -177,38 +178,45 @@ class Library(unittest.TestCase):
         self.assertEqual(self.lib.decode_kv_bytes(p), 2.0 * 2 * 4096 * 8 * 128 * 2)
         self.assertEqual(self.lib.decode_kv_bytes(p, [1024, 0]), 2.0 * 1024 * 8 * 128 * 2)
         with self.assertRaises(fs.InvalidArgument) as e:
-            self.lib.decode_check("01_naive", p)
+            self.lib.check("01_naive", p)
         self.assertIn("has no decoding entry", e.exception.message)
+        self.assertEqual(e.exception.function, "fs_decode_check")
         with self.assertRaises(fs.InvalidArgument) as e:
-            self.lib.decode_runner("10_decoding", p, 0, 0, 0, 0, 0, 0, 0)()
+            self.lib.runner("10_decoding", p, 0, 0, 0, 0, 0, 0, 0)()
         self.assertIn("Q is a null pointer", e.exception.message)
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.runner("10_decoding", p, 0, 0, 0)  # a pointer list of another pass
+        self.assertIn("fs_run_decode takes 7: q, k_cache, v_cache, block_table, cache_seqlens, o, lse",
+                      e.exception.message)
+        with self.assertRaises(fs.InvalidArgument):
+            self.lib.check("10_decoding", fs.FsStrides())  # not a problem
 
     def test_backward_problem_written_by_the_library(self):
         p = self.lib.backward_problem(2, 256, 512, 8, 2, 64, "bf16", True, deterministic=True)
-        self.assertEqual((p.forward.batch, p.forward.seqlen_q, p.forward.seqlen_k, p.forward.heads_q,
-                          p.forward.heads_kv, p.forward.head_dim, p.forward.dtype, p.forward.causal),
+        self.assertEqual((p.attention.batch, p.attention.seqlen_q, p.attention.seqlen_k, p.attention.heads_q,
+                          p.attention.heads_kv, p.attention.head_dim, p.attention.dtype, p.attention.causal),
                          (2, 256, 512, 8, 2, 64, 1, 1))
         self.assertEqual(p.deterministic, 1)
         self.assertEqual((p.d_o.batch, p.d_o.row, p.d_o.head, p.d_o.dim), (256 * 8 * 64, 8 * 64, 64, 1))
         self.assertEqual((p.dk.batch, p.dk.row, p.dk.head, p.dk.dim), (512 * 2 * 64, 2 * 64, 64, 1))
         self.assertEqual((p.dv.row, p.dq.row), (2 * 64, 8 * 64))
         p = self.lib.backward_problem(2, 256, 512, 8, 2, 64, "bf16", True, strides={"dq": (1, 2, 3, 1), "k": (0, 0, 0, 1)})
-        self.assertEqual((p.dq.batch, p.forward.k.batch), (1, 0))
+        self.assertEqual((p.dq.batch, p.attention.k.batch), (1, 0))
 
     def test_backward_refusals(self):
-        no_backward = next(s.id for s in fs.steps() if not s.has_backward)
+        no_backward = next(s.id for s in fs.steps() if not s.runs("backward"))
         p = self.lib.backward_problem(2, 256, 256, 8, 8, 64, "fp16", False)
         with self.assertRaises(fs.InvalidArgument) as e:
-            self.lib.backward_check(no_backward, p)
+            self.lib.check(no_backward, p)
         self.assertIn("backward", e.exception.message)
         p.deterministic = 2
-        for s in [s.id for s in fs.steps() if s.has_backward]:
+        for s in [s.id for s in fs.steps() if s.runs("backward")]:
             with self.assertRaises(fs.InvalidArgument) as e:
-                self.lib.backward_check(s, p)
+                self.lib.check(s, p)
             self.assertIn("deterministic is 2", e.exception.message)
 
     def test_a_backward_only_step_refuses_forward_problems(self):
-        for s in [s.id for s in fs.steps() if not s.has_forward]:
+        for s in [s.id for s in fs.steps() if not s.runs("forward")]:
             with self.assertRaises(fs.InvalidArgument):
                 self.lib.check(s, self.lib.problem(2, 256, 256, 8, 8, 64, "fp16", False))
 
@@ -216,7 +224,7 @@ class Library(unittest.TestCase):
         p = self.lib.problem(8, 2048, 2048, 16, 16, 128, "fp16", False)
         self.assertEqual(self.lib.flops(p), 4.0 * 8 * 16 * 2048 * 2048 * 128)
         b = self.lib.backward_problem(8, 2048, 2048, 16, 16, 128, "fp16", True)
-        self.assertEqual(self.lib.backward_flops(b), 2.5 * 2.0 * 8 * 16 * 2048 * 2048 * 128)
+        self.assertEqual(self.lib.flops(b), 2.5 * 2.0 * 8 * 16 * 2048 * 2048 * 128)
         self.assertEqual(self.lib.backward_bound("fp16", 0.25, 8.0), 2 * 0.25 + 2.0 ** -11 * 8.0)
         self.assertEqual(self.lib.backward_bound("bf16", 0.0, 4.0), 2.0 ** -8 * 4.0)
         with self.assertRaises(fs.InvalidArgument):
@@ -313,7 +321,7 @@ class Arguments(unittest.TestCase):
         lse = FakeTensor((2, 8, 64), "torch.float32")
         args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv]
         p = fs.backward_problem("test", *args, True, None, True)
-        self.assertEqual((p.forward.heads_kv, p.deterministic, p.dk.row, p.d_o.row), (2, 1, 256, 1024))
+        self.assertEqual((p.attention.heads_kv, p.deterministic, p.dk.row, p.d_o.row), (2, 1, 256, 1024))
         bad = list(args)
         bad[7] = FakeTensor((2, 96, 8, 128))  # dK with Q's heads
         self.assertIn("dK is (2, 96, 8, 128) but K is (2, 96, 2, 128)", self.refused(fs.backward_problem, *bad, False, None, False))
@@ -333,12 +341,13 @@ class Arguments(unittest.TestCase):
         cache = FakeTensor((4, 4096, 8, 128))
         lens = FakeTensor((4,), "torch.int32")
         p = fs.decode_problem("test", q, cache, cache, q, lens, None, False, None, None, 0, False)
-        self.assertEqual((p.batch, p.seqlen_k, p.heads_kv, p.page_size, p.num_pages), (4, 4096, 8, 0, 0))
+        self.assertEqual((p.attention.batch, p.attention.seqlen_k, p.attention.heads_kv, p.page_size, p.num_pages),
+                         (4, 4096, 8, 0, 0))
         pages = FakeTensor((300, 64, 8, 128))
         table = FakeTensor((4, 70), "torch.int32")
         p = fs.decode_problem("test", q, pages, pages, q, lens, table, True, None, 2048, 3, True)
-        self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride, p.seqlen_k,
-                          p.num_splits, p.checked, p.causal), (64, 300, 70, 70, 2048, 3, 1, 1))
+        self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride, p.attention.seqlen_k,
+                          p.num_splits, p.checked, p.attention.causal), (64, 300, 70, 70, 2048, 3, 1, 1))
         self.assertIn("max_seqlen_k is 5000; it must be between 0 and the cache's capacity, 4480",
                       self.refused(fs.decode_problem, q, pages, pages, q, lens, table, False, None, 5000, 0, False))
         self.assertIn("cache_seqlens is torch.int64",
@@ -354,15 +363,14 @@ class DefaultStep(unittest.TestCase):
     class FakeLibrary:
         def __init__(self, refuse):
             self.refuse, self.calls = refuse, []
-            self.check = self.backward_check = self.decode_check = self.accepts
 
         def steps(self):
-            def step(i, decodes=False, backward=False):
-                return fs.Step(i, i, "lesson", i, 80, decodes, not backward, backward)
-            return [step("07g_fa2"), step("08_hopper"), step("10_decoding", decodes=True),
-                    step("11_backward", backward=True)]
+            def step(i, *passes):
+                return fs.Step(i, i, "lesson", i, 80, passes)
+            return [step("07g_fa2", "forward"), step("08_hopper", "forward"),
+                    step("10_decoding", "forward", "decode"), step("11_backward", "backward")]
 
-        def accepts(self, step_id, p):
+        def check(self, step_id, p):
             self.calls.append(step_id)
             if step_id in self.refuse:
                 raise fs.InvalidArgument(1, "fs_check", f"{step_id} refuses")
@@ -373,22 +381,22 @@ class DefaultStep(unittest.TestCase):
     def test_newest_that_accepts(self):
         lib = self.FakeLibrary({"10_decoding"})  # 11 has no forward (not asked), 10 refuses this one
         p = fs.FsProblem(batch=1, head_dim=64)
-        self.assertEqual(fs._torch._default_step(lib, "forward", p, 0), "08_hopper")
+        self.assertEqual(fs._torch._default_step(lib, p, 0), "08_hopper")
         self.assertEqual(lib.calls, ["10_decoding", "08_hopper"])
-        self.assertEqual(fs._torch._default_step(lib, "forward", p, 0), "08_hopper")  # remembered
+        self.assertEqual(fs._torch._default_step(lib, p, 0), "08_hopper")  # remembered
         self.assertEqual(len(lib.calls), 2)
-        self.assertEqual(fs._torch._default_step(lib, "forward", fs.FsProblem(batch=2), 0), "08_hopper")
+        self.assertEqual(fs._torch._default_step(lib, fs.FsProblem(batch=2), 0), "08_hopper")
         self.assertEqual(len(lib.calls), 4)  # another problem: asked again
 
     def test_only_steps_with_the_pass(self):
         lib = self.FakeLibrary(set())
-        self.assertEqual(fs._torch._default_step(lib, "backward", fs.FsBackwardProblem(), 0), "11_backward")
-        self.assertEqual(fs._torch._default_step(lib, "decode", fs.FsDecodeProblem(), 0), "10_decoding")
+        self.assertEqual(fs._torch._default_step(lib, fs.FsBackwardProblem(), 0), "11_backward")
+        self.assertEqual(fs._torch._default_step(lib, fs.FsDecodeProblem(), 0), "10_decoding")
 
     def test_none_accepts(self):
         lib = self.FakeLibrary({"11_backward"})
         with self.assertRaises(fs.InvalidArgument) as e:
-            fs._torch._default_step(lib, "backward", fs.FsBackwardProblem(), 0)
+            fs._torch._default_step(lib, fs.FsBackwardProblem(), 0)
         self.assertEqual(e.exception.message, "no registered step runs this backward problem on this device "
                                               "(11_backward: 11_backward refuses)")
 

@@ -65,7 +65,7 @@ class Torch(unittest.TestCase):
         return x.to(dtype or torch.float16)
 
     def has_backward(self):
-        return any(s.has_backward for s in fs.steps())
+        return any(s.runs("backward") for s in fs.steps())
 
     def test_forward_against_the_math_backend(self):
         for dtype in (torch.float16, torch.bfloat16):
