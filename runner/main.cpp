@@ -3,9 +3,8 @@
 // and V read; with --backward the backward pass of the steps that have one. `flash-steps --help`
 // lists the flags.
 //
-// One run is written once (run_pass) for every pass; a pass's Session<Problem> below says what is
-// its own: the problem from the flags, the workload and the references, how a step is checked and
-// timed, and its columns.
+// A run is written once (run_pass) for every pass; Session<Problem> holds what is a pass's own: the
+// problem from the flags, its workload and references, how a step is checked and timed, its columns.
 #include <algorithm>
 #include <ctime>
 #include <functional>
@@ -30,53 +29,28 @@ using Launch = std::function<void(cudaStream_t)>;
 
 // One row of a table: a step (or the baseline), its status and what its pass measured.
 struct Row {
-  std::string id, lesson;
-  std::string status;  // PASS, FAIL, REFUSED, ERROR
-  std::string reason;  // why it was refused, or the error
-  std::string entry;   // decoding: "decode" (the step's decoding entry) or "forward"
-  double ms = 0, tflops = 0, x_step01 = 0, x_prev = 0;
-  double gbs = 0, hbm_pct = 0;  // decoding: GB/s of K and V read, and % of --hbm-tbs
-  int splits = 0;               // decoding: the plan's split of the keys
-  fs::Comparison cmp;                     // forward, decoding: O and LSE
-  std::vector<fs::GradComparison> grads;  // backward: dQ, dK, dV
+  std::string id = "", lesson = "";
+  std::string status = "";  // PASS, FAIL, REFUSED, ERROR
+  std::string reason = "";  // why it was refused, or the error
+  std::string entry = "";   // decoding: "decode" (the step's decoding entry) or "forward"
+  double ms = 0, rate = 0;  // rate: TFLOP/s, or GB/s of K and V read when decoding
+  double x_step01 = 0, x_prev = 0, hbm_pct = 0;
+  int splits = 0;
+  fs::Comparison cmp = {};                     // forward, decoding: O and LSE
+  std::vector<fs::GradComparison> grads = {};  // backward: dQ, dK, dV
   bool timed() const { return status == "PASS" || status == "FAIL"; }
 };
 
-// A column of a pass's table (after "ms"), and one field of its JSON and CSV rows.
-struct Column {
-  const char* header;
-  int width;
+// One value of a timed row: its key and value in JSON and CSV and, where the table shows it, its
+// column's header, width and text.
+struct Cell {
+  std::string key, value, header = "", text = "";
+  int width = 0;
 };
-using Fields = std::vector<std::pair<std::string, std::string>>;
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
 
 std::string fixed(double x, int digits) {
   std::ostringstream m;
   m << std::fixed << std::setprecision(digits) << x;
-  return m.str();
-}
-std::string sci(double x) {
-  std::ostringstream m;
-  m << std::scientific << std::setprecision(2) << x;
   return m.str();
 }
 std::string num(double x) {
@@ -84,8 +58,34 @@ std::string num(double x) {
   m << x;
   return m.str();
 }
-std::string quoted(const std::string& s) { return "\"" + json_escape(s) + "\""; }
-std::string boolean(bool b) { return b ? "true" : "false"; }
+std::string sci(double x) {
+  std::ostringstream m;
+  m << std::scientific << std::setprecision(2) << x;
+  return m.str();
+}
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) out += c == '\n' ? std::string("\\n") : c == '"' || c == '\\' ? std::string("\\") + c : std::string(1, c);
+  return out + "\"";
+}
+const char* boolean(bool b) { return b ? "true" : "false"; }
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+std::string timing_note(const fs::RunnerOptions& o) {
+  return "median of " + std::to_string(o.iters) + " launches" + (o.flush_l2 ? ", L2 flushed" : "");
+}
+
+// The attention problem's fields in JSON, then the pass's own.
+std::string problem_json(const fs::Problem& p, const std::string& more) {
+  return "{\"batch\": " + num(p.batch) + ", \"seqlen_q\": " + num(p.seqlen_q) + ", \"seqlen_k\": " + num(p.seqlen_k) +
+         ", \"heads_q\": " + num(p.heads_q) + ", \"heads_kv\": " + num(p.heads_kv) + ", \"head_dim\": " +
+         num(p.head_dim) + ", \"dtype\": \"" + fs::dtype_name(p.dtype) + "\", \"causal\": " + boolean(p.causal) + more +
+         "}";
+}
 
 // Width of the id column: the longest step id plus two spaces.
 int id_width() {
@@ -94,15 +94,17 @@ int id_width() {
   return int(w) + 2;
 }
 
+std::string reference_name(double cost) { return cost <= fs::kCpuReferenceMaxCost ? "fp64 CPU" : "fp32 GPU (cuBLAS)"; }
+
 const char* const kBaselineLesson =
     "unfused baseline: cuBLAS S = QKᵀ (fp32 out), softmax kernel, fp32 P·V; the GPU reference";
 
-// ---- the passes' own parts -------------------------------------------------------------------------
+// ---- what each pass does its own way ---------------------------------------------------------------
 
 template <typename Problem>
 struct Session;
 
-// Checks `launch` against the reference (outputs poisoned first), then times it: forward and decoding.
+// Forward and decoding: the check of O and LSE (outputs poisoned first), then the timing.
 template <typename Workload>
 void check_and_time(Row& r, const Launch& launch, Workload& w, const fs::Reference& ref, const fs::RunnerOptions& o) {
   r.cmp = fs::launch_and_compare(launch, w, ref);
@@ -111,31 +113,37 @@ void check_and_time(Row& r, const Launch& launch, Workload& w, const fs::Referen
   r.ms = fs::time_launches(launch, {o.warmup, o.iters, o.flush_l2}).median_ms;
 }
 
+std::vector<Cell> error_cells(const Row& r) {
+  return {{"max_abs_err", num(r.cmp.max_abs_err), "max err", sci(r.cmp.max_abs_err), 11},
+          {"rel_fro_err", num(r.cmp.rel_fro_err)},
+          {"max_lse_err", num(r.cmp.max_lse_err)}};
+}
+
 template <>
 struct Session<fs::Problem> {
   static constexpr const char* mode = "";
   static fs::Problem problem(const fs::RunnerOptions& o) { return fs::problem_from(o); }
   static bool runs(const fs::Step& s) { return s.forward.present(); }
-  static std::string static_refusal(const fs::Step& s, const fs::Problem& p) { return fs::static_refusal(s, p); }
+  static std::string static_refusal(const fs::Step& s, const fs::Problem& p, const fs::RunnerOptions&) {
+    return fs::static_refusal(s, p);
+  }
+  static fs::Plan plan(const fs::Step& s, const fs::Problem& p, const fs::DeviceInfo& dev) {
+    return fs::plan_on_device(s, p, dev);
+  }
 
   const fs::Problem p;
   const fs::RunnerOptions& o;
-  fs::Workload w;
-  fs::GpuReference gpu;
-  fs::Reference ref;
-  double flops = fs::attention_flops(p);
+  fs::Workload w{p, o.seed};
+  fs::GpuReference gpu = {};
+  fs::Reference ref = {};
+  const double flops = fs::attention_flops(p);
 
-  Session(const fs::Problem& problem, const fs::RunnerOptions& options) : p(problem), o(options), w(p, o.seed) {
-    std::cerr << "problem: " << fs::describe(p) << ", " << fixed(flops / 1e9, 1) << " GFLOP";
-  }
-  std::string reference_name() const {
-    return fs::reference_cpu_cost(p) <= fs::kCpuReferenceMaxCost ? "fp64 CPU" : "fp32 GPU (cuBLAS)";
-  }
+  std::string shape() const { return fs::describe(p) + ", " + fixed(flops / 1e9, 1) + " GFLOP"; }
+  double reference_cost() const { return fs::reference_cpu_cost(p); }
   void make_reference() { ref = fs::make_reference(w, gpu); }
-
   void measure(Row& r, const Launch& launch) {
     check_and_time(r, launch, w, ref, o);
-    r.tflops = fs::tflops(flops, r.ms);
+    r.rate = fs::tflops(flops, r.ms);
   }
   void measure(Row& r, const fs::Step& s, const fs::Plan& plan) {
     const fs::Prepared prepared(s, p, plan);
@@ -155,34 +163,18 @@ struct Session<fs::Problem> {
     const std::vector<fs::Speedup> x = fs::speedups(ids, ms);
     for (size_t i = 0; i < rows.size(); ++i) rows[i].x_step01 = x[i].x_step01, rows[i].x_prev = x[i].x_prev;
   }
-
-  std::string title() const {
-    return fs::describe(p) + " | " + fixed(flops / 1e9, 1) + " GFLOP | median of " + std::to_string(o.iters) +
-           " launches" + (o.flush_l2 ? ", L2 flushed" : "") + " | x = speed-up (time ratio)";
+  std::string title() const { return shape() + " | " + timing_note(o) + " | x = speed-up (time ratio)"; }
+  std::string json() const {
+    return ",\n  \"problem\": " + problem_json(p, ", \"softmax_scale\": " + num(p.softmax_scale) + ", \"flops\": " + num(flops));
   }
-  std::string problem_json() const {
-    return "{\"batch\": " + num(p.batch) + ", \"seqlen_q\": " + num(p.seqlen_q) + ", \"seqlen_k\": " + num(p.seqlen_k) +
-           ", \"heads_q\": " + num(p.heads_q) + ", \"heads_kv\": " + num(p.heads_kv) + ", \"head_dim\": " +
-           num(p.head_dim) + ", \"dtype\": \"" + fs::dtype_name(p.dtype) + "\", \"causal\": " + boolean(p.causal) +
-           ", \"softmax_scale\": " + num(p.softmax_scale) + ", \"flops\": " + num(flops) + "}";
-  }
-  std::string head_json() const { return ""; }
-  static std::vector<Column> columns() {
-    return {{"TFLOP/s", 10}, {"x 01", 10}, {"x prev", 10}, {"max err", 11}};
-  }
-  static std::vector<std::string> cells(const Row& r) {
-    return {fixed(r.tflops, 2), r.x_step01 > 0 ? fixed(r.x_step01, 2) : "-", r.x_prev > 0 ? fixed(r.x_prev, 2) : "-",
-            sci(r.cmp.max_abs_err)};
-  }
-  static Fields tags(const Row&) { return {}; }
-  static Fields fields(const Row& r) {
-    return {{"ms", num(r.ms)},
-            {"tflops", num(r.tflops)},
-            {"x_step01", num(r.x_step01)},
-            {"x_prev", num(r.x_prev)},
-            {"max_abs_err", num(r.cmp.max_abs_err)},
-            {"rel_fro_err", num(r.cmp.rel_fro_err)},
-            {"max_lse_err", num(r.cmp.max_lse_err)}};
+  static std::vector<Cell> tags(const Row&) { return {}; }
+  static std::vector<Cell> cells(const Row& r) {
+    std::vector<Cell> c{{"ms", num(r.ms), "ms", fixed(r.ms, 3), 10},
+                        {"tflops", num(r.rate), "TFLOP/s", fixed(r.rate, 2), 10},
+                        {"x_step01", num(r.x_step01), "x 01", r.x_step01 > 0 ? fixed(r.x_step01, 2) : "-", 10},
+                        {"x_prev", num(r.x_prev), "x prev", r.x_prev > 0 ? fixed(r.x_prev, 2) : "-", 10}};
+    for (const Cell& e : error_cells(r)) c.push_back(e);
+    return c;
   }
 };
 
@@ -195,56 +187,53 @@ std::string forward_refusal(const fs::DecodeProblem& p, bool ragged) {
          " the problem is no forward one (that needs a contiguous cache with every sequence at seqlen_k keys)";
 }
 
-// Decoding: steps with a decoding entry run it; the others their forward entry when the problem is a
+// Decoding: steps with a decoding entry run it; the others their forward entry where the problem is a
 // forward one (a contiguous cache, no --ragged), on the same tensors.
 template <>
 struct Session<fs::DecodeProblem> {
   static constexpr const char* mode = "decode";
   static fs::DecodeProblem problem(const fs::RunnerOptions& o) { return fs::decode_problem_from(o); }
   static bool runs(const fs::Step& s) { return s.forward.present(); }
+  static std::string static_refusal(const fs::Step& s, const fs::DecodeProblem& p, const fs::RunnerOptions& o) {
+    if (s.decode.present()) return fs::static_refusal(s, p);
+    const std::string why = forward_refusal(p, o.ragged);
+    return why.empty() ? fs::static_refusal(s, p.attention) : why;
+  }
+  static fs::Plan plan(const fs::Step& s, const fs::DecodeProblem& p, const fs::DeviceInfo& dev) {
+    return s.decode.present() ? fs::plan_on_device(s, p, dev) : fs::plan_on_device(s, p.attention, dev);
+  }
 
   const fs::DecodeProblem p;
   const fs::RunnerOptions& o;
-  fs::DecodeWorkload w;
-  fs::GpuReference gpu;
-  fs::Reference ref;
+  fs::DecodeWorkload w{p, fs::decode_lengths_from(o), o.seed};
+  fs::GpuReference gpu = {};
+  fs::Reference ref = {};
   const double gb = w.kv_bytes() / 1e9;
-  const bool forward_problem = forward_refusal(p, o.ragged).empty();
 
-  Session(const fs::DecodeProblem& problem, const fs::RunnerOptions& options)
-      : p(problem), o(options), w(p, fs::decode_lengths_from(o), o.seed) {
-    std::cerr << "decoding problem: " << shape() << ", " << fixed(gb, 3) << " GB of K and V";
+  std::string shape() const {
+    return fs::describe(p) + (o.ragged ? ", ragged lengths" : "") + ", " + fixed(gb, 3) + " GB of K and V";
   }
-  std::string shape() const { return fs::describe(p) + (o.ragged ? ", ragged lengths" : ""); }
-  std::string reference_name() const {
-    return fs::reference_cpu_cost(p, w.lengths()) <= fs::kCpuReferenceMaxCost ? "fp64 CPU" : "fp32 GPU (cuBLAS)";
-  }
+  double reference_cost() const { return fs::reference_cpu_cost(p, w.lengths()); }
   void make_reference() { ref = fs::make_reference(w, gpu); }
-  static std::string static_refusal(const fs::Step& s, const fs::DecodeProblem& p, bool ragged) {
-    if (s.decode.present()) return fs::static_refusal(s, p);
-    const std::string why = forward_refusal(p, ragged);
-    return why.empty() ? fs::static_refusal(s, p.attention) : why;
-  }
-
   void measure(Row& r, const Launch& launch) {
     check_and_time(r, launch, w, ref, o);
-    r.gbs = r.ms > 0 ? gb / (r.ms * 1e-3) : 0;
-    r.hbm_pct = o.hbm_tbs > 0 ? 100 * r.gbs / (o.hbm_tbs * 1e3) : 0;
+    r.rate = r.ms > 0 ? gb / (r.ms * 1e-3) : 0;
+    r.hbm_pct = o.hbm_tbs > 0 ? 100 * r.rate / (o.hbm_tbs * 1e3) : 0;
   }
   void measure(Row& r, const fs::Step& s, const fs::Plan& plan) {
     const fs::DecodeTensors t = w.tensors();
+    const fs::Tensors ft{t.q, t.k_cache, t.v_cache, t.o, t.lse};  // the forward entry's view of them
     r.splits = plan.splits;
     if (s.decode.present()) {
       const fs::Prepared prepared(s, p, plan);
       measure(r, [&](cudaStream_t st) { prepared.launch(t, st); });
     } else {
       const fs::Prepared prepared(s, p.attention, plan);
-      const fs::Tensors ft{t.q, t.k_cache, t.v_cache, t.o, t.lse};
       measure(r, [&](cudaStream_t st) { prepared.launch(ft, st); });
     }
   }
   void add_baseline(std::vector<Row>& rows) {
-    if (!forward_problem) return;
+    if (!forward_refusal(p, o.ragged).empty()) return;
     Row r{.id = "cublas", .lesson = kBaselineLesson, .entry = "forward"};
     const fs::DecodeTensors t = w.tensors();
     const fs::Tensors ft{t.q, t.k_cache, t.v_cache, t.o, t.lse};
@@ -252,67 +241,49 @@ struct Session<fs::DecodeProblem> {
     rows.push_back(r);
   }
   static void finish(std::vector<Row>&) {}
-
   std::string title() const {
-    return shape() + " | K+V " + fixed(gb, 3) + " GB | median of " + std::to_string(o.iters) + " launches" +
-           (o.flush_l2 ? ", L2 flushed" : "") + " | GB/s = bytes of K and V read / time" +
+    return shape() + " | " + timing_note(o) + " | GB/s = bytes of K and V read / time" +
            (o.hbm_tbs > 0 ? " | % HBM of " + fixed(o.hbm_tbs, 2) + " TB/s (--hbm-tbs)" : "");
   }
-  std::string problem_json() const {
-    const fs::Problem& f = p.attention;
-    return "{\"batch\": " + num(f.batch) + ", \"seqlen_q\": " + num(f.seqlen_q) + ", \"seqlen_k\": " + num(f.seqlen_k) +
-           ", \"heads_q\": " + num(f.heads_q) + ", \"heads_kv\": " + num(f.heads_kv) + ", \"head_dim\": " +
-           num(f.head_dim) + ", \"dtype\": \"" + fs::dtype_name(f.dtype) + "\", \"causal\": " + boolean(f.causal) +
-           ", \"page_size\": " + num(p.page_size) + ", \"ragged\": " + boolean(o.ragged) + ", \"num_splits\": " +
-           num(p.num_splits) + ", \"checked\": " + boolean(p.checked) + ", \"kv_bytes\": " + num(w.kv_bytes()) + "}";
+  std::string json() const {
+    return ",\n  \"problem\": " +
+           problem_json(p.attention, ", \"page_size\": " + num(p.page_size) + ", \"ragged\": " + boolean(o.ragged) +
+                                         ", \"num_splits\": " + num(p.num_splits) + ", \"checked\": " +
+                                         boolean(p.checked) + ", \"kv_bytes\": " + num(w.kv_bytes())) +
+           ",\n  \"hbm_tbs\": " + num(o.hbm_tbs);
   }
-  std::string head_json() const { return ",\n  \"hbm_tbs\": " + num(o.hbm_tbs); }
-  static std::vector<Column> columns() { return {{"GB/s", 10}, {"% HBM", 8}, {"splits", 8}, {"max err", 11}}; }
-  static std::vector<std::string> cells(const Row& r) {
-    return {fixed(r.gbs, 0), r.hbm_pct > 0 ? fixed(r.hbm_pct, 0) : "-", r.splits > 0 ? std::to_string(r.splits) : "-",
-            sci(r.cmp.max_abs_err)};
-  }
-  static Fields tags(const Row& r) { return {{"entry", r.entry}}; }
-  static Fields fields(const Row& r) {
-    return {{"ms", num(r.ms)},
-            {"gbs", num(r.gbs)},
-            {"hbm_pct", num(r.hbm_pct)},
-            {"splits", num(r.splits)},
-            {"max_abs_err", num(r.cmp.max_abs_err)},
-            {"rel_fro_err", num(r.cmp.rel_fro_err)},
-            {"max_lse_err", num(r.cmp.max_lse_err)}};
+  static std::vector<Cell> tags(const Row& r) { return {{"entry", r.entry}}; }
+  static std::vector<Cell> cells(const Row& r) {
+    std::vector<Cell> c{{"ms", num(r.ms), "ms", fixed(r.ms, 4), 10},
+                        {"gbs", num(r.rate), "GB/s", fixed(r.rate, 0), 10},
+                        {"hbm_pct", num(r.hbm_pct), "% HBM", r.hbm_pct > 0 ? fixed(r.hbm_pct, 0) : "-", 8},
+                        {"splits", num(r.splits), "splits", r.splits > 0 ? std::to_string(r.splits) : "-", 8}};
+    for (const Cell& e : error_cells(r)) c.push_back(e);
+    return c;
   }
 };
-
-// max |err| / bound of one gradient: at most 1 passes.
-std::string bound_ratio(const fs::GradComparison& g) {
-  if (g.nonfinite > 0) return "nonfinite";
-  if (g.bound > 0) return fixed(g.max_abs_err / g.bound, 3);
-  return g.max_abs_err == 0 ? "0" : "inf";
-}
 
 template <>
 struct Session<fs::BackwardProblem> {
   static constexpr const char* mode = "backward";
   static fs::BackwardProblem problem(const fs::RunnerOptions& o) { return fs::backward_problem_from(o); }
   static bool runs(const fs::Step& s) { return s.backward.present(); }
-  static std::string static_refusal(const fs::Step& s, const fs::BackwardProblem& p) {
+  static std::string static_refusal(const fs::Step& s, const fs::BackwardProblem& p, const fs::RunnerOptions&) {
     return fs::static_refusal(s, p);
+  }
+  static fs::Plan plan(const fs::Step& s, const fs::BackwardProblem& p, const fs::DeviceInfo& dev) {
+    return fs::plan_on_device(s, p, dev);
   }
 
   const fs::BackwardProblem p;
   const fs::RunnerOptions& o;
-  fs::BackwardWorkload w;
-  fs::GpuBackwardReference gpu;
-  fs::BackwardReferences ref;
-  double flops = fs::backward_flops(p);
+  fs::BackwardWorkload w{p, o.seed};
+  fs::GpuBackwardReference gpu = {};
+  fs::BackwardReferences ref = {};
+  const double flops = fs::backward_flops(p);
 
-  Session(const fs::BackwardProblem& problem, const fs::RunnerOptions& options) : p(problem), o(options), w(p, o.seed) {
-    std::cerr << "problem: " << fs::describe(p) << ", " << fixed(flops / 1e9, 1) << " GFLOP";
-  }
-  std::string reference_name() const {
-    return fs::reference_cpu_cost(p) <= fs::kCpuReferenceMaxCost ? "fp64 CPU" : "fp32 GPU (cuBLAS)";
-  }
+  std::string shape() const { return fs::describe(p) + ", " + fixed(flops / 1e9, 1) + " GFLOP"; }
+  double reference_cost() const { return fs::reference_cpu_cost(p); }
   void make_reference() {
     std::cerr << "exact and with O, P and dS rounded to " << fs::dtype_name(p.attention.dtype) << "...\n";
     ref = fs::make_reference(w, gpu);
@@ -322,46 +293,41 @@ struct Session<fs::BackwardProblem> {
     const fs::BackwardTensors t = w.tensors();
     const Launch launch = [&](cudaStream_t st) { prepared.launch(t, st); };
     r.grads = fs::launch_and_compare(launch, w, ref);
-    const bool pass = std::all_of(r.grads.begin(), r.grads.end(), [](const fs::GradComparison& g) { return g.pass(); });
-    r.status = pass ? "PASS" : "FAIL";
+    r.status = "PASS";
     for (const fs::GradComparison& g : r.grads)
-      if (!g.pass()) r.reason += (r.reason.empty() ? "" : "; ") + g.summary();
+      if (!g.pass()) r.status = "FAIL", r.reason += (r.reason.empty() ? "" : "; ") + g.summary();
     r.ms = fs::time_launches(launch, {o.warmup, o.iters, o.flush_l2}).median_ms;
-    r.tflops = fs::tflops(flops, r.ms);
+    r.rate = fs::tflops(flops, r.ms);
   }
   void add_baseline(std::vector<Row>&) {}
   static void finish(std::vector<Row>&) {}
-
   std::string title() const {
-    return fs::describe(p) + " | " + fixed(flops / 1e9, 1) + " GFLOP (2.5 x forward) | median of " +
-           std::to_string(o.iters) + " launches" + (o.flush_l2 ? ", L2 flushed" : "") +
-           " | dQ dK dV = max |err| / bound (" + reference_name() + " reference; <= 1 passes)";
+    return fs::describe(p) + " | " + fixed(flops / 1e9, 1) + " GFLOP (2.5 x forward) | " + timing_note(o) +
+           " | dQ dK dV = max |err| / bound (" + reference_name(reference_cost()) + " reference; <= 1 passes)";
   }
-  std::string problem_json() const {
-    const fs::Problem& f = p.attention;
-    return "{\"batch\": " + num(f.batch) + ", \"seqlen_q\": " + num(f.seqlen_q) + ", \"seqlen_k\": " + num(f.seqlen_k) +
-           ", \"heads_q\": " + num(f.heads_q) + ", \"heads_kv\": " + num(f.heads_kv) + ", \"head_dim\": " +
-           num(f.head_dim) + ", \"dtype\": \"" + fs::dtype_name(f.dtype) + "\", \"causal\": " + boolean(f.causal) +
-           ", \"softmax_scale\": " + num(f.softmax_scale) + ", \"deterministic\": " + boolean(p.deterministic) +
-           ", \"flops\": " + num(flops) + "}";
+  std::string json() const {
+    return ",\n  \"problem\": " +
+           problem_json(p.attention, ", \"softmax_scale\": " + num(p.attention.softmax_scale) + ", \"deterministic\": " +
+                                         boolean(p.deterministic) + ", \"flops\": " + num(flops)) +
+           ",\n  \"reference\": " + quoted(reference_name(reference_cost()));
   }
-  std::string head_json() const { return ",\n  \"reference\": " + quoted(reference_name()); }
-  static std::vector<Column> columns() { return {{"TFLOP/s", 10}, {"dQ", 11}, {"dK", 11}, {"dV", 11}}; }
-  static std::vector<std::string> cells(const Row& r) {
-    std::vector<std::string> c{fixed(r.tflops, 2)};
-    for (const fs::GradComparison& g : r.grads) c.push_back(bound_ratio(g));
-    return c;
-  }
-  static Fields tags(const Row&) { return {}; }
-  static Fields fields(const Row& r) {
-    Fields f{{"ms", num(r.ms)}, {"tflops", num(r.tflops)}};
+  static std::vector<Cell> tags(const Row&) { return {}; }
+  static std::vector<Cell> cells(const Row& r) {
+    std::vector<Cell> c{{"ms", num(r.ms), "ms", fixed(r.ms, 3), 10},
+                        {"tflops", num(r.rate), "TFLOP/s", fixed(r.rate, 2), 10}};
     for (const fs::GradComparison& g : r.grads) {
+      // max |err| / bound: at most 1 passes.
+      const std::string ratio = g.nonfinite > 0 ? "nonfinite"
+                                : g.bound > 0   ? fixed(g.max_abs_err / g.bound, 3)
+                                                : (g.max_abs_err == 0 ? "0" : "inf");
       std::string key = g.name;  // "dQ" -> "dq_..."
-      std::transform(key.begin(), key.end(), key.begin(), [](char c) { return char(std::tolower(c)); });
-      f.insert(f.end(), {{key + "_max_abs_err", num(g.max_abs_err)}, {key + "_ref_err", num(g.ref_err)},
-                         {key + "_bound", num(g.bound)}, {key + "_nonfinite", num(double(g.nonfinite))}});
+      for (char& ch : key) ch = char(std::tolower(ch));
+      c.push_back({key + "_max_abs_err", num(g.max_abs_err), g.name, ratio, 11});
+      c.push_back({key + "_ref_err", num(g.ref_err)});
+      c.push_back({key + "_bound", num(g.bound)});
+      c.push_back({key + "_nonfinite", num(double(g.nonfinite))});
     }
-    return f;
+    return c;
   }
 };
 
@@ -384,73 +350,77 @@ int select_steps(const fs::RunnerOptions& o, std::vector<const fs::Step*>& selec
   return 0;
 }
 
+// 0 when a GPU can be used, else 1 after saying why not.
+int need_gpu() {
+  const std::string why = fs::cuda_unavailable_reason();
+  if (why.empty()) return 0;
+  std::cerr << "flash-steps: " << why << "; the kernels need an NVIDIA GPU (sm_80 or newer). "
+            << "`flash-steps --list` works without one.\n";
+  return 1;
+}
+
 template <typename Problem>
 void print(const Session<Problem>& session, const std::vector<Row>& rows, const fs::RunnerOptions& o,
            const fs::DeviceInfo& dev, const std::string& date) {
   using S = Session<Problem>;
-  const std::string mode = S::mode;
+  Row blank;  // its cells name the columns
+  for (const char* name : {"dQ", "dK", "dV"}) blank.grads.push_back(fs::GradComparison{.name = name});
+  const std::vector<Cell> columns = S::cells(blank);
   if (o.format == fs::OutputFormat::json) {
-    std::cout << "{\n  \"tool\": \"flash-steps\",\n" << (mode.empty() ? "" : "  \"mode\": " + quoted(mode) + ",\n")
+    std::cout << "{\n  \"tool\": \"flash-steps\",\n" << (*S::mode ? "  \"mode\": " + quoted(S::mode) + ",\n" : "")
               << "  \"commit\": \"" << FLASH_STEPS_COMMIT << "\",\n  \"date\": \"" << date << "\",\n  \"device\": "
-              << quoted(fs::describe(dev)) << ",\n  \"problem\": " << session.problem_json() << session.head_json()
-              << ",\n  \"timing\": {\"iters\": " << o.iters << ", \"warmup\": " << o.warmup << ", \"l2_flush\": "
-              << boolean(o.flush_l2) << ", \"statistic\": \"median\"},\n  \"rows\": [\n";
+              << quoted(fs::describe(dev)) << session.json() << ",\n  \"timing\": {\"iters\": " << o.iters
+              << ", \"warmup\": " << o.warmup << ", \"l2_flush\": " << boolean(o.flush_l2)
+              << ", \"statistic\": \"median\"},\n  \"rows\": [\n";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::cout << "    {\"id\": " << quoted(r.id) << ", \"status\": " << quoted(r.status);
-      for (const auto& [key, value] : S::tags(r)) std::cout << ", \"" << key << "\": " << quoted(value);
+      for (const Cell& c : S::tags(r)) std::cout << ", \"" << c.key << "\": " << quoted(c.value);
       std::cout << ", \"lesson\": " << quoted(r.lesson) << ", \"reason\": " << quoted(r.reason);
       if (r.timed())
-        for (const auto& [key, value] : S::fields(r)) std::cout << ", \"" << key << "\": " << value;
+        for (const Cell& c : S::cells(r)) std::cout << ", \"" << c.key << "\": " << c.value;
       std::cout << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
     }
     std::cout << "  ]\n}\n";
-    return;
-  }
-  if (o.format == fs::OutputFormat::csv) {
-    Row blank;  // the columns' names
-    for (const char* name : {"dQ", "dK", "dV"}) blank.grads.push_back(fs::GradComparison{.name = name});
-    const Fields keys = S::fields(blank);
+  } else if (o.format == fs::OutputFormat::csv) {
     std::cout << "id,status";
-    for (const auto& [key, value] : S::tags(blank)) std::cout << "," << key;
-    for (const auto& [key, value] : keys) std::cout << "," << key;
+    for (const Cell& c : S::tags(blank)) std::cout << "," << c.key;
+    for (const Cell& c : columns) std::cout << "," << c.key;
     std::cout << ",reason\n";
     for (const Row& r : rows) {
       std::cout << r.id << "," << r.status;
-      for (const auto& [key, value] : S::tags(r)) std::cout << "," << value;
+      for (const Cell& c : S::tags(r)) std::cout << "," << c.value;
       if (r.timed())
-        for (const auto& [key, value] : S::fields(r)) std::cout << "," << value;
+        for (const Cell& c : S::cells(r)) std::cout << "," << c.value;
       else
-        std::cout << std::string(keys.size(), ',');
+        std::cout << std::string(columns.size(), ',');
       std::string reason = r.reason;
-      for (char& c : reason)
-        if (c == ',' || c == '\n') c = ';';
+      std::replace_if(reason.begin(), reason.end(), [](char c) { return c == ',' || c == '\n'; }, ';');
       std::cout << "," << reason << "\n";
     }
-    return;
-  }
-  std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
-            << session.title() << "\n\n";
-  const std::vector<Column> columns = S::columns();
-  std::cout << std::left << std::setw(id_width()) << "step" << std::setw(10) << "result" << std::right << std::setw(10)
-            << "ms";
-  for (const Column& c : columns) std::cout << std::setw(c.width) << c.header;
-  std::cout << "  " << std::left << "lesson\n";
-  for (const Row& r : rows) {
-    std::cout << std::left << std::setw(id_width()) << r.id << std::setw(10) << r.status << std::right << std::setw(10)
-              << (r.timed() ? fixed(r.ms, mode == "decode" ? 4 : 3) : "-");
-    const std::vector<std::string> cells = r.timed() ? S::cells(r) : std::vector<std::string>(columns.size(), "-");
-    for (size_t i = 0; i < columns.size(); ++i) std::cout << std::setw(columns[i].width) << cells[i];
-    std::cout << "  " << (r.entry == "forward" ? "[forward entry] " : "") << r.lesson << "\n";
-    if (!r.reason.empty()) std::cout << std::string(size_t(id_width()), ' ') << r.reason << "\n";
+  } else {
+    std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
+              << session.title() << "\n\n"
+              << std::left << std::setw(id_width()) << "step" << std::setw(10) << "result" << std::right;
+    for (const Cell& c : columns)
+      if (c.width) std::cout << std::setw(c.width) << c.header;
+    std::cout << "  " << std::left << "lesson\n";
+    for (const Row& r : rows) {
+      std::cout << std::left << std::setw(id_width()) << r.id << std::setw(10) << r.status << std::right;
+      const std::vector<Cell> cells = S::cells(r);
+      for (size_t i = 0; i < columns.size(); ++i)
+        if (columns[i].width) std::cout << std::setw(columns[i].width) << (r.timed() ? cells[i].text : "-");
+      std::cout << "  " << (r.entry == "forward" ? "[forward entry] " : "") << r.lesson << "\n";
+      if (!r.reason.empty()) std::cout << std::string(size_t(id_width()), ' ') << r.reason << "\n";
+    }
   }
 }
 
-// The problem the flags describe, in the pass of Problem: validated, the steps selected and, before any
-// GPU is looked at, their refusals that need no device; a run that would check nothing is a failure.
-// Then the workload, the references, each step checked and timed, and the table. Exit status: 0 when
-// every row passed or was refused, 1 when one failed or errored, nothing was checked or there is no GPU,
-// 2 for bad input.
+// The problem the flags describe, in the pass of Problem: validated; the steps selected and their
+// refusals that need no device, before any GPU is looked at (a run that would check nothing fails);
+// then the workload, the references, each step checked and timed, and the table. Exit status: 0 when
+// every row passed or was refused, 1 when one failed or errored, nothing was checked or there is no
+// GPU, 2 for bad input.
 template <typename Problem>
 int run_pass(const fs::RunnerOptions& o) {
   using S = Session<Problem>;
@@ -466,54 +436,38 @@ int run_pass(const fs::RunnerOptions& o) {
     return 1;
   }
   std::vector<std::string> refusals;
-  for (const fs::Step* s : selected) {
-    if constexpr (std::is_same_v<Problem, fs::DecodeProblem>) refusals.push_back(S::static_refusal(*s, p, o.ragged));
-    else refusals.push_back(S::static_refusal(*s, p));
-  }
-  if (std::all_of(refusals.begin(), refusals.end(), [](const std::string& r) { return !r.empty(); })) {
+  for (const fs::Step* s : selected) refusals.push_back(S::static_refusal(*s, p, o));
+  if (std::none_of(refusals.begin(), refusals.end(), [](const std::string& r) { return r.empty(); })) {
     for (size_t k = 0; k < selected.size(); ++k) std::cerr << "  " << selected[k]->id << ": " << refusals[k] << "\n";
     std::cerr << "flash-steps: every selected step refuses " << fs::describe(p) << "; nothing was checked\n";
     return 1;
   }
-  if (const std::string why = fs::cuda_unavailable_reason(); !why.empty()) {
-    std::cerr << "flash-steps: " << why << "; the kernels need an NVIDIA GPU (sm_80 or newer). "
-              << "`flash-steps --list` works without one.\n";
-    return 1;
-  }
+  if (const int status = need_gpu()) return status;
   const fs::DeviceInfo dev = fs::current_device();
   const std::string date = utc_now();
   std::cerr << "flash-steps " << FLASH_STEPS_COMMIT << " on " << fs::describe(dev) << ", " << date << "\n";
-  S session(p, o);
-  std::cerr << "; timing: median of " << o.iters << " launches" << (o.flush_l2 ? ", L2 flushed before each" : "")
-            << "\nreference: " << session.reference_name() << (std::string(S::mode) == "backward" ? ", " : "...\n");
+  S session{p, o};
+  std::cerr << (*S::mode == 'd' ? "decoding problem: " : "problem: ") << session.shape() << "; timing: median of "
+            << o.iters << " launches" << (o.flush_l2 ? ", L2 flushed before each" : "") << "\nreference: "
+            << reference_name(session.reference_cost()) << (*S::mode == 'b' ? ", " : "...\n");
   session.make_reference();
 
   std::vector<Row> rows;
   for (size_t k = 0; k < selected.size(); ++k) {
     const fs::Step& s = *selected[k];
-    Row r{.id = s.id, .lesson = s.lesson};
-    if constexpr (std::is_same_v<Problem, fs::DecodeProblem>) r.entry = s.decode.present() ? "decode" : "forward";
+    Row r{.id = s.id, .lesson = s.lesson, .entry = *S::mode != 'd' ? "" : s.decode.present() ? "decode" : "forward"};
     std::cerr << "[" << k + 1 << "/" << selected.size() << "] " << s.id << ": ";
     try {
-      fs::Plan plan;
-      plan.refusal = refusals[k];
-      if (plan.accepted()) {
-        if constexpr (std::is_same_v<Problem, fs::DecodeProblem>)
-          plan = s.decode.present() ? fs::plan_on_device(s, p, dev) : fs::plan_on_device(s, p.attention, dev);
-        else
-          plan = fs::plan_on_device(s, p, dev);
-      }
+      const fs::Plan plan = refusals[k].empty() ? S::plan(s, p, dev) : fs::Plan{.refusal = refusals[k]};
       if (!plan.accepted()) {
-        r.status = "REFUSED";
-        r.reason = plan.refusal;
+        r.status = "REFUSED", r.reason = plan.refusal;
         std::cerr << "refused\n";
       } else {
         std::cerr << "checking against the reference, then timing\n";
         session.measure(r, s, plan);
       }
     } catch (const fs::Error& e) {
-      r.status = "ERROR";
-      r.reason = e.what();
+      r.status = "ERROR", r.reason = e.what();
     }
     rows.push_back(r);
   }
@@ -524,15 +478,14 @@ int run_pass(const fs::RunnerOptions& o) {
   }
   S::finish(rows);
   print(session, rows, o, dev, date);
-
-  bool ok = true;
-  for (const Row& r : rows) ok = ok && (r.status == "PASS" || r.status == "REFUSED");
   if (std::all_of(rows.begin(), rows.begin() + std::ptrdiff_t(selected.size()),
                   [](const Row& r) { return r.status == "REFUSED"; })) {
     std::cerr << "flash-steps: every selected step refused " << fs::describe(p) << " on this GPU; nothing was checked\n";
     return 1;
   }
-  return ok ? 0 : 1;
+  return std::all_of(rows.begin(), rows.end(), [](const Row& r) { return r.status == "PASS" || r.status == "REFUSED"; })
+             ? 0
+             : 1;
 }
 
 // ---- list, explain, resources ----------------------------------------------------------------------
@@ -563,106 +516,75 @@ int explain_steps(const fs::RunnerOptions& o) {
   return 0;
 }
 
-// `flash-steps resources [--backward]`: for every selected step that accepts the problem (its backward
-// pass with --backward), each kernel its plan launches (Plan::kernels) with what the CUDA runtime says
-// of it: registers, shared memory, local memory, and how many blocks an SM holds at the plan's block
-// size and dynamic shared memory.
-struct StepResources {
-  const fs::Step* step;
-  std::string status;  // "ok", "refused", "error"
-  std::string reason;
-  std::vector<fs::KernelResources> kernels;
-};
-
-void print_resources_json(const std::vector<StepResources>& all, const fs::Problem& p, const std::string& pass,
-                          const fs::DeviceInfo& dev, const std::string& date) {
-  std::cout << "{\n  \"tool\": \"flash-steps resources\",\n  \"commit\": \"" << FLASH_STEPS_COMMIT
-            << "\",\n  \"date\": \"" << date << "\",\n  \"device\": " << quoted(fs::describe(dev))
-            << ",\n  \"compute_capability\": " << dev.compute_capability << ",\n  \"problem\": {\"batch\": "
-            << p.batch << ", \"seqlen_q\": " << p.seqlen_q << ", \"seqlen_k\": " << p.seqlen_k
-            << ", \"heads_q\": " << p.heads_q << ", \"heads_kv\": " << p.heads_kv << ", \"head_dim\": "
-            << p.head_dim << ", \"dtype\": \"" << fs::dtype_name(p.dtype) << "\", \"causal\": " << boolean(p.causal)
-            << "},\n  \"pass\": " << quoted(pass) << ",\n  \"steps\": [\n";
-  for (size_t i = 0; i < all.size(); ++i) {
-    const StepResources& s = all[i];
-    std::cout << "    {\"id\": " << quoted(s.step->id) << ", \"dir\": " << quoted(s.step->dir) << ", \"status\": "
-              << quoted(s.status) << ", \"reason\": " << quoted(s.reason) << ", \"kernels\": [";
-    for (size_t j = 0; j < s.kernels.size(); ++j) {
-      const fs::KernelResources& k = s.kernels[j];
-      std::cout << (j ? ",\n" : "\n") << "      {\"name\": " << quoted(k.name) << ", \"mangled\": "
-                << quoted(k.mangled) << ", \"registers\": " << k.registers << ", \"static_smem\": "
-                << k.static_smem << ", \"local_bytes\": " << k.local_bytes << ", \"dynamic_smem\": "
-                << k.dynamic_smem << ", \"threads\": " << k.threads << ", \"blocks\": " << k.blocks
-                << ", \"blocks_per_sm\": " << k.blocks_per_sm << ", \"warps_per_sm\": " << k.warps_per_sm
-                << ", \"max_warps_per_sm\": " << k.max_warps_per_sm << ", \"occupancy\": " << k.occupancy() << "}";
-    }
-    std::cout << (s.kernels.empty() ? "]}" : "\n    ]}") << (i + 1 < all.size() ? "," : "") << "\n";
-  }
-  std::cout << "  ]\n}\n";
-}
-
-void print_resources_table(const std::vector<StepResources>& all, const fs::Problem& p, const std::string& pass,
-                           const fs::DeviceInfo& dev, const std::string& date) {
-  std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
-            << fs::describe(p) << (pass == "forward" ? "" : ", " + pass + " pass")
-            << " | per kernel each step launches: registers and local memory per thread, "
-            << "shared memory per block, occupancy = resident warps per SM / the SM's limit\n";
-  for (const StepResources& s : all) {
-    std::cout << "\n== " << s.step->id << ": " << s.step->lesson << "\n";
-    if (s.status != "ok") {
-      std::cout << "   " << s.status << ": " << s.reason << "\n";
-      continue;
-    }
-    if (s.kernels.empty()) {
-      std::cout << "   this step lists no kernels (Plan::kernels is empty)\n";
-      continue;
-    }
-    std::cout << std::right << std::setw(8) << "regs" << std::setw(8) << "local" << std::setw(12) << "static smem"
-              << std::setw(12) << "dyn smem" << std::setw(9) << "threads" << std::setw(10) << "blocks"
-              << std::setw(11) << "blocks/SM" << std::setw(11) << "occupancy" << "  kernel\n";
-    for (const fs::KernelResources& k : s.kernels)
-      std::cout << std::setw(8) << k.registers << std::setw(8) << k.local_bytes << std::setw(12) << k.static_smem
-                << std::setw(12) << k.dynamic_smem << std::setw(9) << k.threads << std::setw(10) << k.blocks
-                << std::setw(11) << k.blocks_per_sm << std::setw(11) << fixed(100 * k.occupancy(), 0) + " %" << "  "
-                << fs::short_kernel_name(k.name) << "\n";
-  }
-}
-
+// `flash-steps resources [--backward]`: for every selected step, each kernel its plan launches
+// (Plan::kernels) with what the CUDA runtime says of it: registers, shared and local memory, and how
+// many blocks an SM holds at the plan's block size and dynamic shared memory.
 template <typename Problem>
-int resources(const fs::RunnerOptions& o, const Problem& p) {
+int resources(const fs::RunnerOptions& o, const Problem& p, const fs::Problem& shape) {
   if (const std::string why = fs::validate(p); !why.empty()) {
     std::cerr << "flash-steps: " << why << "\n";
     return 2;
   }
   std::vector<const fs::Step*> selected;
   if (const int status = select_steps(o, selected, Session<Problem>::runs)) return status;
-  if (const std::string why = fs::cuda_unavailable_reason(); !why.empty()) {
-    std::cerr << "flash-steps: " << why << "; `resources` asks the CUDA runtime of a GPU.\n";
-    return 1;
-  }
+  if (const int status = need_gpu()) return status;
   const fs::DeviceInfo dev = fs::current_device();
-  std::vector<StepResources> all;
-  for (const fs::Step* step : selected) {
-    StepResources s{step, "ok", "", {}};
-    try {
-      const fs::Plan plan = fs::plan(*step, p, dev);
-      if (!plan.accepted()) s.status = "refused", s.reason = plan.refusal;
-      for (const fs::KernelLaunch& k : plan.kernels) s.kernels.push_back(fs::kernel_resources(k));
-    } catch (const fs::Error& e) {
-      s.status = "error", s.reason = e.what(), s.kernels.clear();
-    }
-    all.push_back(std::move(s));
-  }
-  const fs::Problem& shape = [&]() -> const fs::Problem& {
-    if constexpr (std::is_same_v<Problem, fs::Problem>) return p;
-    else return p.attention;
-  }();
-  const std::string pass = *Session<Problem>::mode ? Session<Problem>::mode : "forward";
-  if (o.format == fs::OutputFormat::json)
-    print_resources_json(all, shape, pass, dev, utc_now());
+  const std::string pass = *Session<Problem>::mode ? Session<Problem>::mode : "forward", date = utc_now();
+  const bool json = o.format == fs::OutputFormat::json;
+  if (json)
+    std::cout << "{\n  \"tool\": \"flash-steps resources\",\n  \"commit\": \"" << FLASH_STEPS_COMMIT
+              << "\",\n  \"date\": \"" << date << "\",\n  \"device\": " << quoted(fs::describe(dev))
+              << ",\n  \"compute_capability\": " << dev.compute_capability << ",\n  \"problem\": "
+              << problem_json(shape, "") << ",\n  \"pass\": " << quoted(pass) << ",\n  \"steps\": [\n";
   else
-    print_resources_table(all, shape, pass, dev, utc_now());
-  return std::all_of(all.begin(), all.end(), [](const StepResources& s) { return s.status != "error"; }) ? 0 : 1;
+    std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
+              << fs::describe(shape) << (pass == "forward" ? "" : ", " + pass + " pass")
+              << " | per kernel each step launches: registers and local memory per thread, "
+              << "shared memory per block, occupancy = resident warps per SM / the SM's limit\n";
+  bool ok = true;
+  for (size_t i = 0; i < selected.size(); ++i) {
+    const fs::Step& s = *selected[i];
+    std::string status = "ok", reason;
+    std::vector<fs::KernelResources> kernels;
+    try {
+      const fs::Plan plan = fs::plan(s, p, dev);
+      if (!plan.accepted()) status = "refused", reason = plan.refusal;
+      for (const fs::KernelLaunch& k : plan.kernels) kernels.push_back(fs::kernel_resources(k));
+    } catch (const fs::Error& e) {
+      status = "error", reason = e.what(), kernels.clear(), ok = false;
+    }
+    if (json) {
+      std::cout << "    {\"id\": " << quoted(s.id) << ", \"dir\": " << quoted(s.dir) << ", \"status\": "
+                << quoted(status) << ", \"reason\": " << quoted(reason) << ", \"kernels\": [";
+      for (size_t j = 0; j < kernels.size(); ++j) {
+        const fs::KernelResources& k = kernels[j];
+        std::cout << (j ? ",\n" : "\n") << "      {\"name\": " << quoted(k.name) << ", \"mangled\": "
+                  << quoted(k.mangled) << ", \"registers\": " << k.registers << ", \"static_smem\": " << k.static_smem
+                  << ", \"local_bytes\": " << k.local_bytes << ", \"dynamic_smem\": " << k.dynamic_smem
+                  << ", \"threads\": " << k.threads << ", \"blocks\": " << k.blocks << ", \"blocks_per_sm\": "
+                  << k.blocks_per_sm << ", \"warps_per_sm\": " << k.warps_per_sm << ", \"max_warps_per_sm\": "
+                  << k.max_warps_per_sm << ", \"occupancy\": " << k.occupancy() << "}";
+      }
+      std::cout << (kernels.empty() ? "]}" : "\n    ]}") << (i + 1 < selected.size() ? "," : "") << "\n";
+      continue;
+    }
+    std::cout << "\n== " << s.id << ": " << s.lesson << "\n";
+    if (status != "ok" || kernels.empty()) {
+      std::cout << "   " << (status != "ok" ? status + ": " + reason : "this step lists no kernels (Plan::kernels is empty)")
+                << "\n";
+      continue;
+    }
+    std::cout << std::right << std::setw(8) << "regs" << std::setw(8) << "local" << std::setw(12) << "static smem"
+              << std::setw(12) << "dyn smem" << std::setw(9) << "threads" << std::setw(10) << "blocks" << std::setw(11)
+              << "blocks/SM" << std::setw(11) << "occupancy" << "  kernel\n";
+    for (const fs::KernelResources& k : kernels)
+      std::cout << std::setw(8) << k.registers << std::setw(8) << k.local_bytes << std::setw(12) << k.static_smem
+                << std::setw(12) << k.dynamic_smem << std::setw(9) << k.threads << std::setw(10) << k.blocks
+                << std::setw(11) << k.blocks_per_sm << std::setw(11) << fixed(100 * k.occupancy(), 0) + " %" << "  "
+                << fs::short_kernel_name(k.name) << "\n";
+  }
+  if (json) std::cout << "  ]\n}\n";
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -681,8 +603,10 @@ int main(int argc, char** argv) {
     }
     if (o.command == "list") return list_steps();
     if (o.command == "explain" || o.command == "banks") return explain_steps(o);
-    if (o.command == "resources")
-      return o.backward ? resources(o, fs::backward_problem_from(o)) : resources(o, fs::problem_from(o));
+    if (o.command == "resources") {
+      const fs::BackwardProblem b = fs::backward_problem_from(o);
+      return o.backward ? resources(o, b, b.attention) : resources(o, b.attention, b.attention);
+    }
     if (o.backward) return run_pass<fs::BackwardProblem>(o);
     return o.decode ? run_pass<fs::DecodeProblem>(o) : run_pass<fs::Problem>(o);
   } catch (const std::exception& e) {

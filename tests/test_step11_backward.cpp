@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/forward/check.h"
+#include "common/forward/problem.h"
 #include "common/model/bank_model.h"
 #include "ptx_isa.h"
 #include "steps/07_flash_attention2/traits.h"

@@ -50,11 +50,11 @@ struct KernelLaunch {
 
 // What a step chose for one problem on one device. launch() receives it and re-picks nothing.
 struct Plan {
-  std::string refusal;         // "" when the step runs the problem on this device, else why not
+  std::string refusal = "";    // "" when the step runs the problem on this device, else why not
   int config = 0;              // step-private: which instantiation or tile configuration to launch
   size_t workspace_bytes = 0;  // device scratch the launch needs, provided by the caller
   int splits = 1;              // split-KV steps: how many parts the keys of one row are cut into
-  std::vector<KernelLaunch> kernels;
+  std::vector<KernelLaunch> kernels = {};
   bool accepted() const { return refusal.empty(); }
 };
 
