@@ -19,23 +19,17 @@ fs_status status_of_current_exception(std::string& message) {
   try {
     throw;
   } catch (const OutOfMemory& e) {
-    message = e.what();
-    return FS_ERR_OUT_OF_MEMORY;
+    return message = e.what(), FS_ERR_OUT_OF_MEMORY;
   } catch (const std::bad_alloc&) {
-    message = "out of host memory (std::bad_alloc)";
-    return FS_ERR_OUT_OF_MEMORY;
+    return message = "out of host memory (std::bad_alloc)", FS_ERR_OUT_OF_MEMORY;
   } catch (const CudaError& e) {
-    message = e.what();
-    return FS_ERR_CUDA;
+    return message = e.what(), FS_ERR_CUDA;
   } catch (const Error& e) {
-    message = e.what();
-    return FS_ERR_INVALID;
+    return message = e.what(), FS_ERR_INVALID;
   } catch (const std::exception& e) {
-    message = std::string("internal error: ") + e.what();
-    return FS_ERR_INTERNAL;
+    return message = std::string("internal error: ") + e.what(), FS_ERR_INTERNAL;
   } catch (...) {
-    message = "internal error: an exception that is not a std::exception";
-    return FS_ERR_INTERNAL;
+    return message = "internal error: an exception that is not a std::exception", FS_ERR_INTERNAL;
   }
 }
 
@@ -90,6 +84,9 @@ fs_status guarded(F&& body) noexcept {
 const fs::Step* step_at(int index) {
   const auto& all = fs::steps();
   return index >= 0 && size_t(index) < all.size() ? &all[size_t(index)] : nullptr;
+}
+const char* step_text(int index, std::string fs::Step::*field) {
+  return guard<const char*>(nullptr, [&] { return step_at(index) ? (step_at(index)->*field).c_str() : nullptr; });
 }
 
 // Looks up the step, then runs body(step, problem).
@@ -187,18 +184,10 @@ FS_API const char* fs_last_error(void) { return last_error.c_str(); }  // cannot
 FS_API int fs_step_count(void) {
   return guard(0, [] { return int(fs::steps().size()); });
 }
-FS_API const char* fs_step_id(int index) {
-  return guard<const char*>(nullptr, [&] { return step_at(index) ? step_at(index)->id.c_str() : nullptr; });
-}
-FS_API const char* fs_step_name(int index) {
-  return guard<const char*>(nullptr, [&] { return step_at(index) ? step_at(index)->name.c_str() : nullptr; });
-}
-FS_API const char* fs_step_lesson(int index) {
-  return guard<const char*>(nullptr, [&] { return step_at(index) ? step_at(index)->lesson.c_str() : nullptr; });
-}
-FS_API const char* fs_step_dir(int index) {
-  return guard<const char*>(nullptr, [&] { return step_at(index) ? step_at(index)->dir.c_str() : nullptr; });
-}
+FS_API const char* fs_step_id(int index) { return step_text(index, &fs::Step::id); }
+FS_API const char* fs_step_name(int index) { return step_text(index, &fs::Step::name); }
+FS_API const char* fs_step_lesson(int index) { return step_text(index, &fs::Step::lesson); }
+FS_API const char* fs_step_dir(int index) { return step_text(index, &fs::Step::dir); }
 FS_API int fs_step_min_compute_capability(int index) {
   return guard(-1, [&] { return step_at(index) ? step_at(index)->min_compute_capability : -1; });
 }
