@@ -78,7 +78,7 @@ inline Regs ldmatrix(const std::vector<int>& smem, const std::array<int, kLanes>
   return out;
 }
 
-// An ldmatrix as the bank model (common/bank_model.h) sees it: each address lane reads one 16-byte
+// An ldmatrix as the bank model (common/model/bank_model.h) sees it: each address lane reads one 16-byte
 // row, and the 8 rows of one 8×8 matrix (lanes 8m … 8m+7) are served together, like the 8 lanes of
 // a phase of any 16-byte access. So ldmatrix.xN is a 16-byte access by lanes 0 … 8N-1, one phase
 // per matrix; `address` holds element offsets of 2-byte elements from shared byte 0.

@@ -1,6 +1,6 @@
-// The backward pass's harness, without a GPU: validate_backward and validate_backward_tensors (each
+// The backward pass's harness, without a GPU: validate and validate_tensors (each
 // refusal a sentence naming the value and the limit), the FLOPs and the acceptance bound, the chain
-// plan_backward_for / run_backward on made-up steps and devices, backward-only steps in the forward
+// plan / run on made-up steps and devices, backward-only steps in the forward
 // chain, and the C ABI's fs_*backward* entry points.
 #include <cmath>
 #include <limits>
@@ -108,7 +108,7 @@ TEST_CASE("backward: a problem and its forward share sizes, and the gradients ta
   CHECK(fs::describe(b) == "backward b2 h4/2 sq64 sk48 d64 fp16 causal deterministic");
 }
 
-TEST_CASE("backward: validate_backward names the value and the limit", "[backward]") {
+TEST_CASE("backward: validate names the value and the limit", "[backward]") {
   const fs::BackwardProblem good = small_problem();
   fs::BackwardProblem p = good;
   // The forward problem's rules first, with their own sentences.
@@ -321,7 +321,7 @@ TEST_CASE("registry: the forward chain refuses a backward-only step with a sente
   CHECK(fake.launches == 0);
 }
 
-TEST_CASE("registry: the backward chain is validate_backward, limits, compute capability, plan", "[backward][registry]") {
+TEST_CASE("registry: the backward chain is validate, limits, compute capability, plan", "[backward][registry]") {
   FakeBackward fake;
   fs::Step s = fake.step();
   const fs::BackwardProblem p = small_problem();

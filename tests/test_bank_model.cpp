@@ -1,5 +1,5 @@
-// The bank-conflict model (common/bank_model.h) on textbook cases, the shared-memory accesses of
-// steps 03-05 replayed through it (common/bank_report.h) from the kernels' own index functions and
+// The bank-conflict model (common/model/bank_model.h) on textbook cases, the shared-memory accesses of
+// steps 03-05 replayed through it (common/model/bank_report.h) from the kernels' own index functions and
 // layouts (steps/NN_name/traits.h), and those layouts as bijections onto their storage.
 #include <set>
 #include <sstream>

@@ -1,4 +1,4 @@
-// Decoding problems in the harness (common/decode.h) without a GPU: every rule of validate_decode
+// Decoding problems in the harness (common/decode/rules.h) without a GPU: every rule of validate
 // with its sentence, the pointers, the host check of lengths and block table, the forward view, the
 // gather of a paged cache and the CPU reference per sequence, the C ABI's refusals, and every
 // decoding step's plans of what it claims.
@@ -80,7 +80,7 @@ TEST_CASE("decode: make_decode_problem fills a contiguous or a paged cache", "[d
   CHECK(fs::decode_kv_bytes(c, {10, 0}) == 2.0 * 10 * 8 * 128 * 2);
 }
 
-TEST_CASE("decode: validate_decode names the value and the limit", "[decode]") {
+TEST_CASE("decode: validate names the value and the limit", "[decode]") {
   struct Case {
     std::function<void(fs::DecodeProblem&)> edit;
     std::string expected;

@@ -1,8 +1,8 @@
 // Seeded random problems and command lines, drawn to hit the extremes: 0, 1, powers of two ± 1,
 // INT32/INT64 limits, negatives, NaN and infinite scales, odd strides, output strides that overlap.
 // The invariant: a problem that validate() accepts has every size representable (checked here with
-// 128-bit arithmetic, independently of common/checked.h) and an output that never overlaps itself;
-// so does a backward problem that validate_backward() accepts, for dO and its gradients dQ, dK, dV;
+// 128-bit arithmetic, independently of common/step/overflow.h) and an output that never overlaps itself;
+// so does a backward problem that validate() accepts, for dO and its gradients dQ, dK, dV;
 // every refusal is a sentence. CI runs this file in the AddressSanitizer + UBSan build too, where any
 // overflow or bad access aborts the run (FLASH_STEPS_SANITIZE, .ci/run).
 #include <algorithm>
@@ -275,7 +275,7 @@ TEST_CASE("fuzz: every accepted backward problem has representable gradients tha
     }
   }
   std::cout << "fuzz: " << kProblems << " backward problems drawn: " << accepted << " accepted (" << enumerated
-            << " gradients enumerated element by element), " << refused << " refused by validate_backward()\n";
+            << " gradients enumerated element by element), " << refused << " refused by validate()\n";
   CHECK(accepted > kProblems / 20);  // fewer than forward problems: four more views may break a rule
   CHECK(refused > kProblems / 10);
   CHECK(enumerated > 1000);

@@ -1,6 +1,6 @@
 // The backward pass on the GPU. First the cuBLAS reference against the fp64 CPU one; then every step
 // with a backward entry (Step::backward) on the shape list below, against the references by the
-// acceptance rule (backward_bound, common/backward.h). A new step is covered by registering its
+// acceptance rule (backward_bound, common/backward/check.h). A new step is covered by registering its
 // backward; nothing here names a step.
 #include <algorithm>
 #include <cmath>

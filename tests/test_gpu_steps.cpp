@@ -1,6 +1,6 @@
 // The registry × shape matrix: every registered step on every shape, against the reference.
 // A new step is covered by registering it; nothing here names a step. Backward-only steps (no
-// forward pass, Step::has_forward) are left out: the backward tests cover them.
+// forward pass, Step::forward) are left out: the backward tests cover them.
 #include <algorithm>
 #include <cstring>
 #include <iomanip>

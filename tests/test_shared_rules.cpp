@@ -18,7 +18,7 @@ TEST_CASE("fs_problem_flops counts as FlashAttention does", "[c_api][rules]") {
   CHECK(fs_problem_flops(nullptr) == 0.0);
 }
 
-TEST_CASE("fs_tolerance is common/compare.h's tolerance", "[c_api][rules]") {
+TEST_CASE("fs_tolerance is common/forward/check.h's tolerance", "[c_api][rules]") {
   double atol = 0, rtol = 0, lse_tol = 0;
   REQUIRE(fs_tolerance(FS_FP16, 4.0, &atol, &rtol, &lse_tol) == FS_OK);
   CHECK(rtol == std::ldexp(1.0, -10));       // 2u, u = 2^-11

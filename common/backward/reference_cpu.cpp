@@ -1,4 +1,4 @@
-// The fp64 CPU reference of the backward pass (common/backward.h): one query row at a time, P
+// The fp64 CPU reference of the backward pass (common/backward/check.h): one query row at a time, P
 // recomputed from Q and K, then the five products of the backward written as sums.
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// The fp32 cuBLAS reference of the backward pass (common/backward.h). Per (batch, K/V head), the
+// The fp32 cuBLAS reference of the backward pass (common/backward/check.h). Per (batch, K/V head), the
 // query heads of its group together, in chunks of query rows:
 //   S  = scale·Q·Kᵀ          masked softmax -> P          dP = dO·Vᵀ
 //   D  = rowsum(P ∘ dP), or (rounded) rowsum(dO ∘ O) with O = P·V rounded to the dtype

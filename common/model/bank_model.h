@@ -17,7 +17,7 @@
 // of a 16-byte load reading the same 16 bytes); each phase is counted on its own.
 //
 // Everything here is constexpr: the tests check textbook cases with static_assert, and the layouts
-// are the (row, col) -> offset functions that the kernels use (a step's traits.h; common/bank_report.h
+// are the (row, col) -> offset functions that the kernels use (a step's traits.h; common/model/bank_report.h
 // replays a whole kernel).
 #pragma once
 

@@ -60,7 +60,7 @@ LaunchPrediction predict_launch(const Problem& p, int block_q, int block_kv, con
 Problem default_shape() { return make_problem(2, 2048, 2048, 16, 16, 128, DType::fp16, false); }
 
 void print_model(std::ostream& out, const TilingKernel& kernel) {
-  out << "Shared-memory bank conflicts of " << kernel.step << ", from the bank model (common/bank_model.h)\n"
+  out << "Shared-memory bank conflicts of " << kernel.step << ", from the bank model (common/model/bank_model.h)\n"
       << "replaying the kernel's own index functions and tile layout; no GPU needed.\n"
       << "  tile layout: " << kernel.layout << "\n"
       << "  replayed:    " << kernel.traits_file << "\n\n"

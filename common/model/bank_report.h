@@ -1,5 +1,5 @@
 // The bank-conflict report of a tiled kernel (steps 03-05): every shared-memory access of one block,
-// replayed through the bank model (common/bank_model.h) from the step's own index functions and
+// replayed through the bank model (common/model/bank_model.h) from the step's own index functions and
 // tile layout, and the Nsight Compute counters that this predicts for a launch. No GPU needed.
 //
 // An instrument, not a lesson: nothing here knows a step. A step instantiates it with the Traits

@@ -80,7 +80,7 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
 }
 
 // What `flash-steps banks` prints for this step (Step::explain): the bank conflicts of every shared
-// access of the kernel under TileLayout, replayed from traits.h by common/bank_report.h.
+// access of the kernel under TileLayout, replayed from traits.h by common/model/bank_report.h.
 template <template <int> class TileLayout>
 std::function<void(std::ostream&)> bank_report(std::string step, std::string layout) {
   return [=](std::ostream& out) {

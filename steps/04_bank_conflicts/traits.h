@@ -3,7 +3,7 @@
 // row-major layout replaced by the two conflict-free layouts of this step.
 //
 // The kernel computes every shared-memory address from these functions, and the bank-conflict
-// model (common/bank_model.h through common/bank_report.h: `flash-steps banks`,
+// model (common/model/bank_model.h through common/model/bank_report.h: `flash-steps banks`,
 // tests/test_bank_model.cpp) replays the very same functions, so the conflicts it predicts are
 // those of the code that runs.
 #pragma once
@@ -68,7 +68,7 @@ struct Traits {
 // The layout of a Q, K or V tile of 2-byte elements (fp16 / bf16) in shared memory, as a function
 // (row, col) -> element offset. Shared memory has 32 banks of 4 bytes; a warp's request is served
 // in one wavefront per 128 bytes when no two threads touch different words of the same bank
-// (common/bank_model.h counts them).
+// (common/model/bank_model.h counts them).
 //
 // Row-major with PAD extra elements per row: consecutive rows start PAD*2 bytes further along the
 // banks. Costs PAD elements per row of shared memory.

@@ -3,7 +3,7 @@
 // swizzled layout only (this step extends 04_swizzle) and room for two K/V buffers.
 //
 // The kernel computes every shared-memory address from these functions, and the bank-conflict
-// model (common/bank_model.h through common/bank_report.h: `flash-steps banks`,
+// model (common/model/bank_model.h through common/model/bank_report.h: `flash-steps banks`,
 // tests/test_bank_model.cpp) replays the very same functions, so the conflicts it predicts are
 // those of the code that runs.
 #pragma once
@@ -69,7 +69,7 @@ struct Traits {
 // The layout of a Q, K or V tile of 2-byte elements (fp16 / bf16) in shared memory, as a function
 // (row, col) -> element offset. Shared memory has 32 banks of 4 bytes; a warp's request is served
 // in one wavefront per 128 bytes when no two threads touch different words of the same bank
-// (common/bank_model.h counts them).
+// (common/model/bank_model.h counts them).
 //
 // 04_swizzle: XOR swizzle on 16-byte chunks (8 elements): within each group of 8 chunks (128 bytes)
 // of a row, chunk c is stored at chunk c ^ (row % 8). Eight consecutive rows then put the same

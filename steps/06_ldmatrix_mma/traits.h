@@ -56,7 +56,7 @@ struct Traits {
 // The layout of a Q, K or V tile of 2-byte elements (fp16 / bf16) in shared memory, as a function
 // (row, col) -> element offset. Shared memory has 32 banks of 4 bytes; a warp's request is served
 // in one wavefront per 128 bytes when no two threads touch different words of the same bank
-// (common/bank_model.h counts them).
+// (common/model/bank_model.h counts them).
 //
 // 04_swizzle: XOR swizzle on 16-byte chunks (8 elements): within each group of 8 chunks (128 bytes)
 // of a row, chunk c is stored at chunk c ^ (row % 8). Eight consecutive rows then put the same
