@@ -115,17 +115,17 @@ class BackwardWorkload {
 
   BackwardHostInputs download_inputs() const;
   // The gradients' storage as floats (index with p.dq / p.dk / p.dv strides).
-  std::vector<float> download_dq() const;
-  std::vector<float> download_dk() const;
-  std::vector<float> download_dv() const;
+  std::vector<float> download_dq() const { return dq_.download(); }
+  std::vector<float> download_dk() const { return dk_.download(); }
+  std::vector<float> download_dv() const { return dv_.download(); }
   std::vector<GradComparison> compare(const BackwardReferences& ref) const {
     return compare_gradients(p_, download_dq(), download_dk(), download_dv(), ref);
   }
 
  private:
+  Workload forward_;  // Q, K, V, O, LSE (first: the problem takes its strides)
   BackwardProblem p_;
-  Workload forward_;  // Q, K, V, O, LSE
-  DeviceBuffer d_o_, dq_, dk_, dv_;
+  DeviceTensor d_o_, dq_, dk_, dv_;
 };
 
 // The fp32 cuBLAS reference's gradients for the workload (rounded: the same computation done in the

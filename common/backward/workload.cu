@@ -9,31 +9,30 @@ namespace fs {
 
 namespace {
 
-// The bytes of a (batch, seqlen, heads, head_dim) fp16/bf16 view with strides `s`.
-size_t view_bytes(const Strides& s, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim,
-                  const char* what) {
-  const std::optional<int64_t> bytes = checked_mul(view_extent(s, batch, seqlen, heads, head_dim), 2);
-  if (!bytes) throw Error(std::string("the backward workload's ") + what + " size in bytes does not fit in 64 bits");
-  return size_t(*bytes);
+// The problem with the strides of Q, K and V as the forward workload laid them out, validated.
+BackwardProblem checked(BackwardProblem p, const Workload& forward) {
+  p.attention = forward.problem();  // Layout::packed_qkv replaced the strides of Q, K, V
+  if (const std::string why = validate(p); !why.empty()) throw Error("backward workload: " + why);
+  return p;
+}
+
+DeviceTensor like(const Strides& s, const Problem& f, bool keys) {
+  return DeviceTensor(s, f.batch, keys ? f.seqlen_k : f.seqlen_q, keys ? f.heads_kv : f.heads_q, f.head_dim, f.dtype);
 }
 
 }  // namespace
 
 BackwardWorkload::BackwardWorkload(const BackwardProblem& shape, uint64_t seed, Layout layout)
-    : p_(shape), forward_(shape.attention, seed, layout) {
-  p_.attention = forward_.problem();  // Layout::packed_qkv replaced the strides of Q, K, V
-  const std::string why = validate(p_);
-  if (!why.empty()) throw Error("backward workload: " + why);
-  const Problem& f = p_.attention;
-  d_o_ = DeviceBuffer(view_bytes(p_.d_o, f.batch, f.seqlen_q, f.heads_q, f.head_dim, "dO"));
-  dq_ = DeviceBuffer(view_bytes(p_.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, "dQ"));
-  dk_ = DeviceBuffer(view_bytes(p_.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, "dK"));
-  dv_ = DeviceBuffer(view_bytes(p_.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, "dV"));
-  // dO from the inputs' generator with a seed of its own, so that it is not a copy of Q.
-  fill_random(d_o_.get(), int64_t(d_o_.bytes() / 2), f.dtype, ~seed);
+    : forward_(shape.attention, seed, layout),
+      p_(checked(shape, forward_)),
+      d_o_(like(p_.d_o, p_.attention, false)),
+      dq_(like(p_.dq, p_.attention, false)),
+      dk_(like(p_.dk, p_.attention, true)),
+      dv_(like(p_.dv, p_.attention, true)) {
+  d_o_.randomize(~seed);  // the inputs' generator with a seed of its own: dO is not a copy of Q
   // O (in the dtype, as a forward step writes it) and LSE from the forward reference.
   GpuReference forward_reference;
-  forward_reference.run(f, forward_.tensors(), nullptr, nullptr);
+  forward_reference.run(p_.attention, forward_.tensors(), nullptr, nullptr);
   CHECK_CUDA(cudaDeviceSynchronize());
   poison();
 }
@@ -44,15 +43,14 @@ BackwardTensors BackwardWorkload::tensors() const {
 }
 
 void BackwardWorkload::poison(cudaStream_t stream) {
-  for (DeviceBuffer* b : {&dq_, &dk_, &dv_})  // all bits set: NaN in fp16 and bf16
-    if (b->bytes()) CHECK_CUDA(cudaMemsetAsync(b->get(), 0xFF, b->bytes(), stream));
+  for (DeviceTensor* g : {&dq_, &dk_, &dv_}) g->poison(stream);
 }
 
 BackwardHostInputs BackwardWorkload::download_inputs() const {
   const Problem& f = p_.attention;
   BackwardHostInputs in;
   in.qkv = forward_.download_inputs();
-  const std::vector<float> storage = download_as_float(d_o_.get(), int64_t(d_o_.bytes() / 2), f.dtype);
+  const std::vector<float> storage = d_o_.download();
   in.d_o.resize(size_t(f.batch * f.seqlen_q * f.heads_q * f.head_dim));
   size_t e = 0;
   for (int64_t b = 0; b < f.batch; ++b)
@@ -61,16 +59,6 @@ BackwardHostInputs BackwardWorkload::download_inputs() const {
         for (int64_t d = 0; d < f.head_dim; ++d)
           in.d_o[e++] = storage[size_t(b * p_.d_o.batch + i * p_.d_o.row + h * p_.d_o.head + d)];
   return in;
-}
-
-std::vector<float> BackwardWorkload::download_dq() const {
-  return download_as_float(dq_.get(), int64_t(dq_.bytes() / 2), p_.attention.dtype);
-}
-std::vector<float> BackwardWorkload::download_dk() const {
-  return download_as_float(dk_.get(), int64_t(dk_.bytes() / 2), p_.attention.dtype);
-}
-std::vector<float> BackwardWorkload::download_dv() const {
-  return download_as_float(dv_.get(), int64_t(dv_.bytes() / 2), p_.attention.dtype);
 }
 
 }  // namespace fs

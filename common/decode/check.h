@@ -48,10 +48,10 @@ class DecodeWorkload {
   void set_length(int64_t b, int32_t length);
   void set_block_table_entry(int64_t b, int64_t i, int32_t page);
 
-  void poison(cudaStream_t stream = nullptr);  // O and LSE := NaN (all bits set)
+  void poison(cudaStream_t stream = nullptr) { out_.poison(stream); }
   DecodeHostInputs download_inputs() const;
-  std::vector<float> download_o() const;    // the O view's storage, as floats (index with p.o strides)
-  std::vector<float> download_lse() const;  // (batch, heads_q, seqlen_q)
+  std::vector<float> download_o() const { return out_.o.download(); }  // the O view's storage (p.o strides)
+  std::vector<float> download_lse() const { return out_.download_lse(); }
   float max_abs_v() const { return max_abs_v_; }
   // Bytes of K and V the problem reads (decode_kv_bytes with these lengths).
   double kv_bytes() const { return decode_kv_bytes(p_, lengths_); }
@@ -63,8 +63,9 @@ class DecodeWorkload {
   void upload_table();
   DecodeProblem p_;
   std::vector<int32_t> lengths_, block_table_;
-  DeviceBuffer q_, k_, v_, o_, lse_, lengths_dev_, table_dev_;
-  int64_t q_elems_ = 0, cache_elems_ = 0, o_elems_ = 0;
+  DeviceTensor q_, k_, v_;
+  Output out_;
+  DeviceBuffer lengths_dev_, table_dev_;
   float max_abs_v_ = 0;
 };
 

@@ -10,10 +10,11 @@ namespace fs {
 
 namespace {
 
-int64_t cache_elems(const DecodeProblem& p, const Strides& st) {
+// The cache as a view: (batch, seqlen_k, ...) or, paged, (num_pages, page_size, ...).
+DeviceTensor cache(const DecodeProblem& p, const Strides& st) {
   const Problem& f = p.attention;
-  return is_paged(p) ? view_extent(st, p.num_pages, p.page_size, f.heads_kv, f.head_dim)
-                     : view_extent(st, f.batch, f.seqlen_k, f.heads_kv, f.head_dim);
+  return is_paged(p) ? DeviceTensor(st, p.num_pages, p.page_size, f.heads_kv, f.head_dim, f.dtype)
+                     : DeviceTensor(st, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, f.dtype);
 }
 
 void upload(DeviceBuffer& dst, const std::vector<int32_t>& src) {
@@ -21,11 +22,22 @@ void upload(DeviceBuffer& dst, const std::vector<int32_t>& src) {
   if (!src.empty()) CHECK_CUDA(cudaMemcpy(dst.get(), src.data(), dst.bytes(), cudaMemcpyHostToDevice));
 }
 
+// The problem, validated: the workload builds nothing for one that breaks a rule.
+const DecodeProblem& checked(const DecodeProblem& p) {
+  if (const std::string why = validate(p); !why.empty()) throw Error("decode workload: " + why);
+  return p;
+}
+
 }  // namespace
 
 DecodeWorkload::DecodeWorkload(const DecodeProblem& shape, std::vector<int32_t> lengths, uint64_t seed)
-    : p_(shape), lengths_(std::move(lengths)) {
-  if (const std::string why = validate(p_); !why.empty()) throw Error("decode workload: " + why);
+    : p_(checked(shape)),
+      lengths_(std::move(lengths)),
+      q_(p_.attention.q, p_.attention.batch, p_.attention.seqlen_q, p_.attention.heads_q, p_.attention.head_dim,
+         p_.attention.dtype),
+      k_(cache(p_, p_.attention.k)),
+      v_(cache(p_, p_.attention.v)),
+      out_(p_.attention) {
   const Problem& f = p_.attention;
   if (!lengths_.empty() && int64_t(lengths_.size()) != f.batch)
     throw Error("decode workload: " + std::to_string(lengths_.size()) + " lengths for batch " + std::to_string(f.batch));
@@ -49,19 +61,10 @@ DecodeWorkload::DecodeWorkload(const DecodeProblem& shape, std::vector<int32_t> 
   }
   if (const std::string why = validate_data(p_, lengths_, block_table_); !why.empty())
     throw Error("decode workload: " + why);
-
-  q_elems_ = view_extent(f.q, f.batch, f.seqlen_q, f.heads_q, f.head_dim);
-  o_elems_ = view_extent(f.o, f.batch, f.seqlen_q, f.heads_q, f.head_dim);
-  cache_elems_ = std::max(cache_elems(p_, f.k), cache_elems(p_, f.v));
-  q_ = DeviceBuffer(size_t(q_elems_) * 2);
-  k_ = DeviceBuffer(size_t(cache_elems_) * 2);
-  v_ = DeviceBuffer(size_t(cache_elems_) * 2);
-  o_ = DeviceBuffer(size_t(o_elems_) * 2);
-  lse_ = DeviceBuffer(size_t(f.batch * f.heads_q * f.seqlen_q) * sizeof(float));
-  fill_random(q_.get(), q_elems_, f.dtype, seed);
-  fill_random(k_.get(), cache_elems_, f.dtype, seed + 1);
-  fill_random(v_.get(), cache_elems_, f.dtype, seed + 2);
-  max_abs_v_ = max_abs(v_.get(), cache_elems_, f.dtype);  // the whole cache: an upper bound for the keys read
+  q_.randomize(seed);
+  k_.randomize(seed + 1);
+  v_.randomize(seed + 2);
+  max_abs_v_ = max_abs(v_.get(), v_.elems(), f.dtype);  // the whole cache: an upper bound for the keys read
   upload(lengths_dev_, lengths_);
   upload_table();
 }
@@ -74,8 +77,8 @@ DecodeTensors DecodeWorkload::tensors() const {
                        v_.get(),
                        is_paged(p_) ? table_dev_.as<int32_t>() : nullptr,
                        lengths_.empty() ? nullptr : lengths_dev_.as<int32_t>(),
-                       o_.get(),
-                       lse_.as<float>()};
+                       out_.o.get(),
+                       out_.lse.as<float>()};
 }
 
 void DecodeWorkload::set_length(int64_t b, int32_t length) {
@@ -91,21 +94,8 @@ void DecodeWorkload::set_block_table_entry(int64_t b, int64_t i, int32_t page) {
   upload_table();
 }
 
-void DecodeWorkload::poison(cudaStream_t stream) {
-  if (o_.bytes()) CHECK_CUDA(cudaMemsetAsync(o_.get(), 0xFF, o_.bytes(), stream));  // NaN in fp16 and bf16
-  if (lse_.bytes()) CHECK_CUDA(cudaMemsetAsync(lse_.get(), 0xFF, lse_.bytes(), stream));
-}
-
 DecodeHostInputs DecodeWorkload::download_inputs() const {
-  const int32_t dtype = p_.attention.dtype;
-  return DecodeHostInputs{download_as_float(q_.get(), q_elems_, dtype), download_as_float(k_.get(), cache_elems_, dtype),
-                          download_as_float(v_.get(), cache_elems_, dtype), lengths_, block_table_};
-}
-
-std::vector<float> DecodeWorkload::download_o() const { return download_as_float(o_.get(), o_elems_, p_.attention.dtype); }
-
-std::vector<float> DecodeWorkload::download_lse() const {
-  return download_floats(lse_.as<float>(), int64_t(lse_.bytes() / sizeof(float)));
+  return DecodeHostInputs{q_.download(), k_.download(), v_.download(), lengths_, block_table_};
 }
 
 Reference make_reference(const DecodeWorkload& w, GpuReference& gpu) {

@@ -26,6 +26,7 @@
 
 #include "forward/rules.h"
 #include "harness/check.h"
+#include "harness/tensors.h"
 
 namespace fs {
 
@@ -93,8 +94,18 @@ class GpuReference {
   size_t max_scratch_bytes_ = size_t(1) << 30;
 };
 
-// The inputs and outputs of one problem on the device: random Q, K, V (seeded, not zero-mean), O and
-// LSE buffers poisoned with NaN before every checked launch.
+// O and LSE of one forward or decoding problem on the device: O with the problem's strides, LSE
+// (batch, heads_q, seqlen_q), both poisoned with NaN before every checked launch.
+struct Output {
+  explicit Output(const Problem& p);
+  DeviceTensor o;
+  DeviceBuffer lse;
+  void poison(cudaStream_t stream = nullptr);
+  std::vector<float> download_lse() const;
+};
+
+// The inputs and outputs of one problem on the device: random Q, K, V (seeded, not zero-mean) and the
+// Output.
 class Workload {
  public:
   // `shape` gives the sizes, dtype, causal flag and scale. With Layout::separate its strides are
@@ -104,21 +115,20 @@ class Workload {
   const Problem& problem() const { return p_; }
   Tensors tensors() const;
 
-  void randomize(uint64_t seed);               // a fresh draw of Q, K, V
-  void poison(cudaStream_t stream = nullptr);  // O and LSE := NaN (all bits set)
+  void randomize(uint64_t seed);  // a fresh draw of Q, K, V
+  void poison(cudaStream_t stream = nullptr) { out_.poison(stream); }
 
   HostInputs download_inputs() const;
-  std::vector<float> download_o() const;    // the O view's storage, as floats (index with p.o strides)
-  std::vector<float> download_lse() const;  // (batch, heads_q, seqlen_q)
+  std::vector<float> download_o() const { return out_.o.download(); }  // the O view's storage (p.o strides)
+  std::vector<float> download_lse() const { return out_.download_lse(); }
   float max_abs_v() const { return max_abs_v_; }
   Comparison compare(const Reference& ref) const { return fs::compare(p_, download_o(), download_lse(), ref, max_abs_v_); }
 
  private:
+  int64_t q_off_ = 0, k_off_ = 0, v_off_ = 0, input_elems_ = 0;  // set while p_ is (before it)
   Problem p_;
-  DeviceBuffer inputs_;  // Q, K, V
-  DeviceBuffer out_;     // O
-  DeviceBuffer lse_;
-  int64_t q_off_ = 0, k_off_ = 0, v_off_ = 0, input_elems_ = 0;
+  DeviceBuffer inputs_;  // Q, K, V (one buffer: they may be views of one packed tensor)
+  Output out_;
   float max_abs_v_ = 0;
 };
 

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "forward/rules.h"
 #include "harness/gpu.h"
 #include "step/dispatch.h"
 #include "step/dtype.cuh"
+#include "step/overflow.h"
 
 namespace fs {
 
@@ -132,6 +135,18 @@ void fill_zero(void* x, const Strides& s, int64_t batch, int64_t rows, int64_t h
     fill_zero_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(x), s, lse, batch, rows, heads, head_dim);
     CHECK_LAUNCH();
   });
+}
+
+DeviceTensor::DeviceTensor(const Strides& s, int64_t dim0, int64_t rows, int64_t heads, int64_t head_dim,
+                           int32_t dtype)
+    : elems_(view_extent(s, dim0, rows, heads, head_dim)), dtype_(dtype) {
+  const std::optional<int64_t> bytes = checked_mul(elems_, 2);
+  if (!bytes) throw Error("a tensor of " + std::to_string(elems_) + " elements does not fit in 64-bit byte counts");
+  mem_ = DeviceBuffer(size_t(*bytes));
+}
+
+void DeviceTensor::poison(cudaStream_t stream) {
+  if (mem_.bytes()) CHECK_CUDA(cudaMemsetAsync(mem_.get(), 0xFF, mem_.bytes(), stream));
 }
 
 void fill_empty_output(const Problem& p, const Tensors& t, cudaStream_t stream) {

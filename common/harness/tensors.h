@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "forward/problem.h"
+#include "harness/gpu.h"
 
 namespace fs {
 
@@ -34,5 +35,23 @@ std::vector<float> download_floats(const float* src, int64_t n);
 // is not null, -inf to its (batch, heads, rows) entries.
 void fill_zero(void* x, const Strides& s, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim, int32_t dtype,
                cudaStream_t stream, float* lse = nullptr);
+
+// fp16/bf16 elements on the device, as many as a (dim0, rows, heads, head_dim) view with strides `s`
+// spans: the inputs a workload draws, the outputs it poisons and reads back.
+class DeviceTensor {
+ public:
+  DeviceTensor() = default;
+  DeviceTensor(const Strides& s, int64_t dim0, int64_t rows, int64_t heads, int64_t head_dim, int32_t dtype);
+  void* get() const { return mem_.get(); }
+  int64_t elems() const { return elems_; }
+  void randomize(uint64_t seed) { fill_random(get(), elems_, dtype_, seed); }
+  void poison(cudaStream_t stream = nullptr);  // every bit set: NaN in fp16 and bf16
+  std::vector<float> download() const { return download_as_float(get(), elems_, dtype_); }  // the storage
+
+ private:
+  int64_t elems_ = 0;
+  int32_t dtype_ = 0;
+  DeviceBuffer mem_;
+};
 
 }  // namespace fs
