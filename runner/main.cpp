@@ -278,7 +278,7 @@ struct Session<fs::BackwardProblem> {
   const fs::BackwardProblem p;
   const fs::RunnerOptions& o;
   fs::BackwardWorkload w{p, o.seed};
-  fs::GpuBackwardReference gpu = {};
+  fs::GpuReference gpu = {};
   fs::BackwardReferences ref = {};
   const double flops = fs::backward_flops(p);
 

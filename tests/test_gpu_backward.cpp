@@ -52,7 +52,7 @@ TEST_CASE("the cuBLAS backward reference matches the fp64 CPU reference", "[back
     const fs::BackwardHostInputs in = w.download_inputs();
     const Gradients exact = fs::reference_cpu(p, in, false);
     const Gradients low = fs::reference_cpu(p, in, true);
-    fs::GpuBackwardReference gpu;
+    fs::GpuReference gpu;
     if (s.scratch) gpu.set_max_scratch_bytes(s.scratch);
     const Gradients got = fs::gpu_reference(w, gpu, false);
     const Gradients got_low = fs::gpu_reference(w, gpu, true);
@@ -172,7 +172,7 @@ void check_backward_steps(const BackwardCase& c) {
       continue;
     }
     if (!references_ready) {
-      fs::GpuBackwardReference gpu;
+      fs::GpuReference gpu;
       ref = fs::make_reference(w, gpu);  // fp64 on the CPU when cheap, else fp32 cuBLAS
       references_ready = true;
     }
@@ -227,7 +227,7 @@ TEST_CASE("the backward's plans for a GPU with 99 KiB of shared memory per block
         REQUIRE(plan.accepted());
         for (const fs::KernelLaunch& k : plan.kernels) CHECK(k.smem_bytes <= small.smem_per_block_optin);
         fs::BackwardWorkload w(p, 21);
-        fs::GpuBackwardReference gpu;
+        fs::GpuReference gpu;
         const fs::BackwardReferences ref = fs::make_reference(w, gpu);
         const fs::Prepared prepared(s, p, plan);
         for (const fs::GradComparison& g : fs::launch_and_compare(

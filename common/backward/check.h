@@ -57,27 +57,6 @@ double reference_cpu_cost(const BackwardProblem& p);
 // x rounded to the nearest fp16 or bf16 value (ties to even), ±inf beyond the largest finite one.
 double round_to_dtype(double x, int32_t dtype);
 
-// fp32 on the GPU with cuBLAS, per (batch, K/V head) and in row chunks (S, P, dP, dS as fp32 matrices),
-// from device tensors: t.o and t.lse are not read (P is recomputed). rounded as above. Writes
-// contiguous fp32 dq (batch, seqlen_q, heads_q, head_dim), dk, dv (batch, seqlen_k, heads_kv, head_dim).
-class GpuBackwardReference {
- public:
-  GpuBackwardReference();
-  ~GpuBackwardReference();
-  GpuBackwardReference(const GpuBackwardReference&) = delete;
-  GpuBackwardReference& operator=(const GpuBackwardReference&) = delete;
-
-  void run(const BackwardProblem& p, const BackwardTensors& t, bool rounded, float* dq32, float* dk32, float* dv32,
-           cudaStream_t stream);
-
-  // The scratch budget (default 1 GiB) that sets the rows of a chunk; tests lower it to have chunks.
-  void set_max_scratch_bytes(size_t bytes) { max_scratch_bytes_ = bytes; }
-
- private:
-  cublasHandle_t handle_ = nullptr;
-  DeviceBuffer scratch_;
-  size_t max_scratch_bytes_ = size_t(1) << 30;
-};
 
 // One gradient tensor against the exact reference, by backward_bound with ref_err from the rounded
 // reference and `scale` the largest |exact| over the three gradients (compare_gradients computes it).
@@ -130,8 +109,8 @@ class BackwardWorkload {
 
 // The fp32 cuBLAS reference's gradients for the workload (rounded: the same computation done in the
 // dtype), downloaded as contiguous arrays.
-BackwardReference gpu_reference(const BackwardWorkload& w, GpuBackwardReference& gpu, bool rounded);
+BackwardReference gpu_reference(const BackwardWorkload& w, GpuReference& gpu, bool rounded);
 // Both references: fp64 on the CPU when that costs at most kCpuReferenceMaxCost, else fp32 cuBLAS.
-BackwardReferences make_reference(const BackwardWorkload& w, GpuBackwardReference& gpu);
+BackwardReferences make_reference(const BackwardWorkload& w, GpuReference& gpu);
 
 }  // namespace fs

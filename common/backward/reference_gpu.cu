@@ -79,12 +79,7 @@ int grid_for(int64_t n) { return grid_stride_blocks(n, 256); }
 
 }  // namespace
 
-GpuBackwardReference::GpuBackwardReference() { CHECK_CUBLAS(cublasCreate(&handle_)); }
-GpuBackwardReference::~GpuBackwardReference() {
-  if (handle_) cublasDestroy(handle_);
-}
-
-void GpuBackwardReference::run(const BackwardProblem& bp, const BackwardTensors& t, bool rounded, float* dq32,
+void GpuReference::run(const BackwardProblem& bp, const BackwardTensors& t, bool rounded, float* dq32,
                                float* dk32, float* dv32, cudaStream_t stream) {
   const std::string why = validate(bp);
   if (!why.empty()) throw Error("backward reference: " + why);
@@ -114,8 +109,8 @@ void GpuBackwardReference::run(const BackwardProblem& bp, const BackwardTensors&
   const int64_t kv_elems = Sk * D;  // one K/V head as fp32: K and V
   const int64_t chunk = group * rows;  // rows of the chunk, [group][rows]
   const size_t scratch_bytes = size_t(2 * kv_elems + chunk * (2 * Sk + 3 * D + 1)) * sizeof(float);
-  if (scratch_.bytes() < scratch_bytes) scratch_ = DeviceBuffer(scratch_bytes);
-  float* k32 = scratch_.as<float>();
+  reserve(scratch_bytes, s_);
+  float* k32 = s_.as<float>();
   float* v32 = k32 + kv_elems;
   float* prob = v32 + kv_elems;      // [group·rows][Sk]: S, then P (rounded: P rounded after dS)
   float* dp = prob + chunk * Sk;     // [group·rows][Sk]: dP, then dS

@@ -65,7 +65,7 @@ BackwardHostInputs BackwardWorkload::download_inputs() const {
 
 namespace fs {
 
-BackwardReference gpu_reference(const BackwardWorkload& w, GpuBackwardReference& gpu, bool rounded) {
+BackwardReference gpu_reference(const BackwardWorkload& w, GpuReference& gpu, bool rounded) {
   const Problem& f = w.problem().attention;
   const int64_t q_elems = f.batch * f.seqlen_q * f.heads_q * f.head_dim, kv_elems = f.batch * f.seqlen_k * f.heads_kv * f.head_dim;
   DeviceBuffer dq(size_t(q_elems) * sizeof(float)), dk(size_t(kv_elems) * sizeof(float)), dv(size_t(kv_elems) * sizeof(float));
@@ -78,7 +78,7 @@ BackwardReference gpu_reference(const BackwardWorkload& w, GpuBackwardReference&
   return {doubles(dq, q_elems), doubles(dk, kv_elems), doubles(dv, kv_elems)};
 }
 
-BackwardReferences make_reference(const BackwardWorkload& w, GpuBackwardReference& gpu) {
+BackwardReferences make_reference(const BackwardWorkload& w, GpuReference& gpu) {
   const BackwardProblem& p = w.problem();
   if (reference_cpu_cost(p) <= kCpuReferenceMaxCost) {
     const BackwardHostInputs in = w.download_inputs();

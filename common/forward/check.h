@@ -3,9 +3,9 @@
 //
 // References:
 //   reference_cpu: fp64 on the CPU, from the already-rounded fp16/bf16 inputs. Small shapes.
-//   GpuReference:  fp32 on the GPU with cuBLAS (S = scale·Q·Kᵀ GEMM, masked softmax kernel, O = P·V
-//                  GEMM). Large shapes; itself tested against reference_cpu. It is also the runner's
-//                  "unfused cuBLAS" baseline row.
+//   GpuReference::run: fp32 on the GPU with cuBLAS (S = scale·Q·Kᵀ GEMM, masked softmax kernel, O = P·V
+//                  GEMM; harness/check.h). Large shapes; itself tested against reference_cpu. It is also
+//                  the runner's "unfused cuBLAS" baseline row.
 //
 // Tolerance, per element: |out - ref| <= atol + rtol * |ref|, with u the unit roundoff of the dtype
 // (fp16: 2^-11, bf16: 2^-8) and
@@ -71,28 +71,6 @@ Reference reference_cpu(const Problem& p, const HostInputs& in);
 // Multiply-adds of the CPU reference, to decide when it is too slow (B·Hq·Sq·Sk·d).
 double reference_cpu_cost(const Problem& p);
 
-class GpuReference {
- public:
-  GpuReference();
-  ~GpuReference();
-  GpuReference(const GpuReference&) = delete;
-  GpuReference& operator=(const GpuReference&) = delete;
-
-  // Enqueues the reference on `stream`. Writes, where the pointer is not null:
-  //   o32   fp32 O, (batch, seqlen_q, heads_q, head_dim) contiguous
-  //   t.o   O in the problem's dtype and strides (the "unfused cuBLAS" baseline)
-  //   t.lse fp32 LSE
-  // Works in row chunks so that its scratch S stays under 1 GiB.
-  void run(const Problem& p, const Tensors& t, float* o32, cudaStream_t stream);
-
- private:
-  void reserve(size_t bytes, DeviceBuffer& buf);
-  cublasHandle_t handle_ = nullptr;
-  DeviceBuffer s_;    // scores, then probabilities, fp32
-  DeviceBuffer v32_;  // V of one K/V head as fp32
-  DeviceBuffer o32_;  // fp32 O when the caller gives none
-  size_t max_scratch_bytes_ = size_t(1) << 30;
-};
 
 // O and LSE of one forward or decoding problem on the device: O with the problem's strides, LSE
 // (batch, heads_q, seqlen_q), both poisoned with NaN before every checked launch.

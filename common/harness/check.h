@@ -3,6 +3,7 @@
 // workload (inputs and poisoned outputs on the device), its references and its comparison.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -12,7 +13,45 @@
 #include "forward/problem.h"
 #include "harness/chain.h"
 
+struct fs_backward_problem;
+
 namespace fs {
+
+struct BackwardTensors;
+
+// The fp32 cuBLAS references, one per pass: the forward's (forward/reference_gpu.cu) and the backward's
+// (backward/reference_gpu.cu, declared by backward/check.h's users), sharing a cuBLAS handle and scratch
+// memory. Each works in row chunks so that its scratch stays under max_scratch_bytes (default 1 GiB; the
+// tests lower it to have chunks).
+class GpuReference {
+ public:
+  GpuReference();
+  ~GpuReference();
+  GpuReference(const GpuReference&) = delete;
+  GpuReference& operator=(const GpuReference&) = delete;
+
+  // Enqueues the forward reference on `stream`. Writes, where the pointer is not null:
+  //   o32   fp32 O, (batch, seqlen_q, heads_q, head_dim) contiguous
+  //   t.o   O in the problem's dtype and strides (the runner's "unfused cuBLAS" baseline)
+  //   t.lse fp32 LSE
+  void run(const Problem& p, const Tensors& t, float* o32, cudaStream_t stream);
+
+  // The backward reference (backward/check.h): contiguous fp32 dq (batch, seqlen_q, heads_q, head_dim),
+  // dk, dv (batch, seqlen_k, heads_kv, head_dim), from device tensors (t.o and t.lse are not read: P is
+  // recomputed); rounded: the same computation done in the dtype.
+  void run(const fs_backward_problem& p, const BackwardTensors& t, bool rounded, float* dq32, float* dk32,
+           float* dv32, cudaStream_t stream);
+
+  void set_max_scratch_bytes(size_t bytes) { max_scratch_bytes_ = bytes; }
+
+ private:
+  static void reserve(size_t bytes, DeviceBuffer& buf);
+  cublasHandle_t handle_ = nullptr;
+  DeviceBuffer s_;    // scores, then probabilities, fp32 (the backward: all its scratch)
+  DeviceBuffer v32_;  // V of one K/V head as fp32
+  DeviceBuffer o32_;  // fp32 O when the caller gives none
+  size_t max_scratch_bytes_ = size_t(1) << 30;
+};
 
 // Problems whose fp64 CPU reference costs at most this many multiply-adds use it; larger ones use
 // the GPU fp32 reference (itself tested against the CPU one).
