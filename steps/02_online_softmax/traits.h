@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "common/forward/problem.h"  // FS_HD
+#include "common/step/hd.h"
 
 namespace fs::step02 {
 

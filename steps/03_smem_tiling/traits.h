@@ -7,7 +7,7 @@
 // those of the code that runs.
 #pragma once
 
-#include "common/forward/problem.h"  // FS_HD
+#include "common/step/hd.h"
 
 namespace fs::step03 {
 

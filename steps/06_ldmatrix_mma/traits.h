@@ -8,7 +8,7 @@
 // ISA's tables, so the index math that runs on the GPU is the index math that was tested.
 #pragma once
 
-#include "common/forward/problem.h"  // FS_HD
+#include "common/step/hd.h"
 
 namespace fs::step06 {
 
