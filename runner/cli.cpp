@@ -2,282 +2,164 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <random>
+#include <regex>
 #include <sstream>
 
 #include "backward/rules.h"
 #include "decode/rules.h"
 
 namespace fs {
-
 namespace {
 
-bool all_digits(const std::string& text) {
-  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+// What a flag's value must be, and what it expects, for the message "<flag> expects <expects>, got '<value>'".
+struct Rule {
+  enum Kind { none, integer, decimal, word } kind;  // none: a switch, which takes no value; word: checked by set
+  std::string expects = "";
+  int64_t lo = 0, hi = 0, multiple = 1;  // integer: in [lo, hi], a multiple of `multiple`
+};
+const Rule kSwitch{Rule::none}, kDecimal{Rule::decimal, "a finite number greater than 0"};
+Rule integer(int64_t lo, int64_t hi, int64_t multiple = 1, std::string expects = "") {
+  const auto s = [](int64_t v) { return std::to_string(v); };
+  if (expects.empty() && multiple == 1) expects = "an integer between " + s(lo) + " and " + s(hi);
+  if (expects.empty()) expects = "a multiple of " + s(multiple) + " from " + s(lo) + " to " + s(hi);
+  return {Rule::integer, expects, lo, hi, multiple};
 }
 
-// Whole-string decimal integer in [lo, hi] (digits only: no sign, no space, no overflow), else an
-// error naming the flag, the rule and the text. `rule` replaces "an integer between lo and hi".
-bool parse_int(const std::string& flag, const std::string& text, int64_t lo, int64_t hi, int64_t& out,
-               std::string& error, const std::string& rule = "") {
-  errno = 0;
-  const long long v = all_digits(text) ? std::strtoll(text.c_str(), nullptr, 10) : -1;
-  if (!all_digits(text) || errno == ERANGE || v < lo || v > hi) {
-    std::ostringstream m;
-    m << flag << " expects ";
-    if (rule.empty()) m << "an integer between " << lo << " and " << hi;
-    else m << rule;
-    m << ", got '" << text << "'";
-    error = m.str();
-    return false;
-  }
-  out = v;
-  return true;
+// A whole-string decimal integer: digits only (no sign, no space, no overflow).
+bool read_integer(const Rule& rule, const std::string& text, int64_t& n) {
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  n = int64_t(v);  // used only if the rule holds
+  return ec == std::errc() && end == text.data() + text.size() && v >= uint64_t(rule.lo) &&
+         v <= uint64_t(rule.hi) && v % rule.multiple == 0;
 }
 
 // A plain decimal number: digits with at most one '.', and an optional exponent (e.g. 0.125, 1e-3).
-// No sign, no space, no hexadecimal, no "inf" or "nan".
-bool plain_decimal(const std::string& text) {
-  size_t i = 0, digits = 0;
-  auto skip_digits = [&] {
-    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i, ++digits;
-  };
-  skip_digits();
-  if (i < text.size() && text[i] == '.') ++i, skip_digits();
-  if (digits == 0) return false;
-  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
-    ++i;
-    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
-    const size_t before = i;
-    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
-    if (i == before) return false;
-  }
-  return i == text.size();
-}
-
-bool parse_float(const std::string& flag, const std::string& text, float& out, std::string& error) {
+// No sign, no space, no hexadecimal, no "inf" or "nan"; a finite float greater than 0.
+bool read_decimal(const std::string& text, float& x) {
+  static const std::regex plain("([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?");
   errno = 0;
-  const float v = plain_decimal(text) ? std::strtof(text.c_str(), nullptr) : 0.0f;
-  if (!plain_decimal(text) || errno == ERANGE || !std::isfinite(v) || v <= 0) {
-    error = flag + " expects a finite number greater than 0, got '" + text + "'";
-    return false;
-  }
-  out = v;
-  return true;
+  x = std::regex_match(text, plain) ? std::strtof(text.c_str(), nullptr) : 0;  // 0: refused
+  return errno != ERANGE && std::isfinite(x) && x > 0;
 }
 
-// The flags that make a decoding problem (they apply to `run` only).
-bool is_decode_flag(const std::string& flag) {
-  return flag == "--decode" || flag == "--page-size" || flag == "--ragged" || flag == "--splits" ||
-         flag == "--checked" || flag == "--hbm-tbs";
+// kCommand: --help, -h and --list, which name the command. An option applies to run; a kResources one (the
+// problem, --backward, --json) to resources too, where nothing is timed or checked; --step (kSteps) to explain and
+// banks as well. Any other is refused with the command: an option is applied or refused, never ignored.
+enum Scope { kCommand, kRun, kResources, kSteps };
+bool applies(Scope scope, const std::string& command) {
+  return command == "run" || (command == "resources" && scope != kRun) ||
+         ((command == "explain" || command == "banks") && scope == kSteps);
 }
 
-// The flags that mean something for `command` besides its own. Every other flag is refused with it:
-// a flag is applied or refused, never ignored.
-bool applies_to(const std::string& flag, const std::string& command) {
-  if (command == "run") return true;
-  if (command == "explain" || command == "banks") return flag == "--step";
-  if (command == "resources")  // the problem, the steps and --json; nothing is timed or checked
-    return flag != "--iters" && flag != "--warmup" && flag != "--no-flush" && flag != "--no-baseline" &&
-           flag != "--seed" && flag != "--csv" && !is_decode_flag(flag);
-  return false;  // list, help
-}
+// The parse so far, and the flag being read: its value as given, and as read by an integer or decimal rule.
+struct Parse {
+  RunnerOptions o;
+  std::string text;
+  int64_t n = 0;
+  float x = 0;
+  bool refused = false;  // a word flag's value that breaks its rule
+  std::optional<int64_t> seqlen, seqlen_q, seqlen_k;  // resolved once every flag is read
+};
+
+struct Flag {
+  const char* name;
+  Scope scope;
+  Rule rule;
+  void (*set)(Parse&);  // what it sets, once its value is read
+};
+
+const Flag kFlags[] = {
+    {"--help", kCommand, kSwitch, [](Parse& p) { p.o.command = "help"; }},
+    {"-h", kCommand, kSwitch, [](Parse& p) { p.o.command = "help"; }},
+    {"--list", kCommand, kSwitch, [](Parse& p) { p.o.command = "list"; }},
+    {"--step", kSteps, {Rule::word, "a step id (see --list)"}, [](Parse& p) {  // repeatable, or comma-separated
+       std::stringstream ids(p.text);
+       for (std::string id; std::getline(ids, id, ',');) if (!id.empty()) p.o.steps.push_back(id);
+       p.refused = p.o.steps.empty();
+     }},
+    {"--batch", kResources, integer(1, INT32_MAX), [](Parse& p) { p.o.batch = p.n; }},
+    {"--seqlen", kResources, integer(0, INT32_MAX), [](Parse& p) { p.seqlen = p.n; }},
+    {"--seqlen-q", kResources, integer(0, INT32_MAX), [](Parse& p) { p.seqlen_q = p.n; }},
+    {"--seqlen-k", kResources, integer(0, INT32_MAX), [](Parse& p) { p.seqlen_k = p.n; }},
+    {"--heads", kResources, integer(1, INT32_MAX), [](Parse& p) { p.o.heads = p.n; }},
+    {"--kv-heads", kResources, integer(1, INT32_MAX), [](Parse& p) { p.o.kv_heads = p.n; }},
+    {"--head-dim", kResources, integer(kHeadDimMultiple, kMaxHeadDim, kHeadDimMultiple),
+     [](Parse& p) { p.o.head_dim = p.n; }},
+    {"--dtype", kResources, {Rule::word, "fp16 or bf16"}, [](Parse& p) {
+       p.refused = p.text != "fp16" && p.text != "bf16";
+       p.o.dtype = p.text == "bf16" ? DType::bf16 : DType::fp16;
+     }},
+    {"--causal", kResources, kSwitch, [](Parse& p) { p.o.causal = true; }},
+    {"--scale", kResources, kDecimal, [](Parse& p) { p.o.scale = p.x; p.o.scale_given = true; }},
+    {"--iters", kRun, integer(1, 100000), [](Parse& p) { p.o.iters = int(p.n); }},
+    {"--warmup", kRun, integer(0, 100000), [](Parse& p) { p.o.warmup = int(p.n); }},
+    {"--seed", kRun, integer(0, INT64_MAX), [](Parse& p) { p.o.seed = uint64_t(p.n); }},
+    {"--no-flush", kRun, kSwitch, [](Parse& p) { p.o.flush_l2 = false; }},
+    {"--no-baseline", kRun, kSwitch, [](Parse& p) { p.o.baseline = false; }},
+    // The decoding flags: each but --hbm-tbs makes the problem a decoding one.
+    {"--decode", kRun, kSwitch, [](Parse& p) { p.o.decode = true; }},
+    {"--page-size", kRun, integer(0, kMaxSeqlen, kPageMultiple, "0 (a contiguous cache) or a multiple of 16"),
+     [](Parse& p) { p.o.page_size = p.n; p.o.decode = true; }},
+    {"--ragged", kRun, kSwitch, [](Parse& p) { p.o.ragged = p.o.decode = true; }},
+    {"--splits", kRun, integer(0, kMaxSplits), [](Parse& p) { p.o.splits = int(p.n); p.o.decode = true; }},
+    {"--checked", kRun, kSwitch, [](Parse& p) { p.o.checked = p.o.decode = true; }},
+    {"--hbm-tbs", kRun, kDecimal, [](Parse& p) { p.o.hbm_tbs = p.x; }},
+    {"--backward", kResources, kSwitch, [](Parse& p) { p.o.backward = true; }},
+    {"--deterministic", kResources, kSwitch, [](Parse& p) { p.o.deterministic = p.o.backward = true; }},
+    {"--json", kResources, kSwitch, [](Parse& p) { p.o.format = OutputFormat::json; }},
+    {"--csv", kRun, kSwitch, [](Parse& p) { p.o.format = OutputFormat::csv; }},
+};
 
 }  // namespace
 
 ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
-  ParsedArgs r;
-  RunnerOptions& o = r.options;
+  Parse p;
+  RunnerOptions& o = p.o;
+  auto fail = [&o](std::string error) { return ParsedArgs{o, std::move(error)}; };
   size_t i = 0;
   std::string command_word;  // how the command was given: "list", "--list", "--help", ...
-  if (!args.empty() && (args[0] == "list" || args[0] == "run" || args[0] == "banks" || args[0] == "explain" ||
-                        args[0] == "resources")) {
-    o.command = args[i++];
-    command_word = o.command;
-  }
-  std::vector<std::string> given;  // every option flag, to refuse those that do not apply to the command
-  bool seqlen_q_set = false, seqlen_k_set = false, seqlen_set = false;
+  static const std::regex commands("list|run|banks|explain|resources");  // help: --help or -h only
+  if (!args.empty() && std::regex_match(args[0], commands)) command_word = o.command = args[i++];
+  std::vector<const Flag*> given;  // every option, to refuse those that do not apply to the command
   for (; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    bool has_value = false;
-    const size_t eq = flag.find('=');
-    if (flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      has_value = true;
-    }
-    auto need_value = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= args.size()) {
-        r.error = flag + " needs a value";
-        return false;
-      }
-      value = args[++i];
-      return true;
-    };
-    auto int_flag = [&](int64_t lo, int64_t hi, int64_t& out) {
-      return need_value() && parse_int(flag, value, lo, hi, out, r.error);
-    };
-    auto no_value = [&]() {
-      if (has_value) r.error = flag + " takes no value";
-      return !has_value;
-    };
-    auto set_command = [&](const char* command) {
-      if (!command_word.empty() && command_word != flag) {
-        r.error = "'" + command_word + "' and '" + flag + "' are two commands; give one";
-        return false;
-      }
-      o.command = command;
-      command_word = flag;
-      return no_value();
-    };
-    int64_t n = 0;
-    bool ok = true;
-    if (flag == "--help" || flag == "-h") {
-      ok = set_command("help");
-    } else if (flag == "--list") {
-      ok = set_command("list");
-    } else if (flag == "--step") {
-      ok = need_value();
-      if (ok) {
-        std::stringstream ss(value);
-        std::string id;
-        while (std::getline(ss, id, ','))
-          if (!id.empty()) o.steps.push_back(id);
-        if (o.steps.empty()) {
-          r.error = "--step expects a step id (see --list), got '" + value + "'";
-          ok = false;
-        }
-      }
-    } else if (flag == "--batch") {
-      ok = int_flag(1, INT32_MAX, o.batch);
-    } else if (flag == "--seqlen") {
-      ok = int_flag(0, INT32_MAX, n);
-      seqlen_set = true;
-      if (ok) {
-        if (!seqlen_q_set) o.seqlen_q = n;
-        if (!seqlen_k_set) o.seqlen_k = n;
-      }
-    } else if (flag == "--seqlen-q") {
-      ok = int_flag(0, INT32_MAX, o.seqlen_q);
-      seqlen_q_set = true;
-    } else if (flag == "--seqlen-k") {
-      ok = int_flag(0, INT32_MAX, o.seqlen_k);
-      seqlen_k_set = true;
-    } else if (flag == "--heads") {
-      ok = int_flag(1, INT32_MAX, o.heads);
-    } else if (flag == "--kv-heads") {
-      ok = int_flag(1, INT32_MAX, o.kv_heads);
-    } else if (flag == "--head-dim") {
-      ok = need_value() && parse_int(flag, value, kHeadDimMultiple, kMaxHeadDim, o.head_dim, r.error,
-                                     "a multiple of " + std::to_string(kHeadDimMultiple) + " from " +
-                                         std::to_string(kHeadDimMultiple) + " to " + std::to_string(kMaxHeadDim));
-      if (ok && o.head_dim % kHeadDimMultiple != 0) {
-        r.error = "--head-dim expects a multiple of " + std::to_string(kHeadDimMultiple) + " from " +
-                  std::to_string(kHeadDimMultiple) + " to " + std::to_string(kMaxHeadDim) + ", got '" + value + "'";
-        ok = false;
-      }
-    } else if (flag == "--dtype") {
-      ok = need_value();
-      if (ok) {
-        if (value == "fp16") o.dtype = DType::fp16;
-        else if (value == "bf16") o.dtype = DType::bf16;
-        else {
-          r.error = "--dtype expects fp16 or bf16, got '" + value + "'";
-          ok = false;
-        }
-      }
-    } else if (flag == "--causal") {
-      ok = no_value();
-      o.causal = true;
-    } else if (flag == "--scale") {
-      ok = need_value() && parse_float(flag, value, o.scale, r.error);
-      o.scale_given = ok;
-    } else if (flag == "--iters") {
-      ok = int_flag(1, 100000, n);
-      o.iters = int(n);
-    } else if (flag == "--warmup") {
-      ok = int_flag(0, 100000, n);
-      o.warmup = int(n);
-    } else if (flag == "--seed") {
-      ok = int_flag(0, INT64_MAX, n);
-      o.seed = uint64_t(n);
-    } else if (flag == "--no-flush") {
-      ok = no_value();
-      o.flush_l2 = false;
-    } else if (flag == "--no-baseline") {
-      ok = no_value();
-      o.baseline = false;
-    } else if (flag == "--decode") {
-      ok = no_value();
-      o.decode = true;
-    } else if (flag == "--page-size") {
-      ok = need_value() && parse_int(flag, value, 0, kMaxSeqlen, o.page_size, r.error,
-                                     "0 (a contiguous cache) or a multiple of 16");
-      if (ok && o.page_size % kPageMultiple != 0) {
-        r.error = "--page-size expects 0 (a contiguous cache) or a multiple of 16, got '" + value + "'";
-        ok = false;
-      }
-      o.decode = true;
-    } else if (flag == "--ragged") {
-      ok = no_value();
-      o.ragged = o.decode = true;
-    } else if (flag == "--splits") {
-      ok = int_flag(0, kMaxSplits, n);
-      o.splits = int(n);
-      o.decode = true;
-    } else if (flag == "--checked") {
-      ok = no_value();
-      o.checked = o.decode = true;
-    } else if (flag == "--hbm-tbs") {
-      float tbs = 0;
-      ok = need_value() && parse_float(flag, value, tbs, r.error);
-      o.hbm_tbs = tbs;
-    } else if (flag == "--backward") {
-      ok = no_value();
-      o.backward = true;
-    } else if (flag == "--deterministic") {
-      ok = no_value();
-      o.deterministic = o.backward = true;
-    } else if (flag == "--json") {
-      ok = no_value();
-      o.format = OutputFormat::json;
-    } else if (flag == "--csv") {
-      ok = no_value();
-      o.format = OutputFormat::csv;
-    } else {
-      r.error = "unknown argument '" + args[i] + "' (see --help)";
-      ok = false;
-    }
-    if (!ok) {
-      if (r.error.empty()) r.error = "bad argument '" + args[i] + "'";
-      return r;
-    }
-    if (flag != "--help" && flag != "-h" && flag != "--list") given.push_back(flag);
+    const size_t eq = args[i].rfind("--", 0) == 0 ? args[i].find('=') : std::string::npos;
+    const std::string flag = args[i].substr(0, eq);
+    const Flag* f = std::find_if(std::begin(kFlags), std::end(kFlags), [&](const Flag& g) { return flag == g.name; });
+    if (f == std::end(kFlags)) return fail("unknown argument '" + args[i] + "' (see --help)");
+    const Rule::Kind kind = f->rule.kind;
+    if (f->scope == kCommand && !command_word.empty() && command_word != flag)
+      return fail("'" + command_word + "' and '" + flag + "' are two commands; give one");
+    if (kind == Rule::none && eq != std::string::npos) return fail(flag + " takes no value");
+    if (kind != Rule::none && eq == std::string::npos && i + 1 == args.size()) return fail(flag + " needs a value");
+    p.text = eq != std::string::npos ? args[i].substr(eq + 1) : kind != Rule::none ? args[++i] : "";
+    const bool read = kind == Rule::integer ? read_integer(f->rule, p.text, p.n)
+                                            : kind != Rule::decimal || read_decimal(p.text, p.x);
+    if (read) f->set(p);
+    if (!read || p.refused) return fail(flag + " expects " + f->rule.expects + ", got '" + p.text + "'");
+    if (f->scope == kCommand) command_word = flag;
+    else given.push_back(f);
   }
-  for (const std::string& flag : given)
-    if (!applies_to(flag, o.command)) {
-      r.error = flag + " does not apply to '" + (command_word.empty() ? o.command : command_word) +
-                "' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)";
-      return r;
-    }
-  if (o.hbm_tbs > 0 && !o.decode) {
-    r.error = "--hbm-tbs applies to decoding problems (--decode, --page-size, --ragged, --splits, --checked)";
-    return r;
-  }
-  if (o.backward && o.decode) {
-    r.error = "--backward (or --deterministic) and the decoding flags (--decode, --page-size, --ragged, --splits, "
-              "--checked) ask for two kinds of run; give one";
-    return r;
-  }
-  if (o.backward && !o.baseline) {
-    r.error = "--no-baseline applies to forward and decoding runs; the backward run has no baseline row";
-    return r;
-  }
-  if (o.decode && !seqlen_q_set && !seqlen_set) o.seqlen_q = 1;  // decoding: one new token unless told
-  return r;
+  for (const Flag* f : given)  // the command is known once every argument is read
+    if (!applies(f->scope, o.command))
+      return fail(std::string(f->name) + " does not apply to '" + command_word +
+                  "' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)");
+  if (o.hbm_tbs > 0 && !o.decode)
+    return fail("--hbm-tbs applies to decoding problems (--decode, --page-size, --ragged, --splits, --checked)");
+  if (o.backward && o.decode)
+    return fail("--backward (or --deterministic) and the decoding flags (--decode, --page-size, --ragged, --splits, "
+                "--checked) ask for two kinds of run; give one");
+  if (o.backward && !o.baseline)
+    return fail("--no-baseline applies to forward and decoding runs; the backward run has no baseline row");
+  // --seqlen-q and --seqlen-k win over --seqlen whatever the order; decoding: one new token unless told.
+  o.seqlen_q = p.seqlen_q.value_or(p.seqlen.value_or(o.decode ? 1 : o.seqlen_q));
+  o.seqlen_k = p.seqlen_k.value_or(p.seqlen.value_or(o.seqlen_k));
+  return {o, ""};
 }
 
 Problem problem_from(const RunnerOptions& o) {

@@ -33,15 +33,13 @@ struct RunnerOptions {
   bool baseline = true;  // the unfused cuBLAS row
   uint64_t seed = 1;
   OutputFormat format = OutputFormat::table;
-  // A decoding problem (--decode, or any of the flags below): seqlen_q 1 unless given.
-  bool decode = false;
+  bool decode = false;  // a decoding problem (--decode, or any of the flags below): seqlen_q 1 unless given
   int64_t page_size = 0;  // --page-size: 0 a contiguous cache
   bool ragged = false;    // --ragged: per-sequence lengths drawn from [1, seqlen_k]
   int splits = 0;         // --splits: 0 the step's heuristic
   bool checked = false;   // --checked: lengths and block table checked on the device first
   double hbm_tbs = 0;     // --hbm-tbs: the HBM read ceiling for the % column (0: not shown)
-  // The backward pass of the problem (--backward, or --deterministic): dQ, dK, dV of every step with one.
-  bool backward = false;
+  bool backward = false;  // the backward pass (--backward, or --deterministic): dQ, dK, dV of every step with one
   bool deterministic = false;  // --deterministic: bitwise repeatable gradients (no floating-point atomics)
 };
 

@@ -54,6 +54,11 @@ TEST_CASE("cli: every flag is parsed", "[cli]") {
   const fs::RunnerOptions o2 = parse({"--seqlen-q", "3", "--seqlen", "9"}).options;
   CHECK(o2.seqlen_q == 3);
   CHECK(o2.seqlen_k == 9);
+  const fs::RunnerOptions o3 = parse({"--seqlen", "9", "--seqlen-k", "3", "--seqlen", "5"}).options;
+  CHECK(o3.seqlen_q == 5);
+  CHECK(o3.seqlen_k == 3);
+  // --step is cumulative: an empty list is refused only when no step is given at all.
+  CHECK(parse({"--step", "01_naive", "--step", ","}).options.steps == std::vector<std::string>{"01_naive"});
 }
 
 TEST_CASE("cli: mistakes give one clear message", "[cli]") {
@@ -100,6 +105,13 @@ TEST_CASE("cli: mistakes give one clear message", "[cli]") {
       {{"explain", "--seqlen", "64"}, "--seqlen does not apply to 'explain' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
       {{"--json", "--help"}, "--json does not apply to '--help' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
       {{"explain", "--list"}, "'explain' and '--list' are two commands; give one"},
+      {{"--help", "-h"}, "'--help' and '-h' are two commands; give one"},
+      {{"list", "--help=1"}, "'list' and '--help' are two commands; give one"},  // before its value
+      {{"--list=1"}, "--list takes no value"},
+      {{"-h=1"}, "unknown argument '-h=1' (see --help)"},  // only --flags take a value after '='
+      {{"help"}, "unknown argument 'help' (see --help)"},  // the command is --help or -h
+      {{"--step", ",", "--bacth"}, "--step expects a step id (see --list), got ','"},  // the first mistake
+      {{"--scale", "1e-50"}, "--scale expects a finite number greater than 0, got '1e-50'"},
   };
   for (const Case& c : cases) {
     const fs::ParsedArgs a = parse(c.args);
@@ -125,7 +137,8 @@ TEST_CASE("cli: the usage text documents every flag", "[cli]") {
   for (const char* flag : {"--list", "--step", "--batch", "--seqlen", "--seqlen-q", "--seqlen-k", "--heads", "--kv-heads",
                            "--head-dim", "--dtype", "--causal", "--scale", "--iters", "--warmup", "--no-flush",
                            "--no-baseline", "--seed", "--json", "--csv", "--help", "--decode", "--page-size",
-                           "--ragged", "--splits", "--checked", "--hbm-tbs"}) {
+                           "--ragged", "--splits", "--checked", "--hbm-tbs", "--backward", "--deterministic",
+                           "-h"}) {
     CAPTURE(flag);
     CHECK(usage.find(flag) != std::string::npos);
   }
