@@ -1,12 +1,9 @@
 """The one ctypes layer over the C ABI of common/flash_steps.h (libflash_steps.so).
 
-The structs below mirror fs_strides, fs_problem, fs_decode_problem and fs_backward_problem field for
-field (tests/python/test_flash_steps.py checks their sizes and offsets against a C compiler). A pass
-(forward, decode, backward) is one entry of PASSES: its struct, its three C functions (check,
-workspace size, run) and the pointers its run takes; the Library serves every pass with one method per
-verb, the pass chosen by the problem's type. A non-zero fs_status becomes a FlashStepsError carrying
-the library's sentence (fs_last_error). Nothing here imports PyTorch: pointers are plain integers.
-"""
+The structs mirror fs_strides, fs_problem, fs_decode_problem and fs_backward_problem field for field
+(tests/python/test_flash_steps.py checks them against a C compiler). A pass (forward, decode, backward)
+is one entry of PASSES; the Library serves every pass with one method per verb, the pass chosen by the
+problem's type. A non-zero fs_status is raised as a FlashStepsError with the library's sentence."""
 from __future__ import annotations
 
 import ctypes
@@ -17,23 +14,15 @@ from pathlib import Path
 FS_FP16, FS_BF16 = 0, 1
 DTYPE_CODES = {"fp16": FS_FP16, "bf16": FS_BF16}
 DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
-
 FS_OK, FS_ERR_INVALID, FS_ERR_UNKNOWN_STEP, FS_ERR_CUDA, FS_ERR_OUT_OF_MEMORY, FS_ERR_INTERNAL = range(6)
-STATUS_NAMES = {FS_OK: "FS_OK", FS_ERR_INVALID: "FS_ERR_INVALID", FS_ERR_UNKNOWN_STEP: "FS_ERR_UNKNOWN_STEP",
-                FS_ERR_CUDA: "FS_ERR_CUDA", FS_ERR_OUT_OF_MEMORY: "FS_ERR_OUT_OF_MEMORY",
-                FS_ERR_INTERNAL: "FS_ERR_INTERNAL"}
-
-# python/flash_steps/_capi.py -> the repository (an editable install keeps the files where they are).
-REPO = Path(__file__).resolve().parent.parent.parent
+STATUS_NAMES = dict(enumerate(("FS_OK", "FS_ERR_INVALID", "FS_ERR_UNKNOWN_STEP", "FS_ERR_CUDA", "FS_ERR_OUT_OF_MEMORY",
+                               "FS_ERR_INTERNAL")))
+REPO = Path(__file__).resolve().parent.parent.parent  # python/flash_steps/_capi.py (an editable install keeps it)
 LIBRARY_NAME = "libflash_steps.so"
-
-
-# ---- errors ----------------------------------------------------------------------------------------
 
 class FlashStepsError(RuntimeError):
     """A call that failed: `status` (an fs_status), `function` (the C function or the Python entry point)
     and `message` (the library's sentence, or the Python check's)."""
-
     def __init__(self, status: int, function: str, message: str):
         super().__init__(f"{function}: {message}" if function else message)
         self.status, self.function, self.message = status, function, message
@@ -42,86 +31,53 @@ class FlashStepsError(RuntimeError):
     def status_name(self) -> str:
         return STATUS_NAMES.get(self.status, f"fs_status {self.status}")
 
-
-class InvalidArgument(FlashStepsError, ValueError):
-    """FS_ERR_INVALID: the problem or a pointer breaks a rule (also raised by the Python-side checks)."""
-
-
-class UnknownStep(FlashStepsError, LookupError):
-    """FS_ERR_UNKNOWN_STEP: no registered step has this id."""
-
-
-class CudaError(FlashStepsError):
-    """FS_ERR_CUDA: a CUDA call failed (no device, driver too old, launch failure, ...)."""
-
-
-class OutOfMemory(FlashStepsError, MemoryError):
-    """FS_ERR_OUT_OF_MEMORY: an allocation failed."""
-
-
-class InternalError(FlashStepsError):
-    """FS_ERR_INTERNAL: a bug in the library."""
-
+class InvalidArgument(FlashStepsError, ValueError): """FS_ERR_INVALID: the problem or a pointer breaks a rule"""
+class UnknownStep(FlashStepsError, LookupError): """FS_ERR_UNKNOWN_STEP: no registered step has this id"""
+class CudaError(FlashStepsError): """FS_ERR_CUDA: a CUDA call failed (no device, driver too old, launch failure, ...)"""
+class OutOfMemory(FlashStepsError, MemoryError): """FS_ERR_OUT_OF_MEMORY: an allocation failed"""
+class InternalError(FlashStepsError): """FS_ERR_INTERNAL: a bug in the library"""
 
 class LibraryNotFound(FlashStepsError, OSError):
     """libflash_steps.so could not be found or loaded; the message says where it looked."""
-
     def __init__(self, message: str):
         FlashStepsError.__init__(self, FS_ERR_INVALID, "", message)
 
-
-_ERROR_CLASSES = {FS_ERR_INVALID: InvalidArgument, FS_ERR_UNKNOWN_STEP: UnknownStep, FS_ERR_CUDA: CudaError,
-                  FS_ERR_OUT_OF_MEMORY: OutOfMemory, FS_ERR_INTERNAL: InternalError}
-
-
-def error(status: int, function: str, message: str) -> FlashStepsError:
-    """The exception of an fs_status."""
-    return _ERROR_CLASSES.get(status, FlashStepsError)(status, function, message)
-
-
-# ---- the structs of flash_steps.h ------------------------------------------------------------------
+ERRORS = {FS_ERR_INVALID: InvalidArgument, FS_ERR_UNKNOWN_STEP: UnknownStep, FS_ERR_CUDA: CudaError,
+          FS_ERR_OUT_OF_MEMORY: OutOfMemory, FS_ERR_INTERNAL: InternalError}  # any other status: FlashStepsError
 
 _I64, _I32, _INT, _DBL, _U64, _PTR, _STR = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int, ctypes.c_double,
                                              ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p)
 _P = ctypes.POINTER
 
-
 class FsStrides(ctypes.Structure):
     _fields_ = [(name, _I64) for name in ("batch", "row", "head", "dim")]
-
 
 class FsProblem(ctypes.Structure):
     _fields_ = ([(name, _I64) for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")]
                 + [("dtype", _I32), ("causal", _I32), ("softmax_scale", ctypes.c_float)]
                 + [(name, FsStrides) for name in ("q", "k", "v", "o")])
 
-
 class FsDecodeProblem(ctypes.Structure):
     _fields_ = ([("attention", FsProblem), ("num_splits", _I32), ("checked", _I32)]
                 + [(name, _I64) for name in ("page_size", "num_pages", "max_pages_per_seq", "block_table_stride")])
-
 
 class FsBackwardProblem(ctypes.Structure):
     _fields_ = ([("attention", FsProblem), ("deterministic", _I32)]
                 + [(name, FsStrides) for name in ("d_o", "dq", "dk", "dv")])
 
-
-# ---- the passes ------------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Pass:
     """One pass of the C ABI: its fs_pass code, struct, functions and the pointers its run takes (in order,
-    before the workspace)."""
+    before the workspace). init_extra: the init function's arguments after (batch, ..., dtype, causal)."""
     name: str
     code: int
     struct: type
     init: str
-    init_extra: tuple  # the init function's arguments after (batch, ..., head_dim, dtype, causal)
+    init_extra: tuple
     check: str
     workspace_size: str
     run: str
     pointers: tuple
-
 
 PASSES = (
     Pass("forward", 0, FsProblem, "fs_problem_init", (), "fs_check", "fs_workspace_size", "fs_run",
@@ -131,45 +87,31 @@ PASSES = (
     Pass("backward", 2, FsBackwardProblem, "fs_backward_problem_init", (_I32,), "fs_backward_check",
          "fs_backward_workspace_size", "fs_run_backward", ("q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv")),
 )
-PASS_OF = {ps.struct: ps for ps in PASSES}
-
 
 def pass_of(p) -> Pass:
-    """The pass whose problem `p` is (an FsProblem, FsDecodeProblem or FsBackwardProblem)."""
-    try:
-        return PASS_OF[type(p)]
-    except KeyError:
-        raise InvalidArgument(FS_ERR_INVALID, "", f"{type(p).__name__} is no problem of flash_steps (one of "
-                              + ", ".join(ps.struct.__name__ for ps in PASSES) + ")") from None
-
+    for ps in PASSES:
+        if type(p) is ps.struct:
+            return ps
+    raise InvalidArgument(FS_ERR_INVALID, "", f"{type(p).__name__} is no problem of flash_steps (one of "
+                          + ", ".join(ps.struct.__name__ for ps in PASSES) + ")")
 
 # name: (argtypes, restype) of every function of flash_steps.h; each pass's four from PASSES.
 SIGNATURES = {
-    "fs_last_error": ([], _STR),
-    "fs_step_count": ([], _INT),
+    "fs_last_error": ([], _STR), "fs_step_count": ([], _INT), "fs_sweep_tokens": ([], _I64),
     **{f"fs_step_{what}": ([_INT], _STR) for what in ("id", "name", "lesson", "dir")},
-    "fs_step_min_compute_capability": ([_INT], _INT),
-    "fs_step_runs": ([_INT, _I32], _INT),
-    "fs_problem_flops": ([_P(FsProblem)], _DBL),
+    "fs_step_min_compute_capability": ([_INT], _INT), "fs_step_runs": ([_INT, _I32], _INT),
+    "fs_problem_flops": ([_P(FsProblem)], _DBL), "fs_backward_flops": ([_P(FsBackwardProblem)], _DBL),
     "fs_decode_kv_bytes": ([_P(FsDecodeProblem), _P(_I32)], _DBL),
-    "fs_backward_flops": ([_P(FsBackwardProblem)], _DBL),
-    "fs_tolerance": ([_I32, _DBL] + [_P(_DBL)] * 3, _INT),
-    "fs_backward_bound": ([_I32, _DBL, _DBL, _P(_DBL)], _INT),
-    "fs_speedups": ([_INT, _P(_STR)] + [_P(_DBL)] * 3, _INT),
-    "fs_sweep_tokens": ([], _I64),
-    "fs_sweep_seqlens": ([_I32, _P(_I64), _INT], _INT),
-    "fs_sweep_head_dims": ([_I32, _P(_I64), _INT], _INT),
+    "fs_tolerance": ([_I32, _DBL] + [_P(_DBL)] * 3, _INT), "fs_backward_bound": ([_I32, _DBL, _DBL, _P(_DBL)], _INT),
+    "fs_speedups": ([_INT, _P(_STR)] + [_P(_DBL)] * 3, _INT), "fs_sweep_shape": ([_I64] * 3 + [_P(_I64)] * 2, _INT),
+    "fs_sweep_seqlens": ([_I32, _P(_I64), _INT], _INT), "fs_sweep_head_dims": ([_I32, _P(_I64), _INT], _INT),
     "fs_sweep_dtypes": ([_I32, _P(_I32), _INT], _INT),
-    "fs_sweep_shape": ([_I64] * 3 + [_P(_I64)] * 2, _INT),
 }
 for _ps in PASSES:
     SIGNATURES[_ps.init] = ([_P(_ps.struct)] + [_I64] * 6 + [_I32] * 2 + list(_ps.init_extra), None)
     SIGNATURES[_ps.check] = ([_STR, _P(_ps.struct)], _INT)
     SIGNATURES[_ps.workspace_size] = ([_STR, _P(_ps.struct), _P(_U64)], _INT)
     SIGNATURES[_ps.run] = ([_STR, _P(_ps.struct)] + [_PTR] * (len(_ps.pointers) + 1) + [_U64, _PTR], _INT)
-
-
-# ---- the registry ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Step:
@@ -184,39 +126,29 @@ class Step:
     def runs(self, pass_name: str) -> bool:
         return pass_name in self.passes
 
-
-# ---- finding the library ---------------------------------------------------------------------------
-
 def library_candidates(repo: Path = REPO) -> list[Path]:
     """Where the library is looked for when FLASH_STEPS_LIB is not set: build/ of the repository, then
     every other build*/ directory next to python/, in name order."""
-    first = repo / "build" / LIBRARY_NAME
     others = sorted(d / LIBRARY_NAME for d in repo.glob("build*") if d.is_dir() and d.name != "build")
-    return [first] + others
-
+    return [repo / "build" / LIBRARY_NAME] + others
 
 def find_library(explicit: str | os.PathLike | None = None) -> list[Path]:
     """The paths to try, in order: the one given, else $FLASH_STEPS_LIB, else the existing candidates.
     Raises LibraryNotFound, naming where it looked, when there is none."""
     how = "build it (cmake -B build -G Ninja && cmake --build build, in the repository) or set FLASH_STEPS_LIB"
-    if explicit:
-        if not Path(explicit).exists():
-            raise LibraryNotFound(f"{explicit} does not exist; {how} to the library's path")
-        return [Path(explicit)]
-    env = os.environ.get("FLASH_STEPS_LIB")
-    if env:
-        if not Path(env).exists():
-            raise LibraryNotFound(f"FLASH_STEPS_LIB is {env}, which does not exist; {how} to the library's path")
-        return [Path(env)]
-    found = [p for p in library_candidates() if p.exists()]
-    if not found:
-        looked = ", ".join(str(p) for p in library_candidates())
-        raise LibraryNotFound(f"{LIBRARY_NAME} not found: FLASH_STEPS_LIB is not set and none of {looked} exists; "
-                              f"{how} to the library's path")
-    return found
+    given = explicit or os.environ.get("FLASH_STEPS_LIB")
+    if given:
+        if not Path(given).exists():
+            what = explicit or f"FLASH_STEPS_LIB is {given}, which"
+            raise LibraryNotFound(f"{what} does not exist; {how} to the library's path")
+        return [Path(given)]
+    candidates = library_candidates()
+    if not any(p.exists() for p in candidates):
+        raise LibraryNotFound(f"{LIBRARY_NAME} not found: FLASH_STEPS_LIB is not set and none of "
+                              f"{', '.join(str(p) for p in candidates)} exists; {how} to the library's path")
+    return [p for p in candidates if p.exists()]
 
-
-def load(path: str | os.PathLike | None = None) -> "Library":
+def load(path: str | os.PathLike | None = None) -> Library:
     """The library at `path`, else by find_library's order: the first candidate that loads (a
     sanitizer build, for one, cannot be loaded into a plain Python)."""
     failures = []
@@ -227,28 +159,26 @@ def load(path: str | os.PathLike | None = None) -> "Library":
             failures.append(f"{candidate}: {e}")
     raise LibraryNotFound("cannot load " + "; ".join(failures))
 
+_library = None  # the package's Library: library()'s
 
-# ---- the library -----------------------------------------------------------------------------------
-
-def _ptr(x: int | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(x or None)
-
+def library(path: str | os.PathLike | None = None) -> Library:
+    """The loaded libflash_steps.so (loaded once; a path given later loads that one instead)."""
+    global _library
+    if path is not None or _library is None:
+        _library = load(path)
+    return _library
 
 class Library:
-    """libflash_steps.so: every function of flash_steps.h, a non-zero status raised as FlashStepsError.
-    Pointers are integers (a tensor's data_ptr(); 0 for NULL); `stream` is a cudaStream_t as an integer
-    (0: the default stream)."""
-
+    """libflash_steps.so: every function of flash_steps.h, a non-zero status raised as FlashStepsError. Pointers
+    are integers (a tensor's data_ptr(); 0 for NULL); `stream` is a cudaStream_t (0: the default stream)."""
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
-        self.lib = lib = ctypes.CDLL(self.path)
-        self.missing = []  # functions of the header this build lacks (an older library)
+        self.lib = ctypes.CDLL(self.path)
+        self.missing = [name for name in SIGNATURES if not hasattr(self.lib, name)]  # what an older build lacks
         for name, (argtypes, restype) in SIGNATURES.items():
-            fn = getattr(lib, name, None)
-            if fn is None:
-                self.missing.append(name)
-                continue
-            fn.argtypes, fn.restype = argtypes, restype
+            if name not in self.missing:
+                fn = getattr(self.lib, name)
+                fn.argtypes, fn.restype = argtypes, restype
 
     def _fn(self, name: str):
         if name in self.missing:
@@ -263,7 +193,13 @@ class Library:
         """Calls an fs_status function; raises the status's FlashStepsError with fs_last_error's sentence."""
         status = self._fn(name)(*args)
         if status != FS_OK:
-            raise error(status, name, self.last_error())
+            raise ERRORS.get(status, FlashStepsError)(status, name, self.last_error())
+
+    def _outs(self, name: str, types: list, *args) -> list:
+        """call(name, *args, then a pointer to a new value of each ctypes type): those values."""
+        out = [t() for t in types]
+        self.call(name, *args, *(ctypes.byref(x) for x in out))
+        return [x.value for x in out]
 
     def steps(self) -> list[Step]:
         lib, runs = self.lib, self._fn("fs_step_runs")
@@ -273,70 +209,59 @@ class Library:
                      passes=tuple(ps.name for ps in PASSES if runs(i, ps.code) == 1))
                 for i in range(lib.fs_step_count())]
 
-    # ---- the problems: the init functions, then the strides given ----
-
-    def _init(self, ps: Pass, sizes: tuple, dtype: str, causal: bool, extra: tuple, strides: dict | None):
+    def _init(self, ps: Pass, sizes: tuple, dtype: str, causal: bool, extra: tuple = (), strides: dict | None = None):
+        """The pass's init function (contiguous, scale 1/sqrt(head_dim)), then the strides given,
+        {"q": (batch, row, head, dim), ...}: each a field of the problem or of its embedded attention."""
         p = ps.struct()
         self._fn(ps.init)(ctypes.byref(p), *sizes, DTYPE_CODES[dtype], int(causal), *extra)
         for name, s in (strides or {}).items():
-            setattr(p if name in ("d_o", "dq", "dk", "dv") or ps.struct is FsProblem else p.attention, name,
-                    FsStrides(*s))
+            setattr(p if hasattr(p, name) else p.attention, name, FsStrides(*s))
         return p
 
     def problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
                 strides: dict | None = None) -> FsProblem:
-        """fs_problem_init (contiguous, scale 1/sqrt(head_dim)), then the strides given:
-        {"q": (batch, row, head, dim), ...}."""
-        return self._init(PASSES[0], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal, (),
-                          strides)
+        return self._init(PASSES[0], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
+                          strides=strides)
 
     def decode_problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
                        page_size: int = 0) -> FsDecodeProblem:
-        """fs_decode_problem_init: contiguous Q and O, a contiguous (page_size 0) or paged cache."""
+        """Contiguous Q and O; a contiguous (page_size 0) or paged cache."""
         return self._init(PASSES[1], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
-                          (page_size,), None)
+                          (page_size,))
 
     def backward_problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
                          deterministic: bool = False, strides: dict | None = None) -> FsBackwardProblem:
-        """fs_backward_problem_init (contiguous), then the strides given: {"q", "k", "v", "o", "d_o", "dq",
-        "dk", "dv"} -> (batch, row, head, dim)."""
+        """strides: of "q", "k", "v", "o", "d_o", "dq", "dk", "dv"."""
         return self._init(PASSES[2], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
                           (int(deterministic),), strides)
 
-    # ---- the three verbs, for every pass ----
-
     def check(self, step_id: str, p) -> None:
-        """Raises when the step cannot run p on the current device (fs_check, fs_decode_check, ...)."""
+        """Raises when the step cannot run p (of any pass) on the current device."""
         self.call(pass_of(p).check, step_id.encode(), ctypes.byref(p))
 
     def workspace_size(self, step_id: str, p) -> int:
-        n = _U64(0)
-        self.call(pass_of(p).workspace_size, step_id.encode(), ctypes.byref(p), ctypes.byref(n))
-        return n.value
+        return self._outs(pass_of(p).workspace_size, [_U64], step_id.encode(), ctypes.byref(p))[0]
 
     def runner(self, step_id: str, p, *pointers: int, workspace: int = 0, workspace_bytes: int = 0, stream: int = 0):
-        """A no-argument callable that enqueues the pass's run (fs_run, fs_run_decode, fs_run_backward) with
-        these arguments, the pointers in the order of the pass's C function (Pass.pointers; 0 for NULL). For
-        timing: the ctypes conversions are done once, here."""
+        """A no-argument callable that checks, then enqueues the pass's run with these arguments, the pointers
+        in the order of Pass.pointers. For timing: the ctypes conversions are done once, here."""
         ps = pass_of(p)
         if len(pointers) != len(ps.pointers):
             raise InvalidArgument(FS_ERR_INVALID, ps.run, f"{len(pointers)} pointers given; {ps.run} takes "
                                   f"{len(ps.pointers)}: " + ", ".join(ps.pointers))
         fn, sid, pp = self._fn(ps.run), step_id.encode(), ctypes.byref(p)
-        args = tuple(_ptr(x) for x in pointers + (workspace,)) + (_U64(workspace_bytes), _ptr(stream))
+        args = [ctypes.c_void_p(x or None) for x in pointers + (workspace,)]
+        args += [_U64(workspace_bytes), ctypes.c_void_p(stream or None)]
 
         def run():
             status = fn(sid, pp, *args)
             if status != FS_OK:
-                raise error(status, f"{ps.run}({step_id})", self.last_error())
+                raise ERRORS.get(status, FlashStepsError)(status, f"{ps.run}({step_id})", self.last_error())
         return run
 
     def run(self, step_id: str, p, *pointers: int, workspace: int = 0, workspace_bytes: int = 0,
             stream: int = 0) -> None:
-        """Checks, then enqueues the step on `stream`."""
         self.runner(step_id, p, *pointers, workspace=workspace, workspace_bytes=workspace_bytes, stream=stream)()
-
-    # ---- the rules the tools share ----
 
     def flops(self, p) -> float:
         """fs_problem_flops or fs_backward_flops (2.5 x the forward's): the FlashAttention convention."""
@@ -344,26 +269,20 @@ class Library:
         return self._fn(fn)(ctypes.byref(p))
 
     def decode_kv_bytes(self, p: FsDecodeProblem, lengths: list[int] | None = None) -> float:
-        """fs_decode_kv_bytes: the bytes of K and V a launch must read (every sequence at seqlen_k keys
-        when lengths is None)."""
+        """The bytes of K and V a launch must read (every sequence at seqlen_k keys when lengths is None)."""
         c_lengths = (_I32 * len(lengths))(*lengths) if lengths is not None else None
         return self._fn("fs_decode_kv_bytes")(ctypes.byref(p), c_lengths)
 
     def tolerance(self, dtype: str, max_abs_v: float) -> tuple[float, float, float]:
-        """fs_tolerance: (atol, rtol, lse_tol) of common/forward/check.h."""
-        out = [_DBL() for _ in range(3)]
-        self.call("fs_tolerance", DTYPE_CODES[dtype], max_abs_v, *(ctypes.byref(x) for x in out))
-        return tuple(x.value for x in out)
+        """(atol, rtol, lse_tol) of common/forward/check.h."""
+        return tuple(self._outs("fs_tolerance", [_DBL] * 3, DTYPE_CODES[dtype], max_abs_v))
 
     def backward_bound(self, dtype: str, ref_err: float, max_abs_exact: float) -> float:
-        """fs_backward_bound: 2*ref_err + u*max_abs_exact (the largest |exact| over dQ, dK and dV), the largest
-        error a gradient may have."""
-        out = _DBL()
-        self.call("fs_backward_bound", DTYPE_CODES[dtype], ref_err, max_abs_exact, ctypes.byref(out))
-        return out.value
+        """2*ref_err + u*max_abs_exact (the largest |exact| over dQ, dK and dV): a gradient's largest error."""
+        return self._outs("fs_backward_bound", [_DBL], DTYPE_CODES[dtype], ref_err, max_abs_exact)[0]
 
     def speedups(self, ids: list[str], ms: list[float]) -> list[tuple[float, float]]:
-        """fs_speedups: (x_step01, x_prev) per row; ms <= 0 for a row that was not timed."""
+        """(x_step01, x_prev) per row; ms <= 0 for a row that was not timed."""
         n = len(ids)
         x01, xprev = (_DBL * n)(), (_DBL * n)()
         self.call("fs_speedups", n, (_STR * n)(*(i.encode() for i in ids)), (_DBL * n)(*ms), x01, xprev)
@@ -373,18 +292,15 @@ class Library:
         return self.lib.fs_sweep_tokens()
 
     def sweep(self, quick: bool) -> dict:
-        """{"seqlens", "head_dims", "dtypes"} of the full sweep or the quick one (fs_sweep_*)."""
+        """{"seqlens", "head_dims", "dtypes"} of the full sweep or the quick one."""
         def values(fn, ctype):
-            n = fn(int(quick), None, 0)
-            out = (ctype * n)()
-            fn(int(quick), out, n)
+            out = (ctype * fn(int(quick), None, 0))()
+            fn(int(quick), out, len(out))
             return list(out)
         return {"seqlens": values(self.lib.fs_sweep_seqlens, _I64),
                 "head_dims": values(self.lib.fs_sweep_head_dims, _I64),
                 "dtypes": [DTYPE_NAMES[d] for d in values(self.lib.fs_sweep_dtypes, _I32)]}
 
     def sweep_shape(self, tokens: int, seqlen: int, head_dim: int) -> tuple[int, int]:
-        """(batch, heads) of the sweep's shape at (seqlen, head_dim) (fs_sweep_shape)."""
-        batch, heads = _I64(), _I64()
-        self.call("fs_sweep_shape", tokens, seqlen, head_dim, ctypes.byref(batch), ctypes.byref(heads))
-        return batch.value, heads.value
+        """(batch, heads) of the sweep's shape at (seqlen, head_dim)."""
+        return tuple(self._outs("fs_sweep_shape", [_I64] * 2, tokens, seqlen, head_dim))

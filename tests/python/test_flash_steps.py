@@ -68,6 +68,13 @@ class Discovery(unittest.TestCase):
         out = self.library("/nowhere/libflash_steps.so")
         self.assertIn("FLASH_STEPS_LIB is /nowhere/libflash_steps.so, which does not exist", out.stderr)
 
+    def test_a_path_given_that_does_not_exist(self):
+        with self.assertRaises(fs.LibraryNotFound) as e:
+            fs.find_library("/nowhere/libflash_steps.so")  # a path given goes before FLASH_STEPS_LIB
+        self.assertTrue(e.exception.message.startswith("/nowhere/libflash_steps.so does not exist; build it (cmake -B "
+                                                       "build -G Ninja && cmake --build build"), e.exception.message)
+        self.assertIsInstance(e.exception, OSError)
+
     def test_candidates(self):
         for d in ("build", "build-release", "build-asan", "buildx"):
             (self.repo / d).mkdir()
