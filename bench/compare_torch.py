@@ -7,67 +7,53 @@ sweep, decoding against a KV cache (--decode), or the backward pass (--backward)
                                                        128, causal off and on, fp16 and bf16
     python3 bench/compare_torch.py --quick             a handful of shapes, about a minute
     python3 bench/compare_torch.py --seqlens 4096 --head-dims 128 --dtypes bf16 --causal on
-    python3 bench/compare_torch.py --decode            every decoding shape, about a minute on an H200
-    python3 bench/compare_torch.py --decode --decode-shapes 8x32768x32x8 --dtypes fp16 --decode-seqlens-q 1
+    python3 bench/compare_torch.py --decode [--decode-shapes 8x32768x32x8 --dtypes fp16 --decode-seqlens-q 1]
     python3 bench/compare_torch.py --backward [--quick]
 
-The sweep is the library's (common/sweep.h, through fs_sweep_*): every shape holds B*N = 16384 tokens
-and H*d = 2048 channels (16 heads at head_dim 128, 32 at 64), so every shape moves the same Q/K/V bytes
-and only the quadratic cost of attention grows along it. Q, K, V are (B, N, H, d) tensors drawn as
-0.25 + N(0, 1) (never zeros); our steps get their data_ptr() and strides through the C ABI of
-common/flash_steps.h (the flash_steps package of python/), SDPA gets (B, H, N, d) views of the same
-memory (q.transpose(1, 2)), which is the layout FlashAttention reads natively. FlashAttention-4 (backend
-fa4: `pip install flash-attn-4`, flash_attn.cute.flash_attn_func; on sm_90 its kernels follow the
-FlashAttention-3 design) takes the (B, N, H, d) tensors as they are; it joins the default backends of the
-sweep and of --backward when it imports, and a line says why there is no fa4 column when it does not.
-An exception of FA4 on a shape is that cell's error, not the run's.
+The sweep is the library's (common/sweep.h, fs_sweep_*): every shape holds B*N = 16384 tokens and
+H*d = 2048 channels, so every shape moves the same Q/K/V bytes and only the quadratic cost of attention
+grows along it. Q, K, V are (B, N, H, d) tensors drawn as 0.25 + N(0, 1); our steps get their data_ptr()
+and strides through the C ABI (the flash_steps package of python/), SDPA (B, H, N, d) views of the same
+memory, the layout FlashAttention reads natively, and FlashAttention-4 (backend fa4: `pip install
+flash-attn-4`, flash_attn.cute.flash_attn_func, bottom-right causal like ours) the tensors themselves.
+FA4 joins the default backends of the sweep and of --backward when it imports (a line says why there is
+no fa4 column when it does not); its exception on a shape is that cell's error, not the run's.
 
-Timing, identical for every implementation: one checked launch, one timed probe launch, then warm-up and
---iters launches, each bracketed by its own pair of CUDA events, with the L2 flushed (a buffer twice the
-L2's size is written) and a short GPU sleep before each, so that the host-side cost of the call (ctypes
-or PyTorch dispatch) is hidden behind queued work and only GPU time is measured. The median is reported,
-with min and max. A launch that takes, or by scaling the last shape's time with the work (FLOPs; bytes
-for --decode) would take, more than --max-launch-ms is skipped with that reason; slow launches get fewer
-iterations (at least --min-iters) so that one measurement stays near --budget-ms.
+Timing, the same for everyone (fs_results.Timer): one checked launch, one timed probe, warm-up, then
+--iters launches, each between its own CUDA events after an L2 flush and a short GPU sleep; the median,
+min and max. A launch that takes, or scaled by the work (FLOPs; bytes with --decode) from the last shape
+would take, more than --max-launch-ms is skipped with that reason; slow launches get fewer iterations (at
+least --min-iters) so that a measurement stays near --budget-ms.
 
-Forward check: batch 0, the first two heads, against an fp64 reference computed here (O and LSE, with the
-tolerance of common/compare.h, asked of the library with fs_tolerance: |err| <= 2u*max|V| + 2u*|ref|,
-u = 2^-11 for fp16 and 2^-8 for bf16); no NaN or infinity anywhere in O; and, for our steps, every
-element of O within twice that tolerance of PyTorch's flash output. FLOPs: fs_problem_flops
-(4*B*H*Sq*Sk*d, halved when causal). x_step01 and x_prev (the speed-up over step 01 and over the previous
-step) come from fs_speedups, the rule the runner uses; x_flash, x_cudnn, x_fa4 are that backend's time
-over the row's.
+Forward check (fs_results.compare): batch 0, heads 0 and 1, O and LSE against an fp64 reference within
+fs_tolerance (|err| <= 2u*max|V| + 2u*|ref|, u = 2^-11 fp16, 2^-8 bf16), no NaN or infinity in O, and our
+steps' O within twice that of PyTorch flash's. FLOPs: fs_problem_flops (4*B*H*Sq*Sk*d, halved when
+causal); x_step01, x_prev: fs_speedups (the runner's rule); x_flash, x_cudnn, x_fa4: that backend's
+time over the row's.
 
-Decoding (--decode): one or four new tokens per sequence against a KV cache, the shapes of issue 14
-(batch x seqlen_k, heads q/kv: 1 x 131072 32/8, 8 x 32768 32/8, 64 x 4096 32/8, 128 x 2048 64/8,
-16 x 16384 32/32; head_dim 128; fp16 and bf16; seqlen_q 1 and 4), every sequence at seqlen_k keys. The
-caches are (B, seqlen_k, H_kv, d); SDPA flash and cuDNN read them as (B, H, N, d) views with
-enable_gqa=True; the steps with a decode pass (fs_run_decode) read them as they are and again from paged
-copies (pages of 16, 64 and 256 keys, scattered by a seeded shuffle, found through a block table); the
-other steps (--steps, default 07g, 08, 09, 10) through fs_run where they accept the problem. Reported:
-GB/s of K and V read (fs_decode_kv_bytes) and the % of the HBM read ceiling of the newest
-bench/results/ceilings-*.json (--ceilings), the ratio to cuDNN, and a paged row against the contiguous
-one. Non-causal by default (--decode-causal: bottom-right, SDPA through causal_lower_right).
+--decode: one or four new tokens per sequence against the KV caches of issue 14 (batch x seqlen_k, heads
+q/kv: 1 x 131072 32/8, 8 x 32768 32/8, 64 x 4096 32/8, 128 x 2048 64/8, 16 x 16384 32/32; head_dim
+128), every sequence at seqlen_k keys. SDPA reads (B, H, N, d) views with enable_gqa; the steps with a
+decode pass (fs_run_decode) read the cache as it is and from paged copies (pages of 16, 64, 256 keys,
+shuffled by a seed, through a block table); the other steps (--steps, default 07g, 08, 09, 10) through
+fs_run where they accept it. Reported: GB/s of K and V read (fs_decode_kv_bytes), the % of the HBM read
+ceiling of the newest bench/results/ceilings-*.json (--ceilings), x cuDNN, and paged against contiguous.
+Non-causal unless --decode-causal (bottom-right; SDPA through causal_lower_right).
 
-Backward (--backward): the sweep from seqlen 1024 on, the same Q, K, V and dO for everyone, only the
-backward timed. Our steps with a backward pass start from O and LSE of one forward of ours
-(--forward-step, default the newest step that accepts the shape) and are timed at deterministic 0 and
-again at 1 (column "<nn> det"); a launch is one fs_run_backward, which includes the step's own
-preprocessing (D = rowsum(dO*O)) and the conversion of its dQ accumulator. SDPA (flash, cuDNN,
-memory-efficient) and FA4 run their forward once with requires_grad on leaf (B, N, H, d) tensors (SDPA on
-(B, H, N, d) views of them); a launch is then torch.autograd.grad(o, inputs, dO, retain_graph=True):
-exactly the backend's backward node (with its own preprocessing), no forward, no transpose or
-accumulation into .grad, and dO is given in O's own strides so that no backend copies it inside the
-timed call. TFLOP/s by fs_backward_flops (2.5 x the forward's FLOPs). Check: batch 0, heads 0 and 1, dQ,
-dK, dV against an fp32 reference computed here (P recomputed, TF32 off); each gradient must be within
-fs_backward_bound(dtype, ref_err, max|exact|) = 2*ref_err + u*max|exact|, where ref_err is the error of
-the first backend (SDPA flash by default) against the same reference; no NaN or infinity anywhere; a
-deterministic row must give the same bits on a second run.
+--backward: the sweep from seqlen 1024 on, the same Q, K, V and dO for everyone, the backward alone
+timed (TFLOP/s by fs_backward_flops, 2.5 x the forward's). Our steps start from O and LSE of one forward
+of ours (--forward-step; default the newest that accepts the shape), at deterministic 0 and 1 ("<nn>
+det"); a launch is one fs_run_backward, its preprocessing (D = rowsum(dO*O)) and dQ conversion included.
+SDPA and FA4 run one forward with requires_grad on leaf (B, N, H, d) tensors; a launch is then
+torch.autograd.grad(o, inputs, dO, retain_graph=True): the backend's backward node alone, dO in O's own
+strides so that nothing is copied inside the timed call. Check: dQ, dK, dV of batch 0, heads 0 and 1
+against an fp32 reference (P recomputed, TF32 off), each within fs_backward_bound(dtype, ref_err,
+max|exact|) = 2*ref_err + u*max|exact|, ref_err the first backend's error (SDPA flash by default); no NaN
+or infinity; a deterministic row gives the same bits twice.
 
-Results: bench/results/compare_torch-<UTC date>.json and .csv (compare_torch-decode-<date>,
-compare_torch_backward-<date> for the other two) with the GPU, driver, CUDA/PyTorch/cuDNN/Triton/FA4
-versions, date and commit; a compact table is printed last. bench/plot.py turns the sweep's into plots
-and the README table.
+Results: bench/results/compare_torch-<UTC date>.json and .csv (compare_torch-decode-, compare_torch_backward-
+for the other two) with the GPU, driver, CUDA/PyTorch/cuDNN/Triton/FA4 versions and commit; a table is
+printed last. bench/plot.py turns the sweep's into plots and the README table.
 """
 from __future__ import annotations
 
@@ -78,7 +64,6 @@ import datetime
 import math
 import sys
 import time
-from pathlib import Path
 
 import fs_results as fr
 
@@ -94,6 +79,7 @@ DETERMINISTIC_SUFFIX = ":det"  # the impl of a step's deterministic row: "11_bac
 DECODE_SHAPES = ((1, 131072, 32, 8), (8, 32768, 32, 8), (64, 4096, 32, 8), (128, 2048, 64, 8), (16, 16384, 32, 32))
 DECODE_DEFAULT_STEPS = "07g,08,09,10"
 CAUSALS = {"off": [False], "on": [True], "both": [False, True]}
+RATIOS = (("x_flash", "torch_flash"), ("x_cudnn", "torch_cudnn"), ("x_fa4", "fa4"))
 
 
 def steps_of(lib) -> list[dict]:
@@ -115,13 +101,27 @@ def problem_for_tensors(q, k, v, o, causal: bool):
     return flash_steps.forward_problem("compare_torch", q, k, v, o, causal, None)
 
 
-# ---- the sweep's shapes (the forward and the backward pass) --------------------------------------
+# ---- shapes ------------------------------------------------------------------------------------------
 
 def sweep_shape(lib, seqlen: int, head_dim: int, causal: bool, dtype: str, tokens: int) -> dict:
     """The sweep's shape at (seqlen, head_dim): batch and heads from fs_sweep_shape; raises
     ValueError (flash_steps.InvalidArgument) with the library's sentence when they do not divide."""
     batch, heads = lib.sweep_shape(tokens, seqlen, head_dim)
     return {"batch": batch, "seqlen": seqlen, "heads": heads, "head_dim": head_dim, "causal": causal, "dtype": dtype}
+
+
+def sweep_shapes(args, lib, min_seqlen: int = 0) -> list[dict]:
+    """The shapes of the command line, the library's sweep where it leaves a list out (its quick sweep with
+    --quick; seqlens from min_seqlen on), grouped by (head_dim, causal, dtype), seqlen ascending: each
+    launch is judged from the last. Raises ValueError with the library's sentence for a seqlen or head_dim
+    the sweep's rule refuses."""
+    sweep = lib.sweep(args.quick)
+    if args.seqlens is None:
+        args.seqlens = [n for n in sweep["seqlens"] if n >= min_seqlen]
+    args.head_dims, args.dtypes = args.head_dims or sweep["head_dims"], args.dtypes or sweep["dtypes"]
+    args.tokens = args.tokens or lib.sweep_tokens()
+    return [sweep_shape(lib, n, d, c, t, args.tokens) for d in args.head_dims for c in CAUSALS[args.causal]
+            for t in args.dtypes for n in sorted(args.seqlens)]
 
 
 def shape_flops(lib, s: dict, backward: bool = False) -> float:
@@ -131,55 +131,9 @@ def shape_flops(lib, s: dict, backward: bool = False) -> float:
                           s["causal"]))
 
 
-def shape_key(s: dict) -> tuple:
-    return (s["batch"], s["seqlen"], s["heads"], s["head_dim"], s["causal"], s["dtype"])
-
-
 def describe(s: dict) -> str:
-    return (f"b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}"
-            + (" causal" if s["causal"] else ""))
+    return f"b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}" + " causal" * s["causal"]
 
-
-def sweep_shapes(lib, seqlens, head_dims, causals, dtypes, tokens: int) -> list[dict]:
-    """Grouped by (head_dim, causal, dtype), seqlen ascending: each launch is judged from the last."""
-    return [sweep_shape(lib, n, d, c, t, tokens) for d in head_dims for c in causals for t in dtypes
-            for n in sorted(seqlens)]
-
-
-def resolve_sweep(args, lib) -> None:
-    """The sweep's lists and token count where the command line left them out: the library's full
-    sweep, or its quick one with --quick."""
-    sweep = lib.sweep(args.quick)
-    for name in ("seqlens", "head_dims", "dtypes"):
-        if getattr(args, name) is None:
-            setattr(args, name, sweep[name])
-    if args.tokens is None:
-        args.tokens = lib.sweep_tokens()
-
-
-def plan_shapes(args, lib) -> tuple[list[dict], dict]:
-    """The shapes to measure, ladder shape first when the sweep lacks it, and the ladder shape.
-    Raises ValueError with the library's sentence for a seqlen or head_dim the sweep's rule refuses."""
-    resolve_sweep(args, lib)
-    shapes = sweep_shapes(lib, args.seqlens, args.head_dims, CAUSALS[args.causal], args.dtypes, args.tokens)
-    ladder = sweep_shape(lib, args.ladder_seqlen, args.ladder_head_dim, args.ladder_causal, args.ladder_dtype,
-                         args.tokens)
-    if shape_key(ladder) not in {shape_key(s) for s in shapes}:
-        shapes.insert(0, ladder)
-    return shapes, ladder
-
-
-def backward_shapes(args, lib) -> list[dict]:
-    """The sweep's shapes for --backward: the library's sweep from seqlen 1024 on (issue 15: N 1k-16k)
-    unless --seqlens says otherwise, grouped by (head_dim, causal, dtype), seqlen ascending."""
-    given = args.seqlens is not None
-    resolve_sweep(args, lib)
-    if not given:
-        args.seqlens = [n for n in args.seqlens if n >= 1024]
-    return sweep_shapes(lib, args.seqlens, args.head_dims, CAUSALS[args.causal], args.dtypes, args.tokens)
-
-
-# ---- the decoding shapes, and paged caches -------------------------------------------------------
 
 def parse_decode_shape(text: str) -> tuple[int, int, int, int]:
     """"8x32768x32x8" -> (batch, seqlen_k, heads_q, heads_kv); ValueError with the rule otherwise."""
@@ -194,7 +148,7 @@ def parse_decode_shape(text: str) -> tuple[int, int, int, int]:
 
 def decode_shapes(args) -> list[dict]:
     """Every (shape, seqlen_q, dtype) of the decoding run, the issue's order."""
-    shapes = [parse_decode_shape(t) for t in args.decode_shapes] if args.decode_shapes else list(DECODE_SHAPES)
+    shapes = [parse_decode_shape(t) for t in args.decode_shapes] if args.decode_shapes else DECODE_SHAPES
     return [{"batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
              "head_dim": args.decode_head_dim, "dtype": dtype, "causal": args.decode_causal and sq > 1}
             for dtype in args.dtypes or ["fp16", "bf16"] for sq in args.decode_seqlens_q for b, sk, hq, hkv in shapes]
@@ -202,19 +156,7 @@ def decode_shapes(args) -> list[dict]:
 
 def decode_describe(s: dict) -> str:
     return (f"b{s['batch']} sk{s['seqlen_k']} h{s['heads_q']}/{s['heads_kv']} sq{s['seqlen_q']} d{s['head_dim']} "
-            f"{s['dtype']}" + (" causal" if s["causal"] else ""))
-
-
-def decode_key(s: dict) -> tuple:
-    return tuple(s[k] for k in ("batch", "seqlen_k", "heads_q", "heads_kv", "seqlen_q", "head_dim", "dtype", "causal"))
-
-
-def page_table(torch, batch: int, pages_per_seq: int, seed: int):
-    """A block table (batch, pages_per_seq) int32 on the CPU: a seeded shuffle of all batch*pages_per_seq
-    pages, so that a sequence's neighbouring pages are far apart in the cache."""
-    gen = torch.Generator()
-    gen.manual_seed(seed)
-    return torch.randperm(batch * pages_per_seq, generator=gen).to(torch.int32).view(batch, pages_per_seq)
+            f"{s['dtype']}" + " causal" * s["causal"])
 
 
 def paged_copy(torch, cache, table, page_size: int):
@@ -229,22 +171,15 @@ def paged_copy(torch, cache, table, page_size: int):
     return pages
 
 
-# ---- what a shape's rows gain once they are in -----------------------------------------------------
-
-RATIOS = (("x_flash", "torch_flash"), ("x_cudnn", "torch_cudnn"), ("x_fa4", "fa4"))
-
+# ---- what a shape's rows gain once they are in, and their headings -------------------------------------
 
 def add_ratios(rows: list[dict]) -> None:
     """x_flash, x_cudnn, x_fa4 = that backend's time / this row's time, within one shape's rows; for a paged
     decoding row also x_contiguous = the time of the same step on the contiguous cache / its time."""
     base = {r["impl"]: r["ms"] for r in rows if r["kind"] != "step" and r.get("ms")}
     contiguous = {r["impl"]: r["ms"] for r in rows if r["kind"] == "step" and not r.get("page_size") and r.get("ms")}
-    for r in rows:
-        if not r.get("ms"):
-            continue
-        for key, impl in RATIOS:
-            if base.get(impl):
-                r[key] = base[impl] / r["ms"]
+    for r in (r for r in rows if r.get("ms")):
+        r.update({key: base[impl] / r["ms"] for key, impl in RATIOS if base.get(impl)})
         if r.get("page_size") and contiguous.get(r["impl"]):
             r["x_contiguous"] = contiguous[r["impl"]] / r["ms"]
 
@@ -255,10 +190,7 @@ def add_speedups(lib, rows: list[dict]) -> None:
     steps = [r for r in rows if r["kind"] == "step"]
     timed = [r["ms"] if r.get("status") in ("ok", "fail") and r.get("ms") else 0.0 for r in steps]
     for r, (x01, xprev) in zip(steps, lib.speedups([r["impl"] for r in steps], timed)):
-        if x01 > 0:
-            r["x_step01"] = x01
-        if xprev > 0:
-            r["x_prev"] = xprev
+        r.update({k: x for k, x in (("x_step01", x01), ("x_prev", xprev)) if x > 0})
 
 
 def label(r: dict, short=lambda step_id: step_id[:10]) -> str:
@@ -267,7 +199,7 @@ def label(r: dict, short=lambda step_id: step_id[:10]) -> str:
     if r["kind"] != "step":
         return r["impl"].replace("torch_", "pt:")
     return (short(r["impl"].removesuffix(DETERMINISTIC_SUFFIX)) + (f" p{r['page_size']}" if r.get("page_size") else "")
-            + (" det" if r.get("deterministic") else ""))
+            + " det" * bool(r.get("deterministic")))
 
 
 def step_number(step_id: str) -> str:
@@ -276,26 +208,27 @@ def step_number(step_id: str) -> str:
 
 # ---- the loop every pass shares -----------------------------------------------------------------------
 
-FIELDS = ["date", "commit", "gpu", "impl", "kind"]
-CHECK_FIELDS = ["max_abs_err", "max_lse_err", "max_abs_diff_flash", "mismatches", "nonfinite", "pass", "reason"]
-TIMED_FIELDS = ["status", "ms", "min_ms", "max_ms", "iters"]
+def fields_of(shape: str, timed: str, check: str = "max_abs_err max_lse_err max_abs_diff_flash mismatches "
+              "nonfinite pass reason") -> list[str]:
+    """A results CSV's columns: the run's, the row's shape, its timing and rate, its check."""
+    return f"date commit gpu impl kind {shape} status ms min_ms max_ms iters {timed} {check}".split()
 
 
 class Sweep:
-    """The forward sweep, and the loop the other passes share: on every shape the same tensors for every
-    implementation, the backends first (so that our steps can be compared with PyTorch flash's output),
-    then our steps; each gets its launch and its check, then one measurement (measure). A pass is a
-    subclass that says what differs: which steps it runs, its shapes (plan), its tensors and reference,
-    our launch (step), a backend's (backend), the row's rate, what a shape's rows gain (finish) and its
-    tables."""
+    """The forward sweep, and the loop every pass shares: on each shape the same tensors for everyone, the
+    backends first (our steps are then also compared with PyTorch flash's output), then our steps; each
+    gets its launch and check, then one measurement (measure). A pass is a subclass saying what differs:
+    its steps, shapes (plan), tensors and reference, our launch (step), a backend's (backend), the row's
+    fields and rate, what a shape's rows gain (finish) and its tables."""
     mode, name, passes, default_steps = None, "compare_torch", ("forward",), ""
     work, work_name, rate, unit, digits = "flops", "FLOPs", "tflops", "TFLOP/s", 1
-    csv_fields = (FIELDS + ["batch", "seqlen", "heads", "head_dim", "causal", "dtype", "flops"] + TIMED_FIELDS
-                  + ["tflops", "x_step01", "x_prev", "x_flash", "x_cudnn", "x_fa4"] + CHECK_FIELDS)
-    key, describe = staticmethod(shape_key), staticmethod(describe)
+    shape_fields = ("batch", "seqlen", "heads", "head_dim", "causal", "dtype")
+    csv_fields = fields_of("batch seqlen heads head_dim causal dtype flops",
+                            "tflops x_step01 x_prev x_flash x_cudnn x_fa4")
+    short, describe = staticmethod(lambda step_id: step_id[:10]), staticmethod(describe)
 
     def __init__(self, torch, lib, args, steps: list[dict], backends: list[str], env: dict, head: dict):
-        self.torch, self.lib, self.args, self.env, self.head = torch, lib, args, env, head
+        self.torch, self.lib, self.args, self.head = torch, lib, args, head
         self.impls = [(dict(impl=be.impl, kind=be.kind, **self.backend_fields(be)), be)
                       for be in (fr.Backend(torch, b) for b in backends)] + self.step_impls(steps)
         self.timer = fr.Timer(torch, env["l2_bytes"] or (64 << 20), args.sleep_us)
@@ -307,12 +240,21 @@ class Sweep:
 
     @classmethod
     def plan(cls, args, lib) -> tuple[list[dict], dict]:
-        """The shapes, and this pass's fields of the results file."""
-        shapes, ladder = plan_shapes(args, lib)
+        """The shapes (the ladder shape first when the sweep lacks it), and this pass's fields of the results
+        file."""
+        shapes = sweep_shapes(args, lib)
+        ladder = sweep_shape(lib, args.ladder_seqlen, args.ladder_head_dim, args.ladder_causal, args.ladder_dtype,
+                             args.tokens)
+        if cls.key(ladder) not in {cls.key(s) for s in shapes}:
+            shapes.insert(0, ladder)
         return shapes, {"timing": {"ladder_max_launch_ms": args.ladder_max_launch_ms},
                         "flops": "fs_problem_flops: 4*B*H*Sq*Sk*d, halved when causal",
                         "speedups": "fs_speedups: x_step01 over 01_naive, x_prev over the fastest row of the "
                                     "previous step number", "ladder": ladder}
+
+    @classmethod
+    def key(cls, s: dict) -> tuple:
+        return tuple(s[k] for k in cls.shape_fields)
 
     def step_impls(self, steps: list[dict]) -> list[tuple[dict, str]]:
         """(the row's fields, the step id) of every row of our steps on a shape."""
@@ -328,21 +270,18 @@ class Sweep:
     def heading(self, shape: dict) -> str:
         return f"{self.describe(shape)}  ({shape_flops(self.lib, shape) / 1e9:.0f} GFLOP"
 
-    def label(self, r: dict) -> str:
-        return label(r)
-
     def rate_of(self, row: dict, ms: float) -> dict:
         return {"tflops": row["flops"] / (ms * 1e-3) / 1e12}
 
     def tensors(self, si: int, shape: dict) -> dict:
-        """Q, K, V drawn for this shape, O and LSE, the fp64 reference of batch 0, query heads 0 and 1 (each
-        with the K/V head it reads), the tolerance, and the shape's work."""
         # The README's ladder needs every step at the ladder shape, the slow ones included.
         ladder = self.key(shape) == self.key(self.head["ladder"])
         self.limit_ms = self.args.ladder_max_launch_ms if ladder else self.args.max_launch_ms
         return self.forward_tensors(si, shape, {"flops": shape_flops(self.lib, shape)})
 
     def forward_tensors(self, si: int, shape: dict, fields: dict) -> dict:
+        """Q, K, V drawn for this shape, O and LSE, the fp64 reference of batch 0, query heads 0 and 1 (each
+        with the K/V head it reads) and the tolerance; `fields` go into every row."""
         torch = self.torch
         b, sq, sk, hq, hkv, d = self.sizes(shape)
         draw = self.drawer(si, shape["dtype"])
@@ -350,17 +289,15 @@ class Sweep:
              "scale": 1.0 / math.sqrt(d), "fields": fields, "si": si}
         t["o"] = torch.empty_like(t["q"])
         t["lse"] = torch.empty(b, hq, sq, dtype=torch.float32, device="cuda")
-        heads = min(hq, 2)
-        kv_of = torch.tensor([h // (hq // hkv) for h in range(heads)], device="cuda")
-        t["ref"] = fr.reference(torch, t["q"], t["k"][0:1].index_select(2, kv_of), t["v"][0:1].index_select(2, kv_of),
-                                shape["causal"], t["scale"], heads)
+        kv_of = torch.tensor([h // (hq // hkv) for h in range(min(hq, 2))], device="cuda")
+        k0, v0 = (t[n][0:1].index_select(2, kv_of) for n in ("k", "v"))
+        t["ref"] = fr.reference(torch, t["q"], k0, v0, shape["causal"], t["scale"], len(kv_of))
         t["tol"] = self.lib.tolerance(shape["dtype"], float(t["v"].abs().max()))
         return t
 
     def drawer(self, si: int, dtype: str):
-        """draw(*size): offset + sigma * N(0, 1), rounded to the dtype, from a generator seeded for this shape."""
-        torch = self.torch
-        gen = torch.Generator(device="cuda")
+        """draw(*size): 0.25 + N(0, 1), rounded to the dtype, from a generator seeded for this shape."""
+        torch, gen = self.torch, self.torch.Generator(device="cuda")
         gen.manual_seed(self.args.seed + si)  # a fresh draw for every shape
 
         def draw(*size):
@@ -370,14 +307,15 @@ class Sweep:
 
     def step(self, row: dict, step_id: str, t: dict):
         prob = problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"])
-        if self.refused(row, step_id, prob):
-            return None
-        fn = self.runner(step_id, prob, t["q"], t["k"], t["v"], t["o"], t["lse"])
-        return fn, lambda: self.check_output(fn, t)
+        if not self.refused(row, step_id, prob):
+            return self.checked_output(self.runner(step_id, prob, t["q"], t["k"], t["v"], t["o"], t["lse"]), t)
 
-    def check_output(self, fn, t: dict) -> dict:
-        self.poisoned(fn, (t["o"], t["lse"]))
-        return fr.compare(self.torch, t["o"], t["lse"], t["ref"], t["tol"], t["o_flash"])
+    def checked_output(self, fn, t: dict):
+        """fn and its check: O and LSE poisoned, one launch, compared with the reference and PyTorch flash."""
+        def checked():
+            self.poisoned(fn, (t["o"], t["lse"]))
+            return fr.compare(self.torch, t["o"], t["lse"], t["ref"], t["tol"], t["o_flash"])
+        return fn, checked
 
     def backend(self, row: dict, be, t: dict):
         q, k, v = (be.view(t[n]) for n in ("q", "k", "v"))  # the layout the backend reads, the same memory
@@ -405,8 +343,7 @@ class Sweep:
     # ---- the loop ----
 
     def shape(self, si: int, shape: dict) -> list[dict]:
-        t = self.tensors(si, shape)
-        rows = []
+        t, rows = self.tensors(si, shape), []
         for fields, what in self.impls:
             row = dict(shape, **fields, **t["fields"], status="", reason="")
             rows.append(row)
@@ -463,9 +400,7 @@ class Sweep:
         ms = fr.median(ts)
         prev[group] = prev["any"] = (work, ms)
         row.update(status="ok" if chk["pass"] else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=n,
-                   **self.rate_of(row, ms))
-        if not chk["pass"]:
-            row["reason"] = why
+                   **self.rate_of(row, ms), **({} if chk["pass"] else {"reason": why}))
 
     # ---- our launch ----
 
@@ -477,13 +412,11 @@ class Sweep:
 
     def runner(self, step_id: str, prob, *tensors):
         """The step's run of prob (fs_run, fs_run_decode or fs_run_backward, by its type) on these tensors
-        (None: NULL) with a workspace of the size it asks, on the current stream; the tensors are kept
-        alive with it."""
-        torch, lib = self.torch, self.lib
-        n = lib.workspace_size(step_id, prob)
-        ws = torch.empty(n, dtype=torch.uint8, device="cuda") if n else None
-        fn = lib.runner(step_id, prob, *(x.data_ptr() if x is not None else 0 for x in tensors),
-                        workspace=ws.data_ptr() if ws is not None else 0, workspace_bytes=n, stream=self.stream)
+        (None: NULL) with a workspace of the size it asks, on the current stream; it keeps them alive."""
+        n = self.lib.workspace_size(step_id, prob)
+        ws = self.torch.empty(n, dtype=self.torch.uint8, device="cuda") if n else None
+        fn = self.lib.runner(step_id, prob, *(x.data_ptr() if x is not None else 0 for x in tensors),
+                             workspace=ws.data_ptr() if ws is not None else 0, workspace_bytes=n, stream=self.stream)
         fn.keep = (ws,) + tensors
         return fn
 
@@ -496,11 +429,14 @@ class Sweep:
 
     # ---- the progress lines and the tables ----
 
+    def label(self, r: dict) -> str:
+        return label(r, self.short)
+
     def cell(self, r: dict) -> str:
-        return f"{self.label(r)} {self.rate_cell(r)}" if r.get(self.rate) else f"{self.label(r)} {r['status']}"
+        return f"{self.label(r)} {self.rate_cell(r) if r.get(self.rate) else r['status']}"
 
     def rate_cell(self, r: dict) -> str:
-        return f"{r[self.rate]:.{self.digits}f}" + ("!" if r["status"] == "fail" else "")
+        return f"{r[self.rate]:.{self.digits}f}" + "!" * (r["status"] == "fail")
 
     def after_shape(self) -> None:
         self.torch.cuda.empty_cache()
@@ -513,16 +449,15 @@ class Sweep:
 
     def print_table(self, result: dict, title: str, cell, only=None, width: int = 11) -> None:
         """One line per shape, one column per implementation (the files also have SDPA's memory-efficient
-        and math backends; not here) or only those of the rows only(r) accepts; cell(r) the text of a timed
+        and math backends; not here), or only those of the rows only(r) accepts; cell(r) the text of a timed
         row, '-' not timed (refused, skipped, unsupported)."""
         rows = [r for r in result["rows"] if r["impl"] not in ("torch_efficient", "torch_math")]
         labels = list(dict.fromkeys(self.label(r) for r in rows if only is None or only(r)))
         shapes = list({self.key(r): r for r in rows}.values())
         by = {(self.key(r), self.label(r)): r for r in rows}
         env = result["environment"]
-        fa4 = f"   fa4 = {fr.backend_label('fa4', env)}" if "fa4" in labels else ""
-        print(f"\n{title}, {env.get('gpu', '')}, commit {result['commit']}, {result['date']}   - = not run "
-              f"(refused/skipped),  ! = check failed{fa4}")
+        print(f"\n{title}, {env.get('gpu', '')}, commit {result['commit']}, {result['date']}   - = not run (refused/"
+              "skipped),  ! = check failed" + (f"   fa4 = {fr.backend_label('fa4', env)}" if "fa4" in labels else ""))
         first = max([len(self.describe(s)) for s in shapes] + [32]) + 2
         print(f"{'shape':{first}}" + "".join(f"{x:>{width}}" for x in labels))
         for s in shapes:
@@ -532,14 +467,14 @@ class Sweep:
 
 
 class DecodeSweep(Sweep):
-    """--decode: the caches of issue 14, SDPA on views of them, the steps with a decode pass on the
+    """--decode: the caches of issue 14, the backends on views of them, the steps with a decode pass on the
     contiguous cache and on paged copies, the others through fs_run; GB/s of K and V read."""
     mode, name, passes, default_steps = "decode", "compare_torch-decode", ("forward", "decode"), DECODE_DEFAULT_STEPS
     work, work_name, rate, unit, digits = "kv_bytes", "bytes", "gbs", "GB/s of K+V read", 0
-    csv_fields = (FIELDS + ["entry", "page_size", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim",
-                            "dtype", "causal", "kv_bytes"] + TIMED_FIELDS
-                  + ["gbs", "hbm_pct", "x_cudnn", "x_flash", "x_fa4", "x_contiguous"] + CHECK_FIELDS)
-    key, describe = staticmethod(decode_key), staticmethod(decode_describe)
+    shape_fields = ("batch", "seqlen_k", "heads_q", "heads_kv", "seqlen_q", "head_dim", "dtype", "causal")
+    csv_fields = fields_of("entry page_size batch seqlen_q seqlen_k heads_q heads_kv head_dim dtype causal kv_bytes",
+                            "gbs hbm_pct x_cudnn x_flash x_fa4 x_contiguous")
+    short, describe = staticmethod(step_number), staticmethod(decode_describe)
 
     @classmethod
     def plan(cls, args, lib):
@@ -548,12 +483,9 @@ class DecodeSweep(Sweep):
             "hbm": fr.hbm_ceiling(args.ceilings), "page_sizes": list(args.page_sizes)}
 
     def step_impls(self, steps):
-        out = []
-        for s in steps:
-            entries = [("decode", p) for p in [0] + list(self.args.page_sizes)] if "decode" in s["passes"] else [
-                ("forward", 0)]
-            out += [({"impl": s["id"], "kind": "step", "entry": e, "page_size": p}, s["id"]) for e, p in entries]
-        return out
+        return [({"impl": s["id"], "kind": "step", "entry": entry, "page_size": p}, s["id"]) for s in steps
+                for entry, p in ([("decode", p) for p in [0, *self.args.page_sizes]] if "decode" in s["passes"]
+                                 else [("forward", 0)])]
 
     def backend_fields(self, be):
         return {"entry": "sdpa" if be.kind == "torch" else be.name, "page_size": 0}
@@ -567,12 +499,8 @@ class DecodeSweep(Sweep):
     def heading(self, shape):
         return f"{self.describe(shape)}  ({self.lib.decode_kv_bytes(self.problem(shape)) / 1e9:.2f} GB of K+V"
 
-    def label(self, r):
-        return label(r, short=step_number)
-
     def rate_of(self, row, ms):
-        gbs = row["kv_bytes"] / (ms * 1e-3) / 1e9
-        hbm = self.head.get("hbm")
+        gbs, hbm = row["kv_bytes"] / (ms * 1e-3) / 1e9, self.head.get("hbm")
         return {"gbs": gbs, **({"hbm_pct": 100 * gbs / (hbm["tbs"] * 1e3)} if hbm else {})}
 
     def tensors(self, si, shape):
@@ -581,17 +509,19 @@ class DecodeSweep(Sweep):
     def step(self, row, step_id, t):
         if row["entry"] == "forward":
             return super().step(row, step_id, t)
-        prob, page_size = self.problem(row, row["page_size"]), row["page_size"]
+        page_size = row["page_size"]
+        prob = self.problem(row, page_size)
         if self.refused(row, step_id, prob):
             return None
         k, v, table = t["k"], t["v"], None
-        if page_size:
-            table_cpu = page_table(self.torch, row["batch"], prob.max_pages_per_seq,
-                                   self.args.seed + 1000 * t["si"] + page_size)
+        if page_size:  # a seeded shuffle of all the pages: a sequence's neighbouring pages lie far apart
+            gen = self.torch.Generator()
+            gen.manual_seed(self.args.seed + 1000 * t["si"] + page_size)
+            pages = self.torch.randperm(row["batch"] * prob.max_pages_per_seq, generator=gen)
+            table_cpu = pages.to(self.torch.int32).view(row["batch"], prob.max_pages_per_seq)
             k, v = (paged_copy(self.torch, t[n], table_cpu, page_size) for n in ("k", "v"))
             table = table_cpu.to("cuda")
-        fn = self.runner(step_id, prob, t["q"], k, v, table, None, t["o"], t["lse"])
-        return fn, lambda: self.check_output(fn, t)
+        return self.checked_output(self.runner(step_id, prob, t["q"], k, v, table, None, t["o"], t["lse"]), t)
 
     def finish(self, rows):
         add_ratios(rows)
@@ -615,15 +545,14 @@ class BackwardSweep(Sweep):
     """--backward: on every shape the same Q, K, V and dO; each backend's backward node, and each step with
     a backward pass at deterministic 0 and 1 from O and LSE of one forward of ours. Only the backward is
     timed; each is checked against an fp32 reference by fs_backward_bound."""
-    mode, name, passes = "backward", "compare_torch_backward", ("backward",)
-    csv_fields = (FIELDS + ["deterministic", "batch", "seqlen", "heads", "head_dim", "causal", "dtype", "flops"]
-                  + TIMED_FIELDS + ["tflops", "x_flash", "x_cudnn", "x_fa4", "forward_step", "dq_err", "dq_bound",
-                                    "dk_err", "dk_bound", "dv_err", "dv_bound", "ref_impl", "nonfinite", "repeatable",
-                                    "pass", "reason"])
+    mode, name, passes, short = "backward", "compare_torch_backward", ("backward",), staticmethod(step_number)
+    csv_fields = fields_of("deterministic batch seqlen heads head_dim causal dtype flops",
+                            "tflops x_flash x_cudnn x_fa4 forward_step", "dq_err dq_bound dk_err dk_bound dv_err "
+                            "dv_bound ref_impl nonfinite repeatable pass reason")
 
     @classmethod
     def plan(cls, args, lib):
-        return backward_shapes(args, lib), {
+        return sweep_shapes(args, lib, min_seqlen=1024), {  # issue 15: N 1k-16k
             "timing": {"timed": "the backward alone: fs_run_backward from our forward's O and LSE; the backends: "
                                 "torch.autograd.grad(o, (q, k, v), dO, retain_graph=True) on one forward's graph, "
                                 "dO in O's layout"},
@@ -633,8 +562,8 @@ class BackwardSweep(Sweep):
                      "(SDPA flash by default)"}
 
     def step_impls(self, steps):
-        return [({"impl": s["id"] + (DETERMINISTIC_SUFFIX if det else ""), "kind": "step", "deterministic": det},
-                 s["id"]) for s in steps for det in (False, True)]
+        return [({"impl": s["id"] + DETERMINISTIC_SUFFIX * det, "kind": "step", "deterministic": det}, s["id"])
+                for s in steps for det in (False, True)]
 
     def backend_fields(self, be):
         return {"deterministic": False}
@@ -642,15 +571,12 @@ class BackwardSweep(Sweep):
     def heading(self, shape):
         return f"{self.describe(shape)}  ({shape_flops(self.lib, shape, backward=True) / 1e9:.0f} GFLOP backward"
 
-    def label(self, r):
-        return label(r, short=step_number)
-
     def tensors(self, si, shape):
         self.ref_err, self.ref_impl = None, ""  # per shape: the first backend's errors, and its name
         b, n, _, h, _, d = self.sizes(shape)
         draw = self.drawer(si, shape["dtype"])
-        t = {"q": draw(b, n, h, d), "k": draw(b, n, h, d), "v": draw(b, n, h, d), "d_o": draw(b, n, h, d),
-             "scale": 1.0 / math.sqrt(d), "fields": {"flops": shape_flops(self.lib, shape, backward=True)}}
+        t = {x: draw(b, n, h, d) for x in ("q", "k", "v", "d_o")}
+        t.update(scale=1.0 / math.sqrt(d), fields={"flops": shape_flops(self.lib, shape, backward=True)})
         t["exact"] = fr.reference(self.torch, t["q"], t["k"], t["v"], shape["causal"], t["scale"], min(h, 2),
                                   d_o=t["d_o"])
         return t
@@ -681,12 +607,11 @@ class BackwardSweep(Sweep):
         return res
 
     def backend(self, row, be, t):
-        torch = self.torch
+        torch, out = self.torch, {}
         inputs = [be.view(t[n].detach().requires_grad_()) for n in ("q", "k", "v")]  # views of leaf tensors
         o = be(*inputs, row["causal"], t["scale"])  # the graph, once
         d_o = torch.empty_like(o)  # dO in O's own layout, so that no backend copies it to match
         d_o.copy_(be.view(t["d_o"]))
-        out = {}
 
         def fn():
             out["g"] = torch.autograd.grad(o, inputs, d_o, retain_graph=True)
@@ -694,8 +619,7 @@ class BackwardSweep(Sweep):
         def checked():
             fn()
             torch.cuda.synchronize()
-            grads = dict(zip(("dq", "dk", "dv"), (be.view(g) for g in out.pop("g"))))
-            errors = fr.gradient_errors(torch, grads, t["exact"])
+            errors = fr.gradient_errors(torch, dict(zip(("dq", "dk", "dv"), map(be.view, out.pop("g")))), t["exact"])
             first = self.ref_err is None
             if first:  # the first backend that gives gradients (SDPA flash by default) sets ref_err
                 self.ref_err, self.ref_impl = errors, row["impl"]
@@ -715,8 +639,7 @@ class BackwardSweep(Sweep):
                                             row["deterministic"])
         if self.refused(row, step_id, prob):
             return None
-        fn = self.runner(step_id, prob, *(t[n] for n in names))
-        grads = {n: t[n] for n in ("dq", "dk", "dv")}
+        fn, grads = self.runner(step_id, prob, *(t[n] for n in names)), {n: t[n] for n in ("dq", "dk", "dv")}
 
         def checked():
             self.poisoned(fn, grads.values())
@@ -742,7 +665,7 @@ SWEEPS = {"forward": Sweep, "decode": DecodeSweep, "backward": BackwardSweep}
 
 # ---- running a pass ------------------------------------------------------------------------------------
 
-def measure_shapes(result: dict, shapes: list, sweep, base: Path) -> int:
+def measure_shapes(result: dict, shapes: list, sweep, base) -> int:
     """Measures every shape with sweep.shape(index, shape), appending its rows to result["rows"] with a
     progress line per shape on stderr, writes the JSON and CSV (sweep.csv_fields) even when the run is
     interrupted, prints sweep.table(result), and returns the exit status: 1 when a row failed its check
@@ -782,7 +705,7 @@ def with_fa4(backends: list[str], default: bool, notes: list[str]) -> list[str]:
         notes.append(found["note"])
         print(f"compare_torch: {found['note']}", file=sys.stderr, flush=True)
         return [b for b in backends if b != "fa4"]
-    return backends + ["fa4"] if "fa4" not in backends else backends
+    return backends + ["fa4"] * ("fa4" not in backends)
 
 
 def run(args) -> int:
@@ -803,9 +726,8 @@ def run(args) -> int:
         print(f"compare_torch: {e}", file=sys.stderr)
         return 2
     if not steps:
-        print(f"compare_torch: no registered step has a {' or '.join(cls.passes)} pass"
-              + (f" among --steps {args.steps}" if args.steps else "") + "; only the backends are measured",
-              file=sys.stderr)
+        print(f"compare_torch: no registered step has a {' or '.join(cls.passes)} pass" + (
+            f" among --steps {args.steps}" if args.steps else "") + "; only the backends are measured", file=sys.stderr)
 
     import torch
 
@@ -816,8 +738,7 @@ def run(args) -> int:
     backends = with_fa4(backends, args.default_backends and cls.mode != "decode", notes)
     env = fr.environment(torch)
     sweep = cls(torch, lib, args, steps, backends, env, head)
-    date = datetime.datetime.now(datetime.timezone.utc)
-    commit = args.commit or fr.git_commit()
+    date, commit = datetime.datetime.now(datetime.timezone.utc), args.commit or fr.git_commit()
     timing = {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
               "budget_ms": args.budget_ms, "max_launch_ms": args.max_launch_ms, **head.pop("timing", {}),
               "l2_flush": True, "sleep_us": args.sleep_us, "events": "one pair per launch"}
@@ -835,67 +756,60 @@ def run(args) -> int:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--lib", help="path of libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so, "
-                    "else the first build*/libflash_steps.so that loads)")
-    ap.add_argument("--out-dir", default=str(fr.RESULTS), help="where the JSON and CSV go")
-    ap.add_argument("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
-    ap.add_argument("--quick", action="store_true", help="the library's quick sweep (seqlen 1k, 2k, 4k; d 128; fp16); "
-                    "fewer launches")
-    ap.add_argument("--seqlens", type=int, nargs="+", help="default: the library's sweep, 512 ... 16384")
-    ap.add_argument("--head-dims", type=int, nargs="+", help="default: the library's sweep, 128 and 64")
-    ap.add_argument("--dtypes", nargs="+", choices=["fp16", "bf16"], help="default: the library's sweep, fp16 and bf16")
-    ap.add_argument("--causal", choices=["off", "on", "both"], default="both")
-    ap.add_argument("--tokens", type=int, help="B*N of every shape (default: the library's, 16384)")
-    ap.add_argument("--steps", default="", help="only the steps whose id starts with one of these (comma-separated)")
-    ap.add_argument("--backends", help="the backends to time beside our steps: SDPA's flash, cudnn, efficient, math, and "
-                    "fa4 (FlashAttention-4) (default: all of them, fa4 where it imports; flash,cudnn with --decode; "
-                    "flash,cudnn,efficient and fa4 with --backward)")
-    ap.add_argument("--iters", type=int, default=20, help="timed launches per measurement (at most)")
-    ap.add_argument("--min-iters", type=int, default=5, help="timed launches per measurement (at least)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed launches before the timed ones")
-    ap.add_argument("--budget-ms", type=float, default=500, help="aim for this much GPU time per measurement")
-    ap.add_argument("--max-launch-ms", type=float, default=100,
-                    help="skip a launch that takes (or would take) longer than this, e.g. the naive steps at long N")
-    ap.add_argument("--ladder-max-launch-ms", type=float, default=5000,
-                    help="the same limit at the ladder shape, where every step should be timed")
-    ap.add_argument("--math-max-gib", type=float, default=16, help="memory the math backend may use")
-    ap.add_argument("--sleep-us", type=float, default=50, help="GPU sleep before each timed launch (0: none)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--ladder-seqlen", type=int, default=2048, help="the README ladder's shape (B = tokens / N)")
-    ap.add_argument("--ladder-head-dim", type=int, default=128)
-    ap.add_argument("--ladder-dtype", choices=["fp16", "bf16"], default="fp16")
-    ap.add_argument("--ladder-causal", action="store_true")
-    ap.add_argument("--decode", action="store_true",
-                    help="the decoding shapes of issue 14 instead of the sweep (see above); --steps defaults to "
-                    + DECODE_DEFAULT_STEPS + ", --backends to flash,cudnn, --dtypes to fp16 bf16")
-    ap.add_argument("--decode-shapes", nargs="+", metavar="BxSKxHQxHKV",
-                    help="decoding shapes, e.g. 8x32768x32x8 (default: the issue's five)")
-    ap.add_argument("--decode-seqlens-q", type=int, nargs="+", default=[1, 4], help="new tokens per sequence")
-    ap.add_argument("--decode-head-dim", type=int, default=128)
-    ap.add_argument("--decode-causal", action="store_true",
-                    help="bottom-right causal for seqlen_q > 1 (SDPA: causal_lower_right); default off")
-    ap.add_argument("--page-sizes", type=int, nargs="*", default=[16, 64, 256],
-                    help="paged copies of the cache for the steps with a decode pass (none: contiguous only)")
-    ap.add_argument("--backward", action="store_true",
-                    help="the backward pass instead of the forward (see above): the sweep from seqlen 1024, every "
-                    "step with a backward at deterministic 0 and 1, --backends defaults to flash,cudnn,efficient,fa4")
-    ap.add_argument("--forward-step", default="",
-                    help="--backward: the step whose O and LSE the backward steps start from (default: the newest "
-                    "step that accepts the shape)")
-    ap.add_argument("--ceilings", help="the ceilings file whose hbm_read gives the %% of HBM (default: the newest "
-                    "bench/results/ceilings-*.json)")
+    add = ap.add_argument
+    add("--lib", help="path of libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so, else the "
+        "first build*/libflash_steps.so that loads)")
+    add("--out-dir", default=str(fr.RESULTS), help="where the JSON and CSV go")
+    add("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
+    add("--quick", action="store_true", help="the library's quick sweep (seqlen 1k, 2k, 4k; d 128; fp16); fewer launches")
+    add("--seqlens", type=int, nargs="+", help="default: the library's sweep, 512 ... 16384")
+    add("--head-dims", type=int, nargs="+", help="default: the library's sweep, 128 and 64")
+    add("--dtypes", nargs="+", choices=["fp16", "bf16"], help="default: the library's sweep, fp16 and bf16")
+    add("--causal", choices=["off", "on", "both"], default="both")
+    add("--tokens", type=int, help="B*N of every shape (default: the library's, 16384)")
+    add("--steps", default="", help="only the steps whose id starts with one of these (comma-separated)")
+    add("--backends", help="beside our steps: SDPA's flash, cudnn, efficient, math, and fa4 (FlashAttention-4) "
+        "(default: all, fa4 where it imports; flash,cudnn with --decode; flash,cudnn,efficient,fa4 with --backward)")
+    add("--iters", type=int, default=20, help="timed launches per measurement (at most)")
+    add("--min-iters", type=int, default=5, help="timed launches per measurement (at least)")
+    add("--warmup", type=int, default=2, help="untimed launches before the timed ones")
+    add("--budget-ms", type=float, default=500, help="aim for this much GPU time per measurement")
+    add("--max-launch-ms", type=float, default=100,
+        help="skip a launch that takes (or would take) longer than this, e.g. the naive steps at long N")
+    add("--ladder-max-launch-ms", type=float, default=5000,
+        help="the same limit at the ladder shape, where every step should be timed")
+    add("--math-max-gib", type=float, default=16, help="memory the math backend may use")
+    add("--sleep-us", type=float, default=50, help="GPU sleep before each timed launch (0: none)")
+    add("--seed", type=int, default=1)
+    add("--ladder-seqlen", type=int, default=2048, help="the README ladder's shape (B = tokens / N)")
+    add("--ladder-head-dim", type=int, default=128)
+    add("--ladder-dtype", choices=["fp16", "bf16"], default="fp16")
+    add("--ladder-causal", action="store_true")
+    add("--decode", action="store_true", help="the decoding shapes of issue 14 instead of the sweep (see above); "
+        f"--steps defaults to {DECODE_DEFAULT_STEPS}, --backends to flash,cudnn, --dtypes to fp16 bf16")
+    add("--decode-shapes", nargs="+", metavar="BxSKxHQxHKV", help="decoding shapes, e.g. 8x32768x32x8 (default: the "
+        "issue's five)")
+    add("--decode-seqlens-q", type=int, nargs="+", default=[1, 4], help="new tokens per sequence")
+    add("--decode-head-dim", type=int, default=128)
+    add("--decode-causal", action="store_true", help="bottom-right causal for seqlen_q > 1 (SDPA: causal_lower_right)")
+    add("--page-sizes", type=int, nargs="*", default=[16, 64, 256],
+        help="paged copies of the cache for the steps with a decode pass (none: contiguous only)")
+    add("--backward", action="store_true", help="the backward pass instead of the forward (see above): the sweep from "
+        "seqlen 1024, every step with a backward at deterministic 0 and 1")
+    add("--forward-step", default="", help="--backward: the step whose O and LSE the backward steps start from "
+        "(default: the newest step that accepts the shape)")
+    add("--ceilings", help="the ceilings file whose hbm_read gives the %% of HBM (default: the newest "
+        "bench/results/ceilings-*.json)")
     args = ap.parse_args(argv)
     if args.decode and args.backward:
         ap.error("--decode and --backward are two different runs; give one")
     args.default_backends = args.backends is None  # then fa4 joins where it imports (forward and backward)
     if args.backends is None:
-        args.backends = ("flash,cudnn" if args.decode else "flash,cudnn,efficient" if args.backward
-                         else ",".join(TORCH_BACKENDS))
+        args.backends = "flash,cudnn" if args.decode else "flash,cudnn,efficient" if args.backward else ",".join(
+            TORCH_BACKENDS)
     if args.quick:
-        args.iters = min(args.iters, 10)
-        args.warmup = min(args.warmup, 1)
-        args.budget_ms = min(args.budget_ms, 200)
-        args.max_launch_ms = min(args.max_launch_ms, 50)
+        args.iters, args.warmup = min(args.iters, 10), min(args.warmup, 1)
+        args.budget_ms, args.max_launch_ms = min(args.budget_ms, 200), min(args.max_launch_ms, 50)
     return args
 
 

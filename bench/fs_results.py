@@ -251,7 +251,7 @@ def fa4() -> dict:
     if _fa4 is None:
         try:
             from flash_attn.cute import flash_attn_func
-        except ImportError as e:
+        except Exception as e:  # not installed, or one of its own imports fails (the CUTLASS DSL, CUDA)
             missing = isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "flash_attn"
             note = FA4_MISSING if missing else f"FlashAttention-4 does not import ({first_line(e)}): no fa4 column"
             _fa4 = {"func": None, "version": None, "note": note}

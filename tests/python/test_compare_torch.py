@@ -311,17 +311,20 @@ class SharedRules(unittest.TestCase):
         self.assertEqual((ladder["batch"], ladder["seqlen"], ladder["heads"]), (8, 2048, 16))
         self.assertEqual(head["timing"], {"ladder_max_launch_ms": 5000})
         a = ct.parse_args(["--quick"])
-        shapes, _ = ct.plan_shapes(a, self.lib)
+        shapes, _ = ct.Sweep.plan(a, self.lib)
         self.assertEqual((a.seqlens, a.head_dims, a.dtypes), ([1024, 2048, 4096], [128], ["fp16"]))
         self.assertEqual(len(shapes), 3 * 2)
         with self.assertRaises(ValueError):
-            ct.plan_shapes(ct.parse_args(["--seqlens", "3000"]), self.lib)
+            ct.Sweep.plan(ct.parse_args(["--seqlens", "3000"]), self.lib)
 
     def test_sweep_order_groups_then_seqlen_ascending(self):
-        shapes = ct.sweep_shapes(self.lib, [4096, 512], [128, 64], [False, True], ["fp16"], 16384)
+        a = ct.parse_args(["--seqlens", "4096", "512", "--head-dims", "128", "64", "--dtypes", "fp16"])
+        shapes = ct.sweep_shapes(a, self.lib)
         self.assertEqual(len(shapes), 8)
         self.assertEqual([s["seqlen"] for s in shapes[:2]], [512, 4096])
-        self.assertEqual(len({ct.shape_key(s) for s in shapes}), 8)
+        self.assertEqual([(s["head_dim"], s["causal"]) for s in shapes[::2]], [(128, False), (128, True), (64, False),
+                                                                               (64, True)])
+        self.assertEqual(len({ct.Sweep.key(s) for s in shapes}), 8)
 
     def test_flops(self):
         s = ct.sweep_shape(self.lib, 2048, 128, False, "fp16", 16384)
@@ -367,11 +370,11 @@ class SharedRules(unittest.TestCase):
     def test_shapes_of_the_backward(self):
         lib = self.lib
         a = ct.parse_args(["--backward"])
-        shapes = ct.backward_shapes(a, lib)
+        shapes, _ = ct.BackwardSweep.plan(a, lib)
         self.assertEqual(a.seqlens, [1024, 2048, 4096, 8192, 16384])  # issue 15: N 1k-16k
         self.assertEqual(len(shapes), 5 * 2 * 2 * 2)
         a = ct.parse_args(["--backward", "--seqlens", "512", "--head-dims", "64", "--causal", "on", "--dtypes", "fp16"])
-        self.assertEqual([(s["seqlen"], s["heads"], s["causal"]) for s in ct.backward_shapes(a, lib)],
+        self.assertEqual([(s["seqlen"], s["heads"], s["causal"]) for s in ct.BackwardSweep.plan(a, lib)[0]],
                          [(512, 32, True)])
         self.assertEqual(len(ct.BackwardSweep.plan(ct.parse_args(["--backward", "--quick"]), lib)[0]), 3 * 2)
 
