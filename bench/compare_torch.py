@@ -289,9 +289,10 @@ class Sweep:
              "scale": 1.0 / math.sqrt(d), "fields": fields, "si": si}
         t["o"] = torch.empty_like(t["q"])
         t["lse"] = torch.empty(b, hq, sq, dtype=torch.float32, device="cuda")
-        kv_of = torch.tensor([h // (hq // hkv) for h in range(min(hq, 2))], device="cuda")
+        heads = min(hq, 2)
+        kv_of = torch.tensor([h // (hq // hkv) for h in range(heads)], device="cuda")
         k0, v0 = (t[n][0:1].index_select(2, kv_of) for n in ("k", "v"))
-        t["ref"] = fr.reference(torch, t["q"], k0, v0, shape["causal"], t["scale"], len(kv_of))
+        t["ref"] = fr.reference(torch, t["q"], k0, v0, shape["causal"], t["scale"], heads)
         t["tol"] = self.lib.tolerance(shape["dtype"], float(t["v"].abs().max()))
         return t
 

@@ -11,6 +11,7 @@ import tempfile
 import types
 import unittest
 from pathlib import Path
+from unittest import mock
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "bench"))
@@ -582,6 +583,207 @@ class Backends(unittest.TestCase):
             self.assertEqual(calls[-1][5], {"enable_gqa": True, "is_causal": False})
         with self.assertRaises(ValueError):
             fs_results.Backend(None, "fa3")
+
+
+# ---- the loop of every pass on a stand-in for PyTorch -----------------------------------------------
+
+class T:
+    """A stand-in for a torch tensor: its shape, strides, dtype and device (what flash_steps' checks read),
+    and the operations the passes call, which keep or change the shape as torch's would."""
+
+    def __init__(self, *shape, dtype="torch.float16", strides=None):
+        self.shape, self.dtype, self.device = tuple(shape), dtype, "cuda:0"
+        self._strides = strides or tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
+        self.filled = []
+
+    def stride(self):
+        return self._strides
+
+    def data_ptr(self):
+        return 4096
+
+    def transpose(self, a, b):
+        shape, strides = list(self.shape), list(self._strides)
+        shape[a], shape[b], strides[a], strides[b] = shape[b], shape[a], strides[b], strides[a]
+        return T(*shape, dtype=self.dtype, strides=tuple(strides))
+
+    def __getitem__(self, index):  # t[0:1]: batch 0
+        return T(1, *self.shape[1:], dtype=self.dtype)
+
+    def index_select(self, dim, index):
+        return T(*(index.shape[0] if i == dim else n for i, n in enumerate(self.shape)), dtype=self.dtype)
+
+    def to(self, x):
+        return T(*self.shape, dtype=x) if str(x).startswith("torch.") else self
+
+    def view(self, *shape):
+        return self if len(shape) == 1 and str(shape[0]).startswith("torch.") else T(*shape, dtype=self.dtype)
+
+    def fill_(self, value):
+        self.filled.append(value)
+        return self
+
+    def new_zeros(self, *shape):
+        return T(*shape, dtype=self.dtype)
+
+    def __setitem__(self, index, value):
+        pass
+
+    def __mul__(self, x):
+        return self
+
+    __add__ = __mul__
+    abs = detach = requires_grad_ = clone = copy_ = long = reshape = lambda self, *a: self
+    new_empty = new_zeros
+
+    def max(self):
+        return 1.0
+
+
+def fake_torch(calls):
+    """What the passes call of torch, recording SDPA's calls; the modules to put in sys.modules."""
+    def empty(*shape, dtype="torch.float32", device=None):
+        return T(*(shape[0] if isinstance(shape[0], tuple) else shape), dtype=dtype)
+
+    def sdpa(q, k, v, scale=None, **kw):
+        calls.append(("sdpa", q.shape, k.shape, kw))
+        return T(*q.shape, dtype=q.dtype)
+    cuda = types.SimpleNamespace(synchronize=lambda: None, mem_get_info=lambda: (2 ** 40, 2 ** 40),
+                                 current_stream=lambda: types.SimpleNamespace(cuda_stream=0), empty_cache=lambda: None)
+    torch = types.SimpleNamespace(
+        float16="torch.float16", bfloat16="torch.bfloat16", float32="torch.float32", uint8="torch.uint8",
+        int32="torch.int32", int16="torch.int16", cuda=cuda, empty=empty, equal=lambda a, b: True,
+        Generator=lambda device=None: types.SimpleNamespace(manual_seed=lambda seed: None),
+        randn=lambda *shape, device=None, dtype=None, generator=None: T(*shape, dtype=dtype),
+        randperm=lambda n, generator=None: T(n, dtype="torch.int64"),
+        tensor=lambda values, device=None: T(len(values), dtype="torch.int64"),
+        empty_like=lambda x: T(*x.shape, dtype=x.dtype, strides=x.stride()),
+        autograd=types.SimpleNamespace(grad=lambda o, inputs, d_o, retain_graph: tuple(T(*x.shape) for x in inputs)),
+        nn=types.SimpleNamespace(functional=types.SimpleNamespace(scaled_dot_product_attention=sdpa)))
+    attention = types.SimpleNamespace(SDPBackend=types.SimpleNamespace(**{v: v for v in fs_results.SDPA_BACKENDS.values()}),
+                                      sdpa_kernel=lambda backends: contextlib.nullcontext())
+    bias = types.SimpleNamespace(causal_lower_right=lambda sq, sk: ("lower right", sq, sk))
+    return torch, {"torch": torch, "torch.nn": torch.nn, "torch.nn.attention": attention,
+                   "torch.nn.attention.bias": bias}
+
+
+class FakeLaunches:
+    """The library for what needs no GPU (problems, FLOPs, bytes, speed-ups, bounds), and a record of our
+    launches instead of them: the check refuses the steps in `refuse`, every run takes its pass's pointers."""
+
+    def __init__(self, refuse=()):
+        self.real, self.refuse, self.launches = ct.flash_steps.library(LIB), refuse, []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def check(self, step_id, p):
+        if step_id in self.refuse:
+            raise ct.flash_steps.InvalidArgument(1, "fs_check", f"{step_id} refuses this problem")
+
+    def workspace_size(self, step_id, p):
+        return 256
+
+    def tolerance(self, dtype, max_abs_v):
+        return 1e-3, 1e-3, 1e-4
+
+    def runner(self, step_id, p, *pointers, workspace=0, workspace_bytes=0, stream=0):
+        ps = ct.flash_steps.pass_of(p)
+        assert len(pointers) == len(ps.pointers), (step_id, ps.name, len(pointers))
+        self.launches.append((step_id, ps.name, pointers, workspace_bytes))
+        return lambda: None
+
+
+@needs_lib
+class EveryPassOnAStandIn(unittest.TestCase):
+    """Sweep, DecodeSweep and BackwardSweep through their whole loop (tensors, backends, our launches, the
+    checks, measure, the files and tables) on stand-ins for PyTorch, FA4, the timer and the reference."""
+
+    def run_pass(self, cls, argv, shape, steps, backends, head, refuse=()):
+        calls, fa4_calls = [], []
+        torch, modules = fake_torch(calls)
+        lib = FakeLaunches(refuse)
+        timer = types.SimpleNamespace(times=lambda fn, n: [fn() or 0.5 for _ in range(n)])
+        ok = {"pass": True, "max_abs_err": 0.0, "mismatches": 0, "nonfinite": 0}
+        errors = {"dq": (1e-3, 1.0), "dk": (1e-3, 1.0), "dv": (1e-3, 1.0), "nonfinite": 0}
+        with fa4_stub("4.0.0b36", fa4_calls, out=lambda q: T(*q.shape, dtype=q.dtype)), \
+                mock.patch.dict(sys.modules, modules), tempfile.TemporaryDirectory() as d, \
+                mock.patch.object(fs_results, "Timer", lambda *a: timer), \
+                mock.patch.object(fs_results, "reference", lambda *a, **k: {}), \
+                mock.patch.object(fs_results, "compare", lambda *a, **k: dict(ok)), \
+                mock.patch.object(fs_results, "gradient_errors", lambda *a, **k: dict(errors)), \
+                mock.patch.object(ct.flash_steps, "forward", lambda q, *a: (T(*q.shape), T(
+                    q.shape[0], q.shape[2], q.shape[1], dtype="torch.float32"))), \
+                mock.patch.object(ct.flash_steps, "default_step", lambda p: "09d_tile_sizes"), \
+                contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()):
+            sweep = cls(torch, lib, ct.parse_args(argv), steps, backends, {"l2_bytes": 0}, head)
+            result = dict(RESULT, tool="compare_torch", complete=False, rows=[])
+            status = ct.measure_shapes(result, [shape], sweep, Path(d) / "run")
+            header = (Path(d) / "run.csv").read_text().splitlines()[0].split(",")
+        self.assertEqual(header, cls.csv_fields)
+        return status, {sweep.label(r): r for r in result["rows"]}, lib.launches, calls, fa4_calls, out.getvalue()
+
+    def test_forward(self):
+        shape = {"batch": 2, "seqlen": 256, "heads": 4, "head_dim": 64, "causal": True, "dtype": "fp16"}
+        steps = [{"id": "07g_flash_attention2", "passes": ("forward",)}, {"id": "09d_tile_sizes", "passes": ("forward",)}]
+        status, rows, launches, calls, fa4_calls, out = self.run_pass(
+            ct.Sweep, ["--math-max-gib", "1e-9"], shape, steps, ["flash", "cudnn", "math", "fa4"], {"ladder": shape},
+            refuse={"09d_tile_sizes"})
+        self.assertEqual(status, 0)
+        self.assertEqual({k: r["status"] for k, r in rows.items()}, {
+            "pt:flash": "ok", "pt:cudnn": "ok", "pt:math": "skipped", "fa4": "ok", "07g_flash_": "ok",
+            "09d_tile_s": "refused"})
+        self.assertIn("the math backend needs about", rows["pt:math"]["reason"])
+        self.assertEqual(rows["09d_tile_s"]["reason"], "09d_tile_sizes refuses this problem")
+        self.assertEqual([(sid, name, len(p)) for sid, name, p, _ in launches], [("07g_flash_attention2", "forward", 5)])
+        self.assertEqual(calls[0][1:], ((2, 4, 256, 64), (2, 4, 256, 64), {"is_causal": True}))  # SDPA: (B, H, N, d)
+        self.assertEqual(fa4_calls[0][1].shape, (2, 256, 4, 64))  # FA4: (B, N, H, d), as ours
+        self.assertEqual(fa4_calls[0][4], {"softmax_scale": 0.125, "causal": True})
+        self.assertAlmostEqual(rows["07g_flash_"]["tflops"], shape_flops_of(shape) / 0.5e-3 / 1e12)
+        self.assertAlmostEqual(rows["fa4"]["x_flash"], 1.0)
+        self.assertEqual(rows["07g_flash_"]["iters"], 20)
+        self.assertIn("fa4 = FA4", out)
+
+    def test_decode(self):
+        shape = {"batch": 2, "seqlen_q": 4, "seqlen_k": 300, "heads_q": 8, "heads_kv": 2, "head_dim": 128,
+                 "dtype": "bf16", "causal": True}
+        steps = [{"id": "07g_flash_attention2", "passes": ("forward",)},
+                 {"id": "10_decoding", "passes": ("forward", "decode")}]
+        status, rows, launches, calls, _, out = self.run_pass(
+            ct.DecodeSweep, ["--decode", "--page-sizes", "16", "64"], shape, steps, ["flash", "cudnn"],
+            {"hbm": {"tbs": 4.0}})
+        self.assertEqual(status, 0)
+        self.assertEqual(list(rows), ["pt:flash", "pt:cudnn", "07g", "10", "10 p16", "10 p64"])
+        self.assertTrue(all(r["status"] == "ok" for r in rows.values()), rows)
+        self.assertEqual([(name, len(p), p[3] != 0) for _, name, p, _ in launches],
+                         [("forward", 5, True), ("decode", 7, False), ("decode", 7, True), ("decode", 7, True)])
+        self.assertEqual(calls[0][3]["enable_gqa"], True)
+        self.assertEqual(calls[0][3]["attn_mask"], ("lower right", 4, 300))  # bottom-right causal
+        self.assertEqual((rows["10 p64"]["entry"], rows["10 p64"]["page_size"]), ("decode", 64))
+        self.assertAlmostEqual(rows["10 p64"]["x_contiguous"], 1.0)
+        self.assertEqual(rows["10"]["kv_bytes"], 2 * 2 * 300 * 2 * 128 * 2)
+        self.assertAlmostEqual(rows["10"]["hbm_pct"], 100 * rows["10"]["gbs"] / 4000)
+        self.assertIn("% of the HBM read ceiling", out)
+
+    def test_backward(self):
+        shape = {"batch": 2, "seqlen": 256, "heads": 4, "head_dim": 64, "causal": False, "dtype": "fp16"}
+        steps = [{"id": "11_backward", "passes": ("backward",)}]
+        status, rows, launches, _, fa4_calls, out = self.run_pass(
+            ct.BackwardSweep, ["--backward"], shape, steps, ["flash", "fa4"], {})
+        self.assertEqual(status, 0)
+        self.assertEqual(list(rows), ["pt:flash", "fa4", "11", "11 det"])
+        self.assertTrue(all(r["status"] == "ok" for r in rows.values()), rows)
+        self.assertEqual(rows["pt:flash"]["ref_impl"], "")  # the reference backend
+        self.assertEqual(rows["fa4"]["ref_impl"], "torch_flash")  # FA4 judged by the bound, as our steps
+        self.assertAlmostEqual(rows["fa4"]["dq_bound"], 2 * 1e-3 + 2.0 ** -11)
+        self.assertTrue(rows["11 det"]["repeatable"])
+        self.assertEqual(rows["11"]["forward_step"], "09d_tile_sizes")
+        self.assertEqual([(name, len(p)) for _, name, p, _ in launches], [("backward", 9)] * 2)
+        self.assertEqual(fa4_calls[0][1].shape, (2, 256, 4, 64))
+
+
+def shape_flops_of(s):
+    return 4.0 * s["batch"] * s["heads"] * s["seqlen"] ** 2 * s["head_dim"] / (2 if s["causal"] else 1)
 
 
 if __name__ == "__main__":

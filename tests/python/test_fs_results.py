@@ -32,9 +32,9 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 @contextlib.contextmanager
-def fa4_stub(version, calls=None):
+def fa4_stub(version, calls=None, out=lambda q: "out"):
     """flash_attn.cute as a stub module (its flash_attn_func records its calls in `calls` and returns
-    ("out", "lse")), or, with version None, absent; fs_results looks for it afresh inside and after."""
+    (out(q), "lse")), or, with version None, absent; fs_results looks for it afresh inside and after."""
     saved = {name: sys.modules.get(name) for name in ("flash_attn", "flash_attn.cute")}
     if version is None:
         sys.modules["flash_attn"] = None  # import flash_attn.cute: ModuleNotFoundError
@@ -42,7 +42,7 @@ def fa4_stub(version, calls=None):
         def flash_attn_func(q, k, v, **kw):
             if calls is not None:
                 calls.append(("fa4", q, k, v, kw))
-            return "out", "lse"
+            return out(q), "lse"
         package = types.ModuleType("flash_attn")
         package.__path__ = []
         cute = types.ModuleType("flash_attn.cute")
