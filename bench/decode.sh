@@ -70,8 +70,8 @@ fi
 hbm="$(python3 - <<'EOF' || true
 import sys
 sys.path.insert(0, "bench")
-import compare_torch
-h = compare_torch.hbm_ceiling(None)
+import fs_results
+h = fs_results.hbm_ceiling(None)
 print(h.get("tbs", ""))
 EOF
 )"

@@ -23,8 +23,10 @@ results, plot.py says so and draws no line, no column and no roofline.
 The roofline (roofline.png, and a table under the results table) puts every step of the ladder at
 its arithmetic intensity: the FLOPs of the results file over the minimum DRAM bytes of the shape
 (minimum_bytes: Q, K, V read once, O written once, and step 01's stored S), under the HBM roof
-(hbm_read × FLOP/byte) and the ceiling of the unit the step computes on (COMPUTE_UNITS: FP32 FMA for
-01-05, mma.sync for 06-07, wgmma for 08).
+(hbm_read × FLOP/byte) and the ceiling of the unit the step computes on (compute_unit: FP32 FMA for
+01-05, mma.sync for 06-07, 10 and 11, wgmma for 08 and 09). The ladder table's "% of mma.sync" and
+"% of wgmma" are given only for the steps on that unit ("–" elsewhere, the backends too). FlashAttention-4,
+where the results have it (backend fa4), is a row, a "% of FA4" column, a line and a series beside SDPA's.
 
 The table is text between the markers below in README.md; everything else in README.md is left as
 it is. The output depends only on the input files, so running this twice gives the same bytes.
@@ -37,14 +39,14 @@ import os
 import sys
 from pathlib import Path
 
-from fs_results import (CEILING_LABELS, CeilingsError, MarkerError, load_ceilings, load_json, newest, same_gpu,
-                        update_between_markers)
+from fs_results import (CEILING_LABELS, CeilingsError, MarkerError, backend_label, load_ceilings, load_json, newest,
+                        same_gpu, update_between_markers)
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
-BACKEND_LABELS = {"torch_flash": "PyTorch SDPA flash", "torch_cudnn": "PyTorch SDPA cuDNN",
-                  "torch_efficient": "PyTorch SDPA memory-efficient", "torch_math": "PyTorch SDPA math"}
+BACKENDS = ("torch_flash", "torch_cudnn", "torch_efficient", "torch_math", "fa4")  # the rows' impl, in table order
+RATIOS = (("pct_flash", "torch_flash", "PyTorch flash"), ("pct_cudnn", "torch_cudnn", "cuDNN"), ("pct_fa4", "fa4", "FA4"))
 
 
 # ---- reading -----------------------------------------------------------------------------------
@@ -58,32 +60,42 @@ def describe_shape(s: dict) -> str:
             f"{s['dtype']}, {'causal' if s['causal'] else 'not causal'}")
 
 
-def tensor_ceilings(ceilings: dict | None, dtype: str) -> list[tuple[str, float]]:
-    """(label, TFLOP/s) of the tensor-core ceilings for this dtype in the ceilings file, mma.sync first."""
-    if not ceilings:
-        return []
-    suffix = {"fp16": "f16", "bf16": "bf16"}.get(dtype, dtype)
+def ceiling_id(unit: str, dtype: str) -> str:
+    """The ceilings file's id of a unit at a dtype: fma_f32, mma_sync_f16, wgmma_bf16, ..."""
+    return unit if unit == "fma_f32" else f"{unit}_{ {'fp16': 'f16', 'bf16': 'bf16'}.get(dtype, dtype)}"
+
+
+def tensor_ceilings(ceilings: dict | None, dtype: str) -> list[tuple[str, float, str]]:
+    """(label, TFLOP/s, unit) of the tensor-core ceilings for this dtype in the ceilings file, mma.sync first."""
     out = []
-    for kind in ("mma_sync", "wgmma"):
-        c = ceilings["values"].get(f"{kind}_{suffix}")
+    for unit in ("mma_sync", "wgmma"):
+        c = (ceilings or {}).get("values", {}).get(ceiling_id(unit, dtype))
         if c and c["unit"] == "TFLOP/s":
-            out.append((CEILING_LABELS[f"{kind}_{suffix}"], c["value"]))
+            out.append((CEILING_LABELS[ceiling_id(unit, dtype)], c["value"], unit))
     return out
+
+
+def label(impl: str, meta: dict | None = None) -> str:
+    """A backend's name ("PyTorch SDPA cuDNN", "FA4 4.0.0b36": the version from the results' environment),
+    or the step id."""
+    name = impl.removeprefix("torch_")
+    return backend_label(name, (meta or {}).get("environment")) if impl in BACKENDS else impl
 
 
 # ---- the ladder --------------------------------------------------------------------------------
 
 def ladder_from_compare(compare: dict) -> dict:
-    """{"shape", "steps": [row...] in registry order, "torch": {impl: row}} at the ladder shape."""
+    """{"shape", "steps": [row...] in registry order, "backends": {impl: row}} at the ladder shape (the
+    backends: SDPA's, kind "torch", and FA4's, kind "fa4")."""
     shape = compare["ladder"]
     key = shape_of(shape)
     rows = [r for r in compare["rows"] if shape_of(r) == key]
     by_impl = {r["impl"]: r for r in rows}
     step_ids = [s["id"] for s in compare.get("steps", [])] or [r["impl"] for r in rows if r["kind"] == "step"]
     steps = [dict(by_impl[i], id=i) for i in step_ids if i in by_impl]
-    torch = {r["impl"]: r for r in rows if r["kind"] == "torch"}
+    backends = {r["impl"]: r for r in rows if r["kind"] != "step"}
     flops = next((r["flops"] for r in rows if r.get("flops")), None)
-    return {"shape": shape, "flops": flops, "steps": steps, "torch": torch}
+    return {"shape": shape, "flops": flops, "steps": steps, "backends": backends}
 
 
 def ladder_from_runner(runner: dict) -> dict:
@@ -100,29 +112,28 @@ def ladder_from_runner(runner: dict) -> dict:
                       "reason": r.get("reason", ""), "ms": r.get("ms") if ok else None,
                       "tflops": r.get("tflops") if ok else None,
                       "x_prev": r.get("x_prev") if ok else None, "x_step01": r.get("x_step01") if ok else None})
-    return {"shape": shape, "flops": p.get("flops"), "steps": steps, "torch": {}}
+    return {"shape": shape, "flops": p.get("flops"), "steps": steps, "backends": {}}
 
 
 def _timed(row: dict | None) -> bool:
     return bool(row) and row.get("status") in ("ok", "fail") and bool(row.get("ms"))
 
 
-def ladder_columns(ladder: dict, ceilings: list[tuple[str, float]] = ()) -> list[dict]:
-    """Per step: ms, TFLOP/s, × previous step, × step 01 (both as the results file has them),
-    % of PyTorch flash, % of cuDNN, and % of each ceiling given as (label, TFLOP/s)."""
-    flash = ladder["torch"].get("torch_flash")
-    cudnn = ladder["torch"].get("torch_cudnn")
+def ladder_columns(ladder: dict, ceilings: list[tuple[str, float, str]] = (), rows=None) -> list[dict]:
+    """Per step (or per row of `rows`): ms, TFLOP/s, × previous step, × step 01 (both as the results file
+    has them), % of PyTorch flash, of cuDNN and of FA4 (their time over the row's), and % of each ceiling
+    given as (label, TFLOP/s, unit): None for a row that does not compute on that unit."""
     out = []
-    for s in ladder["steps"]:
-        c = {"id": s["id"], "status": s.get("status", ""), "reason": s.get("reason", "")}
+    for s in ladder["steps"] if rows is None else rows:
+        c = {"id": s.get("id", s["impl"]), "status": s.get("status", ""), "reason": s.get("reason", "")}
         if _timed(s):
             ms = s["ms"]
-            c.update(ms=ms, tflops=s["tflops"])
-            c["x_prev"] = s.get("x_prev") or None
-            c["x_01"] = s.get("x_step01") or None
-            c["pct_flash"] = 100 * flash["ms"] / ms if _timed(flash) else None
-            c["pct_cudnn"] = 100 * cudnn["ms"] / ms if _timed(cudnn) else None
-            c["pct_ceilings"] = [100 * s["tflops"] / value for _, value in ceilings]
+            c.update(ms=ms, tflops=s["tflops"], x_prev=s.get("x_prev") or None, x_01=s.get("x_step01") or None)
+            for key, impl, _ in RATIOS:
+                base = ladder["backends"].get(impl)
+                c[key] = 100 * base["ms"] / ms if _timed(base) else None
+            unit = compute_unit(c["id"]) if s.get("kind", "step") == "step" else None
+            c["pct_ceilings"] = [100 * s["tflops"] / value if u == unit else None for _, value, u in ceilings]
         out.append(c)
     return out
 
@@ -142,7 +153,8 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
         f"driver {env['driver']}" if env.get("driver") else "",
         f"CUDA {env['cuda']}" if env.get("cuda") else "",
         f"PyTorch {env['torch']}" if env.get("torch") else "",
-        f"cuDNN {env['cudnn']}" if env.get("cudnn") else "") if x)
+        f"cuDNN {env['cudnn']}" if env.get("cudnn") else "",
+        f"FA4 {env['fa4']}" if env.get("fa4") not in (None, "none") else "") if x)
     gpu = env.get("gpu") or meta.get("device", "unknown GPU")
     date = meta.get("date", "")
     when = f"{date[:10]} {date[11:16]} UTC" if len(date) >= 16 else (date or "unknown date")
@@ -150,35 +162,32 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
                  f", {when}, commit `{meta.get('commit', 'unknown')}`.")
     timing = meta.get("timing", {})
     gflop = f"{ladder['flops'] / 1e9:.0f} GFLOP" if ladder.get("flops") else "FLOPs not in the file"
+    backends = ladder["backends"]
+    others = "PyTorch SDPA" + (" and FlashAttention-4" if "fa4" in backends else "")
     lines.append(f"Shape: {describe_shape(shape)}; {gflop} (4·B·H·N²·d"
                  + (", halved for causal" if shape["causal"] else "") + "). "
                  f"Median of up to {timing.get('iters', '?')} launches, CUDA events, L2 flushed before each"
-                 + ("; PyTorch SDPA timed in the same process on the same tensors." if ladder["torch"] else "."))
+                 + (f"; {others} timed in the same process on the same tensors." if backends else "."))
     peaks = tensor_ceilings(ceilings, shape["dtype"])
-    lines += ["", "| step | ms | TFLOP/s | × previous | × step 01 | % of PyTorch flash | % of cuDNN |"
-              + "".join(f" % of {label} |" for label, _ in peaks),
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(peaks)]
+    ratios = [r for r in RATIOS if r[1] != "fa4" or _timed(backends.get("fa4"))]
+    lines += ["", "| step | ms | TFLOP/s | × previous | × step 01 |" + "".join(f" % of {n} |" for *_, n in ratios)
+              + "".join(f" % of {p[0]} |" for p in peaks),
+              "| --- | ---: | ---: | ---: | ---: |" + " ---: |" * (len(ratios) + len(peaks))]
+
+    def line(name: str, c: dict, speedups: bool) -> str:
+        x = f" {_f(c['x_prev'], '.2f', '×')} | {_f(c['x_01'], '.1f', '×')} |" if speedups else " | |"
+        return (f"| {name} | {c['ms']:.3f} | {c['tflops']:.1f} |{x}" + "".join(f" {_f(c[k], '.0f', ' %')} |"
+                                                                           for k, *_ in ratios)
+                + "".join(f" {_f(v, '.0f', ' %')} |" for v in c["pct_ceilings"]))
     cols = ladder_columns(ladder, peaks)
-    for c in cols:
-        if "ms" not in c:
-            continue
-        mark = " ✗" if c["status"] == "fail" else ""
-        lines.append(f"| `{c['id']}`{mark} | {c['ms']:.3f} | {c['tflops']:.1f} | {_f(c['x_prev'], '.2f', '×')} | "
-                     f"{_f(c['x_01'], '.1f', '×')} | {_f(c['pct_flash'], '.0f', ' %')} | "
-                     f"{_f(c['pct_cudnn'], '.0f', ' %')} |" + "".join(f" {x:.0f} % |" for x in c["pct_ceilings"]))
-    flash, cudnn = ladder["torch"].get("torch_flash"), ladder["torch"].get("torch_cudnn")
-    for impl in BACKEND_LABELS:
-        r = ladder["torch"].get(impl)
-        if _timed(r):
-            lines.append(f"| {BACKEND_LABELS[impl]} | {r['ms']:.3f} | {r['tflops']:.1f} | | | "
-                         f"{_f(100 * flash['ms'] / r['ms'] if _timed(flash) else None, '.0f', ' %')} | "
-                         f"{_f(100 * cudnn['ms'] / r['ms'] if _timed(cudnn) else None, '.0f', ' %')} |"
-                         + "".join(f" {100 * r['tflops'] / value:.0f} % |" for _, value in peaks))
+    lines += [line(f"`{c['id']}`" + (" ✗" if c["status"] == "fail" else ""), c, True) for c in cols if "ms" in c]
+    lines += [line(label(c["id"], meta), c, False) for c in
+              ladder_columns(ladder, peaks, [backends[i] for i in BACKENDS if i in backends]) if "ms" in c]
     lines.append("")
     if peaks:
-        lines.append("Ceilings (" + ", ".join(f"{label} {value:.0f} TFLOP/s" for label, value in peaks)
+        lines.append("Ceilings (" + ", ".join(f"{p[0]} {p[1]:.0f} TFLOP/s" for p in peaks)
                      + f"): measured on this GPU by `flash_steps_ceilings` (`{ceilings['source']}`, commit "
-                     f"`{ceilings.get('commit') or 'unknown'}`).")
+                     f"`{ceilings.get('commit') or 'unknown'}`); each step against the unit it computes on.")
     untimed = [c for c in cols if "ms" not in c]
     if untimed:
         lines.append("Not timed at this shape: " + "; ".join(
@@ -203,11 +212,18 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
 
 
 # ---- the roofline --------------------------------------------------------------------------------
-# Which unit each step computes on, by its number (01-05: FP32 FMA on the CUDA cores; 06-07:
-# mma.sync; 08: wgmma), and so which measured ceiling it is compared with. A step not listed gets
-# no compute ceiling.
-COMPUTE_UNITS = {"01": "fma_f32", "02": "fma_f32", "03": "fma_f32", "04": "fma_f32", "05": "fma_f32",
-                 "06": "mma_sync", "07": "mma_sync", "08": "wgmma"}
+UNIT_COLORS = {"fma_f32": "tab:green", "mma_sync": "tab:blue", "wgmma": "tab:purple"}
+
+
+def compute_unit(step_id: str) -> str | None:
+    """The unit a step computes its products on, by its number, and so the ceiling it is compared with:
+    01-05 FP32 FMA on the CUDA cores; 06, 07 (07a-07g), 10 and 11 mma.sync; 08 and 09 (09a-09d) wgmma.
+    None for an id without a number (no compute ceiling)."""
+    digits = step_id[:2]
+    if not digits.isdigit():
+        return None
+    n = int(digits)
+    return "fma_f32" if n <= 5 else "wgmma" if n in (8, 9) else "mma_sync"
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2}
 S_PASSES_01 = 6  # note 01: S written by kernel 1, read 3 times and written once by kernel 2, read by kernel 3
 
@@ -228,11 +244,10 @@ def minimum_bytes(shape: dict, step_id: str) -> float:
 
 def compute_ceiling(ceilings: dict | None, step_id: str, dtype: str) -> tuple[str, float] | None:
     """(label, TFLOP/s) of the unit the step computes on, from the ceilings file, or None."""
-    unit = COMPUTE_UNITS.get(step_id[:2])
+    unit = compute_unit(step_id)
     if not ceilings or not unit:
         return None
-    suffix = {"fp16": "f16", "bf16": "bf16"}.get(dtype, dtype)
-    cid = unit if unit == "fma_f32" else f"{unit}_{suffix}"
+    cid = ceiling_id(unit, dtype)
     c = ceilings["values"].get(cid)
     return (CEILING_LABELS.get(cid, cid), c["value"]) if c else None
 
@@ -288,16 +303,20 @@ def _pyplot():
     return plt
 
 
-def _label(impl: str) -> str:
-    return BACKEND_LABELS.get(impl, impl)
-
-
 CEILING_STYLES = ({"color": "tab:orange", "linestyle": "-."}, {"color": "tab:purple", "linestyle": (0, (1, 1))})
 
 
+BACKEND_STYLES = {"torch_flash": {"color": "black", "marker": "s", "linestyle": "--"},
+                  "torch_cudnn": {"color": "tab:red", "marker": "^", "linestyle": "--"},
+                  "torch_efficient": {"color": "gray", "marker": "v", "linestyle": ":"},
+                  "torch_math": {"color": "silver", "marker": "x", "linestyle": ":"},
+                  "fa4": {"color": "tab:orange", "marker": "D", "linestyle": "--"}}
+
+
 def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
-    """TFLOP/s against seqlen: one panel per (dtype, head_dim, causal), one line per step and backend,
-    and the tensor-core ceilings of the panel's dtype when a ceilings file is given."""
+    """TFLOP/s against seqlen: one panel per (dtype, head_dim, causal), one line per step and backend (FA4
+    too where the file has it), and the tensor-core ceilings of the panel's dtype when a ceilings file is
+    given."""
     plt = _pyplot()
     rows = [r for r in compare["rows"] if _timed(r)]
     panels = sorted({(r["dtype"], -r["head_dim"], bool(r["causal"])) for r in rows})
@@ -307,15 +326,12 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
     combos = sorted({(p[1], p[2]) for p in panels})
     fig, axes = plt.subplots(len(dtypes), len(combos), figsize=(4.2 * len(combos), 3.6 * len(dtypes)),
                              squeeze=False, sharey=True)
-    impls = [s["id"] for s in compare.get("steps", [])] + list(BACKEND_LABELS)
+    step_ids = [s["id"] for s in compare.get("steps", [])]
+    impls = step_ids + list(BACKENDS)
     cmap = plt.get_cmap("viridis")
-    step_ids = [i for i in impls if not i.startswith("torch_")]
     styles = {i: {"color": cmap(k / max(1, len(step_ids) - 1)), "marker": "o", "linestyle": "-"}
               for k, i in enumerate(step_ids)}
-    styles.update({"torch_flash": {"color": "black", "marker": "s", "linestyle": "--"},
-                   "torch_cudnn": {"color": "tab:red", "marker": "^", "linestyle": "--"},
-                   "torch_efficient": {"color": "gray", "marker": "v", "linestyle": ":"},
-                   "torch_math": {"color": "silver", "marker": "x", "linestyle": ":"}})
+    styles.update(BACKEND_STYLES)
     handles = {}
     token_counts = {r["batch"] * r["seqlen"] for r in rows}
     tokens = token_counts.pop() if len(token_counts) == 1 else None
@@ -326,12 +342,12 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
             for impl in impls:
                 pts = sorted((r["seqlen"], r["tflops"]) for r in sel if r["impl"] == impl)
                 if pts:
-                    (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], markersize=4, label=_label(impl),
+                    (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], markersize=4, label=label(impl, compare),
                                       **styles.get(impl, {}))
                     handles.setdefault(impl, line)
-            for (label, value), style in zip(tensor_ceilings(ceilings, dtype), CEILING_STYLES):
+            for (name, value, _), style in zip(tensor_ceilings(ceilings, dtype), CEILING_STYLES):
                 line = ax.axhline(value, linewidth=0.8, **style)
-                handles.setdefault(f"{label.split()[0]} ceiling (the panel's dtype)", line)
+                handles.setdefault(f"{name.split()[0]} ceiling (the panel's dtype)", line)
             ax.set_xscale("log", base=2)
             ticks = sorted({r["seqlen"] for r in rows})
             ax.set_xticks(ticks)
@@ -343,7 +359,7 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
                 ax.set_ylabel("TFLOP/s")
             ax.grid(True, which="both", alpha=0.3)
     order = [i for i in impls if i in handles] + [k for k in handles if k.endswith("ceiling (the panel's dtype)")]
-    fig.legend([handles[i] for i in order], [_label(i) for i in order], loc="lower center",
+    fig.legend([handles[i] for i in order], [label(i, compare) for i in order], loc="lower center",
                ncol=min(6, len(order)), fontsize=8, frameon=False)
     env = compare.get("environment", {})
     fig.suptitle(f"Forward attention, TFLOP/s — {env.get('gpu', '')}, {compare.get('date', '')[:10]}, "
@@ -354,7 +370,7 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
 
 
 def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = None) -> None:
-    """A bar per step (TFLOP/s, log scale) at the ladder shape, PyTorch flash and cuDNN as lines, and
+    """A bar per step (TFLOP/s, log scale) at the ladder shape, PyTorch flash, cuDNN and FA4 as lines, and
     the tensor-core ceilings of the shape's dtype when a ceilings file is given."""
     plt = _pyplot()
     from matplotlib.ticker import FuncFormatter
@@ -367,19 +383,19 @@ def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = No
     for bar, c in zip(bars, cols):
         ax.annotate(f"{c['tflops']:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=8)
-    for impl, color in (("torch_flash", "black"), ("torch_cudnn", "tab:red")):
-        r = ladder["torch"].get(impl)
+    for impl in ("torch_flash", "torch_cudnn", "fa4"):
+        r = ladder["backends"].get(impl)
         if _timed(r):
-            ax.axhline(r["tflops"], color=color, linestyle="--", linewidth=1,
-                       label=f"{BACKEND_LABELS[impl]}: {r['tflops']:.0f}")
+            ax.axhline(r["tflops"], color=BACKEND_STYLES[impl]["color"], linestyle="--", linewidth=1,
+                       label=f"{label(impl, meta)}: {r['tflops']:.0f}")
     peaks = tensor_ceilings(ceilings, ladder["shape"]["dtype"])
-    for (label, value), style in zip(peaks, CEILING_STYLES):
-        ax.axhline(value, linewidth=0.8, label=f"{label} ceiling: {value:.0f}", **style)
+    for (name, value, _), style in zip(peaks, CEILING_STYLES):
+        ax.axhline(value, linewidth=0.8, label=f"{name} ceiling: {value:.0f}", **style)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     lowest = min(c["tflops"] for c in cols)
-    highest = max([c["tflops"] for c in cols] + [v for _, v in peaks]
-                  + [r["tflops"] for r in ladder["torch"].values() if _timed(r)])
+    highest = max([c["tflops"] for c in cols] + [p[1] for p in peaks]
+                  + [r["tflops"] for r in ladder["backends"].values() if _timed(r)])
     ax.set_ylim(lowest / 2, highest * 8)  # room for the legend above the highest line
     ax.set_xticks(list(xs))
     ax.set_xticklabels([c["id"] for c in cols], rotation=30, ha="right", fontsize=8)
@@ -396,6 +412,23 @@ def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = No
     plt.close(fig)
 
 
+def label_heights(ys: list[float], gap: float) -> list[float]:
+    """Heights for labels wanted at ys (ascending), at least gap apart: labels that would overlap form a
+    run, spaced by gap and centred on the mean of their points, so that a label stays as near its point
+    as its neighbours allow."""
+    runs: list[list[float]] = []  # each run: the wanted heights of its labels
+    for y in ys:
+        runs.append([y])
+        while len(runs) > 1 and _run_bottom(runs[-2], gap) + gap * len(runs[-2]) > _run_bottom(runs[-1], gap):
+            top = runs.pop()
+            runs[-1] += top
+    return [_run_bottom(run, gap) + gap * i for run in runs for i in range(len(run))]
+
+
+def _run_bottom(run: list[float], gap: float) -> float:
+    return sum(run) / len(run) - gap * (len(run) - 1) / 2
+
+
 def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = None) -> None:
     """Log-log roofline: the HBM roof and the compute ceilings of the ceilings file, and every timed
     step at its FLOP per byte (minimum_bytes), numbered, with a legend of the numbers."""
@@ -406,39 +439,32 @@ def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = 
     hbm = ceilings["values"]["hbm_read"]["value"]
     fig, ax = plt.subplots(figsize=(11, 6.5))
     xs = [2.0 ** (k / 8) for k in range(0, 8 * 14 + 1)]  # 1 ... 16384 FLOP/byte
-    units = [("fma_f32", "tab:green"), ("mma_sync", "tab:blue"), ("wgmma", "tab:purple")]
-    suffix = {"fp16": "f16", "bf16": "bf16"}.get(ladder["shape"]["dtype"], "")
-    for unit, color in units:
-        cid = unit if unit == "fma_f32" else f"{unit}_{suffix}"
+    for unit, color in UNIT_COLORS.items():
+        cid = ceiling_id(unit, ladder["shape"]["dtype"])
         c = ceilings["values"].get(cid)
         if c:
             ax.plot(xs, [min(c["value"], x * hbm) for x in xs], color=color, linewidth=1.5,
                     label=f"{CEILING_LABELS.get(cid, cid)} {c['value']:.1f} TFLOP/s, HBM {hbm:.2f} TB/s")
     ax.plot(xs, [x * hbm for x in xs], color="0.6", linestyle=":", linewidth=1)
-    colors = {"fma_f32": "tab:green", "mma_sync": "tab:blue", "wgmma": "tab:purple"}
     groups: dict[float, list[dict]] = {}
     for r in rows:
         groups.setdefault(round(r["intensity"], 6), []).append(r)
-    gap = 0.075  # decades between two labels of one column
+    y_lim = (0.3, 2000)
+    decade_pt = ax.get_position().height * fig.get_figheight() * 72 / math.log10(y_lim[1] / y_lim[0])
+    gap = 1.45 * 7 / decade_pt  # decades between two labels of one column: 1.45 lines of 7-point text
     for column in groups.values():
         column = sorted(column, key=lambda r: r["tflops"])
-        placed = []
-        for r in column:  # labels at the points' heights, pushed up just enough not to overlap
-            y = math.log10(r["tflops"])
-            placed.append(max(y, placed[-1] + gap) if placed else y)
-        shift = (placed[-1] - math.log10(column[-1]["tflops"])) / 2  # centre the list on the points
-        for r, y in zip(column, placed):
-            color = colors.get(COMPUTE_UNITS.get(r["id"][:2], ""), "black")
+        for r, y in zip(column, label_heights([math.log10(r["tflops"]) for r in column], gap)):
+            color = UNIT_COLORS.get(compute_unit(r["id"]), "black")
             x = r["intensity"]
             ax.plot([x], [r["tflops"]], marker="o", color=color, markersize=5, linestyle="none")
-            ax.annotate(f"{r['id']}: {r['tflops']:.1f} ({r['pct_roof']:.1f} % of its roof)",
-                        (x, r["tflops"]), xytext=(x * 2.2, 10 ** (y - shift)), textcoords="data", fontsize=7,
-                        va="center", color=color, bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5},
-                        arrowprops={"arrowstyle": "-", "color": color, "linewidth": 0.5, "shrinkA": 0, "shrinkB": 2})
+            ax.plot([x, x * 2.2], [r["tflops"], 10 ** y], color=color, linewidth=0.5, zorder=1)  # behind every label
+            ax.text(x * 2.2, 10 ** y, f"{r['id']}: {r['tflops']:.1f} ({r['pct_roof']:.1f} % of its roof)", fontsize=7,
+                    va="center", color=color, zorder=3, bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlim(xs[0], xs[-1])
-    ax.set_ylim(0.3, 2000)
+    ax.set_ylim(*y_lim)
     ax.set_xlabel("arithmetic intensity: FLOPs over the minimum DRAM bytes (Q, K, V read once, O written once; "
                   "step 01 also its S)", fontsize=8)
     ax.set_ylabel("TFLOP/s")

@@ -17,7 +17,7 @@
 #   resource_report-<date>.md   registers, shared memory, spills of every kernel (cuobjdump), with the
 #                               occupancy of the launches from resources-<date>.json
 #   runner-<date>.json          flash-steps --json at the ladder shape (batch 8, seqlen 2048, 16 heads, d 128)
-#   compare_torch-<date>.json   every step and PyTorch SDPA (flash, cuDNN, memory-efficient, math) ...
+#   compare_torch-<date>.json   every step, PyTorch SDPA (flash, cuDNN, memory-efficient, math) and FA4 ...
 #   compare_torch-<date>.csv    ... over the sweep, with GPU, driver, versions, date and commit
 #   compare_torch_backward-<date>.json, .csv   the backward pass (steps with one) beside SDPA's
 #   train_gpt-<date>.json, .png a small GPT trained with flash_steps.attention and with SDPA (PASS/FAIL)
@@ -124,48 +124,37 @@ for r in d["rows"]:
     print(f"  {r['id']:22} {r['status']:8} {t}  {r.get('reason', '')[:80]}")
 EOF
 
-phase "PyTorch comparison (bench/compare_torch.py)"
 quick_flag=(); ((quick)) && quick_flag=(--quick)
-latest() {  # the newest sweep JSON of compare_torch (the names sort by date; not --decode's), or nothing
-  local files=("$results"/compare_torch-[0-9]*.json)
-  if [[ -e "${files[0]}" ]]; then echo "${files[-1]}"; fi
-}
-before="$(latest)"
-python3 bench/compare_torch.py --lib "$build/libflash_steps.so" --commit "$commit" --out-dir "$results" \
-  "${quick_flag[@]}" || failures+=("compare_torch.py (exit $?)")
-compare_json="$(latest)"
-if [[ -n "$compare_json" && "$compare_json" != "$before" ]]; then
-  made+=("$compare_json" "${compare_json%.json}.csv")
-else
-  compare_json=""
-  failures+=("compare_torch.py wrote no results")
-fi
-
-phase "the backward pass beside SDPA's (bench/compare_torch.py --backward)"
-newest() {  # the newest file matching a glob under $results, or nothing
+newest() {  # the newest file matching a glob under $results (the names sort by date), or nothing
   local files=("$results"/$1)
   if [[ -e "${files[0]}" ]]; then echo "${files[-1]}"; fi
 }
-before="$(newest 'compare_torch_backward-*.json')"
-python3 bench/compare_torch.py --backward --lib "$build/libflash_steps.so" --commit "$commit" --out-dir "$results" \
-  "${quick_flag[@]}" || failures+=("compare_torch.py --backward (exit $?)")
-backward_json="$(newest 'compare_torch_backward-*.json')"
-if [[ -n "$backward_json" && "$backward_json" != "$before" ]]; then
-  made+=("$backward_json" "${backward_json%.json}.csv")
-else
-  failures+=("compare_torch.py --backward wrote no results")
-fi
+# measure NAME GLOB SIBLING SCRIPT [FLAGS...]: bench/SCRIPT with FLAGS and the flags every run shares; the
+# newest results file matching GLOB, if the run wrote it, in $measured (and made, with its .SIBLING file).
+measure() {
+  local name=$1 glob=$2 sibling=$3 script=$4 before
+  shift 4
+  before="$(newest "$glob")"
+  python3 "bench/$script" "$@" --lib "$build/libflash_steps.so" --commit "$commit" --out-dir "$results" \
+    "${quick_flag[@]}" || failures+=("$name (exit $?)")
+  measured="$(newest "$glob")"
+  if [[ -n "$measured" && "$measured" != "$before" ]]; then
+    made+=("$measured" "${measured%.json}.$sibling")
+  else
+    measured=""
+    failures+=("$name wrote no results")
+  fi
+}
+
+phase "PyTorch comparison (bench/compare_torch.py; FlashAttention-4 too where it imports)"
+measure compare_torch.py 'compare_torch-[0-9]*.json' csv compare_torch.py  # the sweep's, not --decode's
+compare_json="$measured"
+
+phase "the backward pass beside SDPA's (bench/compare_torch.py --backward)"
+measure "compare_torch.py --backward" 'compare_torch_backward-*.json' csv compare_torch.py --backward
 
 phase "a small GPT trained with flash_steps.attention and with SDPA (bench/train_gpt.py)"
-before="$(newest 'train_gpt-*.json')"
-python3 bench/train_gpt.py --lib "$build/libflash_steps.so" --commit "$commit" --out-dir "$results" \
-  "${quick_flag[@]}" || failures+=("train_gpt.py (exit $?)")
-train_json="$(newest 'train_gpt-*.json')"
-if [[ -n "$train_json" && "$train_json" != "$before" ]]; then
-  made+=("$train_json" "${train_json%.json}.png")
-else
-  failures+=("train_gpt.py wrote no results")
-fi
+measure train_gpt.py 'train_gpt-*.json' png train_gpt.py
 
 if ((gbench)); then
   phase "Google Benchmark sweep"

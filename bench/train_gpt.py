@@ -66,8 +66,7 @@ import fs_results
 
 REPO = fs_results.REPO
 TEST_RUN, REFERENCE_RUN = "flash_steps", "sdpa_flash"
-SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
-                 "math": "MATH"}
+SDPA_BACKENDS = fs_results.SDPA_BACKENDS
 TEXT, DEFINE, RECALL = 0, 1, 2  # the generator's modes
 
 
@@ -295,17 +294,13 @@ def verdict(losses: dict, window: int, k: float, eps: float, entropy_floor: floa
 # ---- the model and the runs (PyTorch, imported by main) -----------------------------------------------
 
 def sdpa_attention(torch, backend: str):
-    """Causal attention on [B, S, H, D] tensors through SDPA with one backend forced; SDPA reads
-    [B, H, S, D] views of the same memory."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    kernel = getattr(SDPBackend, SDPA_BACKENDS[backend])
-    F = torch.nn.functional
+    """Causal attention on [B, S, H, D] tensors through SDPA with one backend forced (fs_results.Backend:
+    SDPA reads [B, H, S, D] views of the same memory)."""
+    be = fs_results.Backend(torch, backend)
 
     def attend(q, k, v):
-        with sdpa_kernel([kernel]):
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               is_causal=True)
-        return o.transpose(1, 2)
+        with be.context():
+            return be.view(be(be.view(q), be.view(k), be.view(v), True, None))
     return attend
 
 
@@ -657,16 +652,14 @@ def main(argv=None) -> int:
         print(f"train_gpt: cannot use flash_steps.attention from {REPO / 'python'} ({type(e).__name__}: {e}); "
               "build the library (cmake --build build) or pass --lib", file=sys.stderr)
         return 1
-    from compare_torch import environment, git_commit
-
     cfg = config_of(args)
     runs = {REFERENCE_RUN: sdpa_attention(torch, "flash")}
     runs.update({f"sdpa_{b}": sdpa_attention(torch, b) for b in args.spread})
     runs[TEST_RUN] = flash_steps_attention(flash_steps, args.step, args.backward_step, args.deterministic)
     date = datetime.datetime.now(datetime.timezone.utc)
-    head = {"tool": "train_gpt", "schema": 1, "date": date.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": args.commit or git_commit(), "environment": environment(torch),
-            "library": os.environ.get("FLASH_STEPS_LIB") or str(fs_results.library_path())}
+    head = fs_results.result_head("train_gpt", None, date, args.commit or fs_results.git_commit(),
+                                  fs_results.environment(torch),
+                                  os.environ.get("FLASH_STEPS_LIB") or str(fs_results.library_path()))
     env = head["environment"]
     print(f"train_gpt {head['commit']} on {env['gpu']} (CUDA {env['cuda']}, torch {env['torch']}, cuDNN "
           f"{env['cudnn']}): {cfg['layers']} layers, d_model {cfg['d_model']}, {cfg['heads']} heads of "
@@ -676,9 +669,8 @@ def main(argv=None) -> int:
     result = {**head, **run_experiment(torch, runs, cfg, torch.device("cuda"),
                                        log=lambda s: print(s, file=sys.stderr, flush=True))}
     result["wall_s"] = round(time.perf_counter() - t0, 1)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    base = out / f"train_gpt-{date.strftime('%Y%m%d-%H%M%S')}"
+    base = fs_results.results_base(args.out_dir, "train_gpt", date)
+    base.parent.mkdir(parents=True, exist_ok=True)
     result["plot"] = None
     if not args.no_plot:
         try:

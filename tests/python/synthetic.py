@@ -3,7 +3,7 @@
 The numbers are invented round numbers, not measurements."""
 
 TFLOPS = {"01_naive": 2.0, "02_tiled": 20.0, "03_online": 100.0, "torch_flash": 300.0, "torch_cudnn": 500.0,
-          "torch_efficient": 160.0, "torch_math": 40.0}
+          "torch_efficient": 160.0, "torch_math": 40.0, "fa4": 450.0}
 
 
 def flops(b, n, h, d, causal):
@@ -25,7 +25,8 @@ def add_speedups(step_rows):
             r["x_prev"] = timed[PREVIOUS[step]]["ms"] / r["ms"]
 
 
-def compare_result(seqlens=(1024, 2048, 4096), head_dims=(128,), causals=(False, True), dtypes=("fp16",)):
+def compare_result(seqlens=(1024, 2048, 4096), head_dims=(128,), causals=(False, True), dtypes=("fp16",), fa4=False):
+    """fa4: with FlashAttention-4's rows (backend fa4, kind "fa4") and its version in the environment."""
     steps = [{"id": "01_naive", "name": "naive", "lesson": "three kernels", "min_compute_capability": 80},
              {"id": "02_tiled", "name": "tiled", "lesson": "tiles", "min_compute_capability": 80},
              {"id": "03_online", "name": "online", "lesson": "online softmax", "min_compute_capability": 80},
@@ -39,9 +40,9 @@ def compare_result(seqlens=(1024, 2048, 4096), head_dims=(128,), causals=(False,
                     f = flops(b, n, h, d, causal)
                     base = dict(batch=b, seqlen=n, heads=h, head_dim=d, causal=causal, dtype=dtype, flops=f)
                     start = len(rows)
-                    for impl in ("torch_flash", "torch_cudnn", "torch_efficient", "torch_math",
-                                 "01_naive", "02_tiled", "03_online", "04_refuser"):
-                        kind = "torch" if impl.startswith("torch_") else "step"
+                    for impl in ("torch_flash", "torch_cudnn", "torch_efficient", "torch_math") + ("fa4",) * fa4 + (
+                            "01_naive", "02_tiled", "03_online", "04_refuser"):
+                        kind = "torch" if impl.startswith("torch_") else "fa4" if impl == "fa4" else "step"
                         r = dict(base, impl=impl, kind=kind, status="ok", reason="")
                         if impl == "04_refuser":
                             r.update(status="refused", reason="head_dim is 128; this step needs 64.")
@@ -58,10 +59,11 @@ def compare_result(seqlens=(1024, 2048, 4096), head_dims=(128,), causals=(False,
     return {
         "tool": "compare_torch", "schema": 1, "date": "2026-11-30T12:00:00Z", "commit": "abc123def456",
         "environment": {"gpu": "NVIDIA H200", "driver": "580.159.03", "cuda": "13.0", "torch": "2.11.0+cu130",
-                        "cudnn": "91900", "sm_count": 132},
+                        "cudnn": "91900", "sm_count": 132, **({"fa4": "4.0.0b36"} if fa4 else {})},
         "timing": {"statistic": "median", "iters": 20, "l2_flush": True},
         "ladder": {"batch": 8, "seqlen": 2048, "heads": 16, "head_dim": 128, "causal": False, "dtype": "fp16"},
-        "steps": steps, "backends": ["flash", "cudnn", "efficient", "math"], "complete": True, "rows": rows,
+        "steps": steps, "backends": ["flash", "cudnn", "efficient", "math"] + ["fa4"] * fa4, "complete": True,
+        "rows": rows,
     }
 
 

@@ -1,25 +1,66 @@
-"""bench/compare_torch.py without PyTorch or a GPU: the shapes, the ratios, the rules it takes from the
-library through the flash_steps package (FLOPs, tolerance, speed-ups, the sweep), the measuring loop
-and the backward mode's check and table. The package's own tests: test_flash_steps.py."""
+"""bench/compare_torch.py without PyTorch or a GPU: the shapes of its three passes, the ratios, labels and
+tables, the rules it takes from the library through the flash_steps package (FLOPs, tolerance, speed-ups,
+the sweep), the measuring loop every pass shares, the backward's check, and FlashAttention-4 joining the
+backends or not. The package's own tests: test_flash_steps.py; the shared core's: test_fs_results.py."""
 import contextlib
 import io
 import json
 import math
 import sys
 import tempfile
+import types
 import unittest
 from pathlib import Path
+from unittest import mock
 
-REPO = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent / "bench"))
+sys.path.insert(0, str(HERE))
 
 import compare_torch as ct  # noqa: E402
 import fs_results  # noqa: E402
+from test_fs_results import fa4_stub  # noqa: E402
+
+REPO = fs_results.REPO
+LIB = fs_results.library_path()  # $FLASH_STEPS_LIB (ctest sets it), else build/libflash_steps.so
+needs_lib = unittest.skipUnless(LIB.exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
 
 
-def find_library():
-    """$FLASH_STEPS_LIB, else build/libflash_steps.so (the README's build directory)."""
-    return fs_results.library_path()
+def printed(fn, *args, **kw) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fn(*args, **kw)
+    return out.getvalue()
+
+
+def sweep_of(cls, args=(), **attrs):
+    """A sweep of the class with what its rules, tables and measure() use, without PyTorch."""
+    s = object.__new__(cls)
+    s.args, s.lib, s.head = ct.parse_args(list(args)), FakeLibrary(), {}
+    s.timer, s.last, s.limit_ms = FakeTimer(2.0), {}, 100.0
+    s.ref_err, s.ref_impl = None, ""
+    for k, v in attrs.items():
+        setattr(s, k, v)
+    return s
+
+
+class FakeLibrary:
+    """fs_backward_bound's rule (test_flash_steps checks the library gives the same)."""
+
+    def backward_bound(self, dtype, ref_err, max_abs_exact):
+        return 2 * ref_err + {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[dtype] * max_abs_exact
+
+
+class FakeTimer:
+    def __init__(self, ms):
+        self.ms, self.calls = ms, 0
+
+    def times(self, fn, n):
+        self.calls += n
+        return [self.ms] * n
+
+
+RESULT = {"date": "d", "commit": "c", "environment": {"gpu": "H200"}}
 
 
 class DecodeArguments(unittest.TestCase):
@@ -44,7 +85,7 @@ class DecodeArguments(unittest.TestCase):
         self.assertEqual(ct.parse_args([]).backends, ",".join(ct.TORCH_BACKENDS))
 
     def test_hbm_ceiling_of_the_h200(self):
-        h = ct.hbm_ceiling(str(REPO / "bench" / "results" / "ceilings-20261130-212215.json"))
+        h = fs_results.hbm_ceiling(str(REPO / "bench" / "results" / "ceilings-20261130-212215.json"))
         self.assertAlmostEqual(h["tbs"], 4.64364)
 
     def test_ratios_labels_and_table(self):
@@ -56,41 +97,47 @@ class DecodeArguments(unittest.TestCase):
                 dict(shape, impl="10_decoding", kind="step", entry="decode", page_size=64, status="ok", ms=0.3,
                      gbs=2667, hbm_pct=57),
                 dict(shape, impl="07g_flash_attention2", kind="step", entry="forward", page_size=0, status="refused")]
-        ct.add_decode_ratios(rows)
+        ct.add_ratios(rows)
         self.assertAlmostEqual(rows[1]["x_cudnn"], 0.8)
         self.assertAlmostEqual(rows[2]["x_contiguous"], 0.25 / 0.3)
         self.assertNotIn("x_contiguous", rows[1])
-        self.assertEqual([ct.decode_label(r) for r in rows], ["pt:cudnn", "10", "10 p64", "07g"])
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            ct.print_decode_table({"rows": rows, "environment": {"gpu": "H200"}, "commit": "x", "date": "d",
-                                   "hbm": {"tbs": 4.64, "path": "c.json"}})
-        text = out.getvalue()
+        s = sweep_of(ct.DecodeSweep, ["--decode"])
+        self.assertEqual([s.label(r) for r in rows], ["pt:cudnn", "10", "10 p64", "07g"])
+        text = printed(s.table, dict(RESULT, rows=rows, hbm={"tbs": 4.64, "path": "c.json"}))
         self.assertIn("b8 sk32768 h32/8 sq1 d128 fp16", text)
+        self.assertIn("GB/s of K+V read (median)", text)
         self.assertIn("3200", text)
         self.assertIn("69% 0.80x", text)
+        self.assertIn("% of the HBM read ceiling (4.64 TB/s, c.json)", text)
 
 
-@unittest.skipUnless(find_library().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
+@needs_lib
 class Library(unittest.TestCase):
     def setUp(self):
-        self.lib = ct.load_library(find_library())
+        self.lib = ct.flash_steps.library(LIB)
 
     def test_steps_as_dicts(self):
         steps = ct.steps_of(self.lib)
         self.assertEqual(steps[0]["id"], "01_naive")
-        self.assertEqual(set(steps[0]), {"id", "name", "lesson", "dir", "min_compute_capability", "decodes",
-                                         "has_forward", "has_backward"})
-        self.assertTrue(all(s["has_forward"] or s["has_backward"] for s in steps))  # a step runs one pass or both
-        self.assertTrue(steps[0]["has_forward"])
+        self.assertEqual(set(steps[0]), {"id", "name", "lesson", "dir", "min_compute_capability", "passes"})
+        self.assertTrue(all(s["passes"] for s in steps))  # every step runs one pass at least
+        self.assertIn("forward", steps[0]["passes"])
         json.dumps(steps)  # they go into the results file
 
     def test_refusal_is_the_sentence(self):
         p = self.lib.problem(2, 512, 512, 16, 16, 12, "fp16", False)
         self.assertIn("head_dim is 12", ct.refusal(self.lib.check, "07g_flash_attention2", p))
         p = self.lib.decode_problem(2, 1, 4096, 32, 8, 128, "fp16", False, 64)
-        self.assertIn("has no decoding entry", ct.refusal(self.lib.decode_check, "01_naive", p))
+        self.assertIn("has no decoding entry", ct.refusal(self.lib.check, "01_naive", p))
         self.assertEqual(ct.refusal(lambda: None), "")
+
+    def test_steps_of_each_pass(self):
+        lib = self.lib
+        for cls, ids in ((ct.Sweep, {"01_naive", "09d_tile_sizes", "10_decoding"}),
+                         (ct.DecodeSweep, {"10_decoding"}), (ct.BackwardSweep, {"11_backward"})):
+            steps = {s["id"] for s in ct.steps_of(lib) if any(p in s["passes"] for p in cls.passes)}
+            self.assertTrue(ids <= steps, (cls.__name__, steps))
+        self.assertNotIn("11_backward", {s["id"] for s in ct.steps_of(lib) if "forward" in s["passes"]})
 
 
 class FakeTensor:
@@ -148,34 +195,104 @@ class Arguments(unittest.TestCase):
         a = ct.parse_args([])
         self.assertEqual((a.seqlens, a.head_dims, a.dtypes, a.tokens), (None, None, None, None))  # the library's
         self.assertEqual(a.ladder_seqlen, 2048)
+        self.assertTrue(a.default_backends)  # fa4 may join them
+        self.assertFalse(ct.parse_args(["--backends", "flash"]).default_backends)
         self.assertEqual(ct.parse_args(["--seqlens", "4096", "1024"]).seqlens, [4096, 1024])
+
+    def test_backends_known(self):
+        ct.check_backends(["flash", "cudnn", "efficient", "math", "fa4"])
+        with self.assertRaises(ValueError) as e:
+            ct.check_backends(["flash", "fa3"])
+        self.assertIn("unknown fa3", str(e.exception))
 
     def test_ratios(self):
         rows = [{"impl": "torch_flash", "kind": "torch", "ms": 1.0}, {"impl": "torch_cudnn", "kind": "torch", "ms": 0.5},
+                {"impl": "fa4", "kind": "fa4", "ms": 0.4},
                 {"impl": "07", "kind": "step", "ms": 0.8}, {"impl": "01", "kind": "step", "status": "skipped"}]
         ct.add_ratios(rows)
-        self.assertAlmostEqual(rows[2]["x_flash"], 1.25)
-        self.assertAlmostEqual(rows[2]["x_cudnn"], 0.625)
-        self.assertNotIn("x_flash", rows[3])
+        self.assertAlmostEqual(rows[3]["x_flash"], 1.25)
+        self.assertAlmostEqual(rows[3]["x_cudnn"], 0.625)
+        self.assertAlmostEqual(rows[3]["x_fa4"], 0.5)
+        self.assertAlmostEqual(rows[2]["x_flash"], 2.5)
+        self.assertNotIn("x_flash", rows[4])
+
+    def test_labels(self):
+        rows = [{"impl": "torch_flash", "kind": "torch"}, {"impl": "fa4", "kind": "fa4"},
+                {"impl": "07g_flash_attention2", "kind": "step"},
+                {"impl": "11_backward:det", "kind": "step", "deterministic": True}]
+        self.assertEqual([ct.label(r) for r in rows], ["pt:flash", "fa4", "07g_flash_", "11_backwar det"])
+        s = sweep_of(ct.BackwardSweep, ["--backward"])
+        self.assertEqual([s.label(r) for r in rows], ["pt:flash", "fa4", "07g", "11 det"])
 
     def test_load_failure_is_a_message(self):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             self.assertEqual(ct.main(["--lib", "/nowhere/libflash_steps.so"]), 1)
             self.assertEqual(ct.main(["--backward", "--lib", "/nowhere/libflash_steps.so"]), 1)
+            self.assertEqual(ct.main(["--decode", "--lib", "/nowhere/libflash_steps.so"]), 1)
         self.assertIn("/nowhere/libflash_steps.so does not exist", err.getvalue())
 
-    def test_cudnn_version(self):
-        self.assertEqual(ct.cudnn_version(91900), "9.19.0")
-        self.assertEqual(ct.cudnn_version(None), "none")
+    def test_each_pass_names_its_files(self):
+        self.assertEqual([c.name for c in ct.SWEEPS.values()],
+                         ["compare_torch", "compare_torch-decode", "compare_torch_backward"])
+        self.assertEqual([c.mode for c in ct.SWEEPS.values()], [None, "decode", "backward"])
+        for cls in ct.SWEEPS.values():  # what every results file's CSV has, and the FA4 ratio
+            self.assertEqual(cls.csv_fields[:5], ["date", "commit", "gpu", "impl", "kind"])
+            self.assertIn("x_fa4", cls.csv_fields)
+            self.assertIn("reason", cls.csv_fields)
 
 
-@unittest.skipUnless(find_library().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
+class FlashAttention4(unittest.TestCase):
+    """fa4 joins the default backends of the sweep and of --backward when flash_attn.cute imports (a stub
+    module here), and is left out with a note when it does not."""
+
+    def test_absent(self):
+        with fa4_stub(None):
+            notes = []
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                self.assertEqual(ct.with_fa4(["flash", "cudnn"], True, notes), ["flash", "cudnn"])
+                self.assertEqual(ct.with_fa4(["flash", "fa4"], False, notes), ["flash"])  # asked for: left out
+            self.assertEqual(notes, [fs_results.FA4_MISSING] * 2)
+            self.assertIn("FlashAttention-4 not installed (pip install flash-attn-4): no fa4 column", err.getvalue())
+            self.assertEqual(ct.with_fa4(["flash"], False, notes), ["flash"])  # not asked for: not looked for
+
+    def test_present(self):
+        with fa4_stub("4.0.0b36"):
+            notes = []
+            self.assertEqual(ct.with_fa4(["flash", "cudnn"], True, notes), ["flash", "cudnn", "fa4"])
+            self.assertEqual(ct.with_fa4(["fa4"], False, notes), ["fa4"])
+            self.assertEqual(ct.with_fa4(["flash"], False, notes), ["flash"])  # --backends given without it
+            self.assertEqual(notes, [])
+
+    def test_its_column_is_labelled_with_its_version(self):
+        shape = {"batch": 8, "seqlen": 2048, "heads": 16, "head_dim": 128, "causal": False, "dtype": "fp16"}
+        rows = [dict(shape, impl="torch_flash", kind="torch", status="ok", ms=1.0, tflops=300.0),
+                dict(shape, impl="fa4", kind="fa4", status="ok", ms=0.5, tflops=600.0),
+                dict(shape, impl="09d_tile_sizes", kind="step", status="ok", ms=0.6, tflops=500.0)]
+        text = printed(sweep_of(ct.Sweep).table, dict(RESULT, environment={"gpu": "H200", "fa4": "4.0.0b36"},
+                                                      rows=rows))
+        self.assertIn("fa4 = FA4 4.0.0b36", text)
+        head = next(line for line in text.splitlines() if line.startswith("shape"))
+        self.assertEqual(head.split()[1:], ["pt:flash", "fa4", "09d_tile_s"])
+        self.assertIn("600.0", text)
+
+    def test_an_fa4_error_is_its_cell_not_the_run(self):
+        class Sweep(MeasureShapes.FakeSweep):
+            def shape(self, si, shape):
+                return [{"impl": "fa4", "kind": "fa4", "status": "error", "reason": "AssertionError: head_dim"},
+                        {"impl": "x", "kind": "step", "status": "ok"}]
+        with tempfile.TemporaryDirectory() as d:
+            _, status, _ = run_sweep(["a"], Sweep(), d)
+        self.assertEqual(status, 0)
+
+
+@needs_lib
 class SharedRules(unittest.TestCase):
     """FLOPs, tolerance, speed-ups and the sweep come from the library (common/flash_steps.h)."""
 
     def setUp(self):
-        self.lib = ct.load_library(find_library())
+        self.lib = ct.flash_steps.library(LIB)
 
     def test_sweep_shapes(self):
         s = ct.sweep_shape(self.lib, 2048, 128, False, "fp16", self.lib.sweep_tokens())
@@ -187,29 +304,44 @@ class SharedRules(unittest.TestCase):
 
     def test_default_and_quick_sweeps(self):
         a = ct.parse_args([])
-        shapes, ladder = ct.plan_shapes(a, self.lib)
+        shapes, head = ct.Sweep.plan(a, self.lib)
+        ladder = head["ladder"]
         self.assertEqual(a.seqlens, [512, 1024, 2048, 4096, 8192, 16384])
         self.assertEqual((a.head_dims, a.dtypes, a.tokens), ([128, 64], ["fp16", "bf16"], 16384))
         self.assertEqual(len(shapes), 6 * 2 * 2 * 2)
         self.assertEqual((ladder["batch"], ladder["seqlen"], ladder["heads"]), (8, 2048, 16))
+        self.assertEqual(head["timing"], {"ladder_max_launch_ms": 5000})
         a = ct.parse_args(["--quick"])
-        shapes, _ = ct.plan_shapes(a, self.lib)
+        shapes, _ = ct.Sweep.plan(a, self.lib)
         self.assertEqual((a.seqlens, a.head_dims, a.dtypes), ([1024, 2048, 4096], [128], ["fp16"]))
         self.assertEqual(len(shapes), 3 * 2)
         with self.assertRaises(ValueError):
-            ct.plan_shapes(ct.parse_args(["--seqlens", "3000"]), self.lib)
+            ct.Sweep.plan(ct.parse_args(["--seqlens", "3000"]), self.lib)
 
     def test_sweep_order_groups_then_seqlen_ascending(self):
-        shapes = ct.sweep_shapes(self.lib, [4096, 512], [128, 64], [False, True], ["fp16"], 16384)
+        a = ct.parse_args(["--seqlens", "4096", "512", "--head-dims", "128", "64", "--dtypes", "fp16"])
+        shapes = ct.sweep_shapes(a, self.lib)
         self.assertEqual(len(shapes), 8)
         self.assertEqual([s["seqlen"] for s in shapes[:2]], [512, 4096])
-        self.assertEqual(len({ct.shape_key(s) for s in shapes}), 8)
+        self.assertEqual([(s["head_dim"], s["causal"]) for s in shapes[::2]], [(128, False), (128, True), (64, False),
+                                                                               (64, True)])
+        self.assertEqual(len({ct.Sweep.key(s) for s in shapes}), 8)
 
     def test_flops(self):
         s = ct.sweep_shape(self.lib, 2048, 128, False, "fp16", 16384)
         self.assertEqual(ct.shape_flops(self.lib, s), 4.0 * 8 * 16 * 2048 * 2048 * 128)
         self.assertEqual(ct.shape_flops(self.lib, dict(s, causal=True)), 2.0 * 8 * 16 * 2048 * 2048 * 128)
-        self.assertEqual(ct.backward_shape_flops(self.lib, s), 2.5 * 4.0 * 8 * 16 * 2048 * 2048 * 128)
+        self.assertEqual(ct.shape_flops(self.lib, s, backward=True), 2.5 * 4.0 * 8 * 16 * 2048 * 2048 * 128)
+
+    def test_decode_plan(self):
+        a = ct.parse_args(["--decode", "--ceilings", str(REPO / "bench" / "results" / "ceilings-20261130-212215.json")])
+        shapes, head = ct.DecodeSweep.plan(a, self.lib)
+        self.assertEqual(len(shapes), 20)
+        self.assertAlmostEqual(head["hbm"]["tbs"], 4.64364)
+        self.assertEqual(head["page_sizes"], [16, 64, 256])
+        s = sweep_of(ct.DecodeSweep, ["--decode"], lib=self.lib)
+        self.assertEqual(s.lib.decode_kv_bytes(s.problem(shapes[1])), 2 * 8 * 32768 * 8 * 128 * 2)
+        self.assertIn("b8 sk32768 h32/8 sq1 d128 fp16  (1.07 GB of K+V", s.heading(shapes[1]))
 
     def test_tolerance(self):
         atol, rtol, lse_tol = self.lib.tolerance("bf16", 2.0)
@@ -236,73 +368,111 @@ class SharedRules(unittest.TestCase):
         self.assertEqual(by["05_async"]["x_step01"], 10.0)
         self.assertNotIn("x_step01", by["06_mma"])
 
+    def test_shapes_of_the_backward(self):
+        lib = self.lib
+        a = ct.parse_args(["--backward"])
+        shapes, _ = ct.BackwardSweep.plan(a, lib)
+        self.assertEqual(a.seqlens, [1024, 2048, 4096, 8192, 16384])  # issue 15: N 1k-16k
+        self.assertEqual(len(shapes), 5 * 2 * 2 * 2)
+        a = ct.parse_args(["--backward", "--seqlens", "512", "--head-dims", "64", "--causal", "on", "--dtypes", "fp16"])
+        self.assertEqual([(s["seqlen"], s["heads"], s["causal"]) for s in ct.BackwardSweep.plan(a, lib)[0]],
+                         [(512, 32, True)])
+        self.assertEqual(len(ct.BackwardSweep.plan(ct.parse_args(["--backward", "--quick"]), lib)[0]), 3 * 2)
+
+
+def run_sweep(shapes, sweep, d):
+    result = dict(RESULT, tool="compare_torch", complete=False, rows=[])
+    with contextlib.redirect_stderr(io.StringIO()):
+        status = ct.measure_shapes(result, shapes, sweep, Path(d) / "out")
+    return result, status, sweep.tables
+
 
 class MeasureShapes(unittest.TestCase):
-    """The loop both sweeps share: rows appended, files written even when a shape fails, exit status."""
+    """The loop every pass shares: rows appended, files written even when a shape fails, exit status."""
 
     class FakeSweep:
+        csv_fields = ["impl", "status"]
+
         def __init__(self, fail_at=None):
-            self.fail_at = fail_at
+            self.fail_at, self.tables = fail_at, []
 
         def shape(self, si, shape):
             if si == self.fail_at:
                 raise RuntimeError("interrupted")
-            return [{"impl": "x", "status": "ok" if shape != "bad" else "fail"}]
+            return [{"impl": "x", "kind": "step", "status": "ok" if shape != "bad" else "fail"}]
 
-    def run_sweep(self, shapes, sweep, d):
-        result = {"date": "d", "commit": "c", "environment": {"gpu": "g"}, "complete": False, "rows": []}
-        tables = []
-        status = ct.measure_shapes(result, shapes, sweep, Path(d) / "out", ["impl", "status"],
-                                   heading=lambda s: f"{s}  (", cell=lambda r: r["status"], table=tables.append)
-        return result, status, tables
+        def heading(self, shape):
+            return f"{shape}  ("
+
+        def cell(self, r):
+            return r["status"]
+
+        def table(self, result):
+            self.tables.append(result)
+
+        def after_shape(self):
+            pass
 
     def test_every_shape_measured_and_written(self):
         with tempfile.TemporaryDirectory() as d:
-            result, status, tables = self.run_sweep(["a", "b"], self.FakeSweep(), d)
+            result, status, tables = run_sweep(["a", "b"], self.FakeSweep(), d)
             self.assertEqual(status, 0)
             self.assertTrue(result["complete"])
             self.assertEqual(len(result["rows"]), 2)
             self.assertEqual(tables, [result])
             self.assertTrue((Path(d) / "out.json").exists() and (Path(d) / "out.csv").exists())
-            _, status, _ = self.run_sweep(["a", "bad"], self.FakeSweep(), d)
+            _, status, _ = run_sweep(["a", "bad"], self.FakeSweep(), d)
             self.assertEqual(status, 1)
 
     def test_an_interrupted_run_still_writes_what_it_measured(self):
         with tempfile.TemporaryDirectory() as d:
             with self.assertRaises(RuntimeError):
-                self.run_sweep(["a", "b", "c"], self.FakeSweep(fail_at=1), d)
-            import json
+                run_sweep(["a", "b", "c"], self.FakeSweep(fail_at=1), d)
             written = json.loads((Path(d) / "out.json").read_text())
             self.assertFalse(written["complete"])
             self.assertEqual(len(written["rows"]), 1)
 
 
-class FakeBoundLibrary:
-    """fs_backward_bound's rule (test_flash_steps checks the library gives the same)."""
+class Measure(unittest.TestCase):
+    """The measure/skip logic of every pass, with a fake timer."""
 
-    def backward_bound(self, dtype, ref_err, max_abs_exact):
-        return 2 * ref_err + {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[dtype] * max_abs_exact
+    row = {"impl": "09d", "flops": 5e12, "head_dim": 128, "causal": False, "dtype": "fp16"}
+    ok = {"pass": True, "mismatches": 0, "nonfinite": 0}
 
+    def test_timed(self):
+        s = sweep_of(ct.Sweep)
+        row = dict(self.row)
+        s.measure(row, lambda: None, lambda: dict(self.ok))
+        self.assertEqual((row["status"], row["ms"], row["iters"]), ("ok", 2.0, 20))
+        self.assertAlmostEqual(row["tflops"], 2500.0)
+        self.assertEqual(s.timer.calls, 1 + 2 + 20)  # probe, warm-up, timed
 
-class FakeTimer:
-    def __init__(self, ms):
-        self.ms, self.calls = ms, 0
+    def test_skipped_by_the_limit_and_by_scaling(self):
+        s = sweep_of(ct.Sweep, timer=FakeTimer(150.0))
+        row = dict(self.row)
+        s.measure(row, lambda: None, lambda: dict(self.ok))
+        self.assertEqual(row["status"], "skipped")
+        self.assertIn("one launch took 150 ms, over the limit of 100 ms", row["reason"])
+        bigger = dict(self.row, flops=1e13)  # twice the work: about 300 ms, not launched
+        s.measure(bigger, lambda: None, lambda: self.fail("checked"))
+        self.assertIn("a launch would take about 300 ms (scaled by FLOPs", bigger["reason"])
+        other = dict(self.row, impl="10", kv_bytes=1e9, page_size=64)
+        d = sweep_of(ct.DecodeSweep, ["--decode"], timer=FakeTimer(0.25), head={"hbm": {"tbs": 4.0}})
+        d.measure(other, lambda: None, lambda: dict(self.ok))
+        self.assertAlmostEqual(other["gbs"], 4000.0)
+        self.assertAlmostEqual(other["hbm_pct"], 100.0)
 
-    def times(self, fn, n):
-        self.calls += n
-        return [self.ms] * n
+    def test_a_failed_check_is_timed_and_says_why(self):
+        s = sweep_of(ct.Sweep)
+        row = dict(self.row)
+        s.measure(row, lambda: None, lambda: {"pass": False, "why": "check failed: 3 elements"})
+        self.assertEqual((row["status"], row["reason"]), ("fail", "check failed: 3 elements"))
+        self.assertNotIn("why", row)
 
 
 class Backward(unittest.TestCase):
-    """--backward without a GPU: its arguments, labels, the check by fs_backward_bound, the measuring of
-    one row with a fake timer, and the loop and table with a fake sweep."""
-
-    def sweep(self):
-        s = object.__new__(ct.BackwardSweep)  # what judged() and measure() use, without PyTorch
-        s.lib, s.args = FakeBoundLibrary(), ct.parse_args(["--backward"])
-        s.timer, s.last, s.limit_ms = FakeTimer(2.0), {}, 100.0
-        s.ref_err, s.ref_impl = None, ""
-        return s
+    """--backward without a GPU: its arguments, the check by fs_backward_bound, the measuring of one row with
+    a fake timer, and the loop and table with a fake sweep."""
 
     def test_arguments(self):
         a = ct.parse_args(["--backward"])
@@ -312,12 +482,8 @@ class Backward(unittest.TestCase):
         with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
             ct.parse_args(["--backward", "--decode"])
 
-    def test_labels(self):
-        self.assertEqual([ct.backward_label(i) for i in ("torch_flash", "11_backward", "11_backward:det")],
-                         ["pt:flash", "11", "11 det"])
-
     def test_check_by_the_bound(self):
-        s = self.sweep()
+        s = sweep_of(ct.BackwardSweep, ["--backward"])
         flash = {"dq": (0.01, 4.0), "dk": (0.02, 8.0), "dv": (0.005, 2.0), "nonfinite": 0}
         res = s.judged("fp16", flash, own_reference=True)  # the reference backend: its own errors, no bound
         self.assertTrue(res["pass"])
@@ -337,7 +503,7 @@ class Backward(unittest.TestCase):
         self.assertIn("no SDPA backend gave the reference error", s.judged("fp16", ours, False)["why"])
 
     def test_one_row_measured(self):
-        s = self.sweep()
+        s = sweep_of(ct.BackwardSweep, ["--backward"])
         s.ref_err, s.ref_impl = {"dq": (0.01, 4.0), "dk": (0.02, 8.0), "dv": (0.005, 2.0), "nonfinite": 0}, "torch_flash"
         row = {"impl": "11_backward", "flops": 5e12, "head_dim": 128, "causal": False, "dtype": "fp16"}
         s.measure(row, lambda: None, lambda: s.judged("fp16", {"dq": (0.0, 4.0), "dk": (0.1, 8.0), "dv": (0.0, 2.0),
@@ -346,50 +512,278 @@ class Backward(unittest.TestCase):
         self.assertAlmostEqual(row["tflops"], 2500.0)
         self.assertTrue(row["reason"].startswith("check failed: dk error 0.1 over the bound"))
 
-    class FakeBackwardSweep:
+    class FakeBackwardSweep(ct.BackwardSweep):
         def shape(self, si, shape):
             rows = [("torch_flash", "torch", False, 1.0), ("torch_cudnn", "torch", False, 0.8),
+                    ("fa4", "fa4", False, 0.5),
                     ("11_backward", "step", False, 1.25), ("11_backward:det", "step", True, 2.0)]
             out = [dict(shape, impl=i, kind=k, deterministic=d, status="ok", ms=ms, tflops=10.0 / ms, reason="")
                    for i, k, d, ms in rows]
-            ct.add_ratios(out)
+            self.finish(out)
             return out
+
+        def heading(self, shape):
+            return f"{self.describe(shape)}  ("
+
+        def after_shape(self):
+            pass
 
     def test_the_loop_files_and_table(self):
         shape = {"batch": 8, "seqlen": 2048, "heads": 16, "head_dim": 128, "causal": True, "dtype": "bf16"}
-        result = {"date": "d", "commit": "c", "environment": {"gpu": "H200"}, "complete": False, "rows": []}
-        out, err = io.StringIO(), io.StringIO()
-        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = ct.measure_shapes(result, [shape], self.FakeBackwardSweep(), Path(d) / "bw",
-                                       ct.BACKWARD_CSV_FIELDS, heading=lambda s: f"{ct.describe(s)}  (",
-                                       cell=lambda r: ct.backward_label(r["impl"]),
-                                       table=lambda r: ct.print_table(r, labeler=ct.backward_label))
+        result = dict(RESULT, tool="compare_torch", complete=False, rows=[])
+        out = io.StringIO()
+        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(io.StringIO()):
+            status = ct.measure_shapes(result, [shape], sweep_of(self.FakeBackwardSweep, ["--backward"]),
+                                       Path(d) / "bw")
             csv_text = (Path(d) / "bw.csv").read_text()
         self.assertEqual(status, 0)
         self.assertTrue(result["complete"])
         self.assertEqual(csv_text.splitlines()[0].split(",")[:6], ["date", "commit", "gpu", "impl", "kind",
                                                                   "deterministic"])
         self.assertIn("11_backward:det,step,True", csv_text)
+        self.assertIn("fa4,fa4,False", csv_text)
         by = {r["impl"]: r for r in result["rows"]}
         self.assertAlmostEqual(by["11_backward"]["x_flash"], 0.8)
         self.assertAlmostEqual(by["11_backward:det"]["x_cudnn"], 0.4)
+        self.assertAlmostEqual(by["11_backward"]["x_fa4"], 0.4)
         table = out.getvalue().splitlines()
         head = next(line for line in table if line.startswith("shape"))
-        self.assertEqual(head.split()[1:], ["pt:flash", "pt:cudnn", "11", "11", "det"])
+        self.assertEqual(head.split()[1:], ["pt:flash", "pt:cudnn", "fa4", "11", "11", "det"])
         self.assertIn("b8 h16 n2048 d128 bf16 causal", out.getvalue())
         self.assertIn("8.0", out.getvalue())
 
-    @unittest.skipUnless(find_library().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
-    def test_shapes(self):
-        lib = ct.load_library(find_library())
-        a = ct.parse_args(["--backward"])
-        shapes = ct.backward_shapes(a, lib)
-        self.assertEqual(a.seqlens, [1024, 2048, 4096, 8192, 16384])  # issue 15: N 1k-16k
-        self.assertEqual(len(shapes), 5 * 2 * 2 * 2)
-        a = ct.parse_args(["--backward", "--seqlens", "512", "--head-dims", "64", "--causal", "on", "--dtypes", "fp16"])
-        self.assertEqual([(s["seqlen"], s["heads"], s["causal"]) for s in ct.backward_shapes(a, lib)],
-                         [(512, 32, True)])
-        self.assertEqual(len(ct.backward_shapes(ct.parse_args(["--backward", "--quick"]), lib)), 3 * 2)
+
+class Backends(unittest.TestCase):
+    """fs_results.Backend as the passes call it: the layout each backend reads and how it is called (a
+    fake torch and an FA4 stub record the calls)."""
+
+    def fake_torch(self, calls):
+        def sdpa(q, k, v, scale=None, **kw):
+            calls.append(("sdpa", q, k, v, scale, kw))
+            return "o"
+        return types.SimpleNamespace(nn=types.SimpleNamespace(functional=types.SimpleNamespace(
+            scaled_dot_product_attention=sdpa)))
+
+    def test_sdpa_reads_views_and_fa4_the_tensors(self):
+        calls = []
+        with fa4_stub("4.0.0b36", calls):
+            sdpa, fa4 = fs_results.Backend(self.fake_torch(calls), "cudnn"), fs_results.Backend(None, "fa4")
+            q, kv = FakeTensor((2, 64, 8, 128)), FakeTensor((2, 64, 2, 128))
+            self.assertEqual((sdpa.impl, sdpa.kind, fa4.impl, fa4.kind), ("torch_cudnn", "torch", "fa4", "fa4"))
+            self.assertIs(fa4.view(q), q)
+            self.assertIsInstance(fa4.context(), contextlib.nullcontext)
+            self.assertEqual(fa4(q, kv, kv, True, 0.125), "out")  # flash_attn_func's (out, lse): out
+            self.assertEqual(calls[-1], ("fa4", q, kv, kv, {"softmax_scale": 0.125, "causal": True}))
+            bhnd = types.SimpleNamespace(shape=(2, 8, 64, 128))
+            self.assertEqual(sdpa(bhnd, bhnd, bhnd, True, 0.125), "o")
+            self.assertEqual(calls[-1][4:], (0.125, {"is_causal": True}))
+            kv_bhnd = types.SimpleNamespace(shape=(2, 2, 64, 128))
+            sdpa(bhnd, kv_bhnd, kv_bhnd, False, None)  # GQA: SDPA is told so
+            self.assertEqual(calls[-1][5], {"enable_gqa": True, "is_causal": False})
+        with self.assertRaises(ValueError):
+            fs_results.Backend(None, "fa3")
+
+
+# ---- the loop of every pass on a stand-in for PyTorch -----------------------------------------------
+
+class T:
+    """A stand-in for a torch tensor: its shape, strides, dtype and device (what flash_steps' checks read),
+    and the operations the passes call, which keep or change the shape as torch's would."""
+
+    def __init__(self, *shape, dtype="torch.float16", strides=None):
+        self.shape, self.dtype, self.device = tuple(shape), dtype, "cuda:0"
+        self._strides = strides or tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
+        self.filled = []
+
+    def stride(self):
+        return self._strides
+
+    def data_ptr(self):
+        return 4096
+
+    def transpose(self, a, b):
+        shape, strides = list(self.shape), list(self._strides)
+        shape[a], shape[b], strides[a], strides[b] = shape[b], shape[a], strides[b], strides[a]
+        return T(*shape, dtype=self.dtype, strides=tuple(strides))
+
+    def __getitem__(self, index):  # t[0:1]: batch 0
+        return T(1, *self.shape[1:], dtype=self.dtype)
+
+    def index_select(self, dim, index):
+        return T(*(index.shape[0] if i == dim else n for i, n in enumerate(self.shape)), dtype=self.dtype)
+
+    def to(self, x):
+        return T(*self.shape, dtype=x) if str(x).startswith("torch.") else self
+
+    def view(self, *shape):
+        return self if len(shape) == 1 and str(shape[0]).startswith("torch.") else T(*shape, dtype=self.dtype)
+
+    def fill_(self, value):
+        self.filled.append(value)
+        return self
+
+    def new_zeros(self, *shape):
+        return T(*shape, dtype=self.dtype)
+
+    def __setitem__(self, index, value):
+        pass
+
+    def __mul__(self, x):
+        return self
+
+    __add__ = __mul__
+    abs = detach = requires_grad_ = clone = copy_ = long = reshape = lambda self, *a: self
+    new_empty = new_zeros
+
+    def max(self):
+        return 1.0
+
+
+def fake_torch(calls):
+    """What the passes call of torch, recording SDPA's calls; the modules to put in sys.modules."""
+    def empty(*shape, dtype="torch.float32", device=None):
+        return T(*(shape[0] if isinstance(shape[0], tuple) else shape), dtype=dtype)
+
+    def sdpa(q, k, v, scale=None, **kw):
+        calls.append(("sdpa", q.shape, k.shape, kw))
+        return T(*q.shape, dtype=q.dtype)
+    cuda = types.SimpleNamespace(synchronize=lambda: None, mem_get_info=lambda: (2 ** 40, 2 ** 40),
+                                 current_stream=lambda: types.SimpleNamespace(cuda_stream=0), empty_cache=lambda: None)
+    torch = types.SimpleNamespace(
+        float16="torch.float16", bfloat16="torch.bfloat16", float32="torch.float32", uint8="torch.uint8",
+        int32="torch.int32", int16="torch.int16", cuda=cuda, empty=empty, equal=lambda a, b: True,
+        Generator=lambda device=None: types.SimpleNamespace(manual_seed=lambda seed: None),
+        randn=lambda *shape, device=None, dtype=None, generator=None: T(*shape, dtype=dtype),
+        randperm=lambda n, generator=None: T(n, dtype="torch.int64"),
+        tensor=lambda values, device=None: T(len(values), dtype="torch.int64"),
+        empty_like=lambda x: T(*x.shape, dtype=x.dtype, strides=x.stride()),
+        autograd=types.SimpleNamespace(grad=lambda o, inputs, d_o, retain_graph: tuple(T(*x.shape) for x in inputs)),
+        nn=types.SimpleNamespace(functional=types.SimpleNamespace(scaled_dot_product_attention=sdpa)))
+    attention = types.SimpleNamespace(SDPBackend=types.SimpleNamespace(**{v: v for v in fs_results.SDPA_BACKENDS.values()}),
+                                      sdpa_kernel=lambda backends: contextlib.nullcontext())
+    bias = types.SimpleNamespace(causal_lower_right=lambda sq, sk: ("lower right", sq, sk))
+    return torch, {"torch": torch, "torch.nn": torch.nn, "torch.nn.attention": attention,
+                   "torch.nn.attention.bias": bias}
+
+
+class FakeLaunches:
+    """The library for what needs no GPU (problems, FLOPs, bytes, speed-ups, bounds), and a record of our
+    launches instead of them: the check refuses the steps in `refuse`, every run takes its pass's pointers."""
+
+    def __init__(self, refuse=()):
+        self.real, self.refuse, self.launches = ct.flash_steps.library(LIB), refuse, []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def check(self, step_id, p):
+        if step_id in self.refuse:
+            raise ct.flash_steps.InvalidArgument(1, "fs_check", f"{step_id} refuses this problem")
+
+    def workspace_size(self, step_id, p):
+        return 256
+
+    def tolerance(self, dtype, max_abs_v):
+        return 1e-3, 1e-3, 1e-4
+
+    def runner(self, step_id, p, *pointers, workspace=0, workspace_bytes=0, stream=0):
+        ps = ct.flash_steps.pass_of(p)
+        assert len(pointers) == len(ps.pointers), (step_id, ps.name, len(pointers))
+        self.launches.append((step_id, ps.name, pointers, workspace_bytes))
+        return lambda: None
+
+
+@needs_lib
+class EveryPassOnAStandIn(unittest.TestCase):
+    """Sweep, DecodeSweep and BackwardSweep through their whole loop (tensors, backends, our launches, the
+    checks, measure, the files and tables) on stand-ins for PyTorch, FA4, the timer and the reference."""
+
+    def run_pass(self, cls, argv, shape, steps, backends, head, refuse=()):
+        calls, fa4_calls = [], []
+        torch, modules = fake_torch(calls)
+        lib = FakeLaunches(refuse)
+        timer = types.SimpleNamespace(times=lambda fn, n: [fn() or 0.5 for _ in range(n)])
+        ok = {"pass": True, "max_abs_err": 0.0, "mismatches": 0, "nonfinite": 0}
+        errors = {"dq": (1e-3, 1.0), "dk": (1e-3, 1.0), "dv": (1e-3, 1.0), "nonfinite": 0}
+        with fa4_stub("4.0.0b36", fa4_calls, out=lambda q: T(*q.shape, dtype=q.dtype)), \
+                mock.patch.dict(sys.modules, modules), tempfile.TemporaryDirectory() as d, \
+                mock.patch.object(fs_results, "Timer", lambda *a: timer), \
+                mock.patch.object(fs_results, "reference", lambda *a, **k: {}), \
+                mock.patch.object(fs_results, "compare", lambda *a, **k: dict(ok)), \
+                mock.patch.object(fs_results, "gradient_errors", lambda *a, **k: dict(errors)), \
+                mock.patch.object(ct.flash_steps, "forward", lambda q, *a: (T(*q.shape), T(
+                    q.shape[0], q.shape[2], q.shape[1], dtype="torch.float32"))), \
+                mock.patch.object(ct.flash_steps, "default_step", lambda p: "09d_tile_sizes"), \
+                contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()):
+            sweep = cls(torch, lib, ct.parse_args(argv), steps, backends, {"l2_bytes": 0}, head)
+            result = dict(RESULT, tool="compare_torch", complete=False, rows=[])
+            status = ct.measure_shapes(result, [shape], sweep, Path(d) / "run")
+            header = (Path(d) / "run.csv").read_text().splitlines()[0].split(",")
+        self.assertEqual(header, cls.csv_fields)
+        return status, {sweep.label(r): r for r in result["rows"]}, lib.launches, calls, fa4_calls, out.getvalue()
+
+    def test_forward(self):
+        shape = {"batch": 2, "seqlen": 256, "heads": 4, "head_dim": 64, "causal": True, "dtype": "fp16"}
+        steps = [{"id": "07g_flash_attention2", "passes": ("forward",)}, {"id": "09d_tile_sizes", "passes": ("forward",)}]
+        status, rows, launches, calls, fa4_calls, out = self.run_pass(
+            ct.Sweep, ["--math-max-gib", "1e-9"], shape, steps, ["flash", "cudnn", "math", "fa4"], {"ladder": shape},
+            refuse={"09d_tile_sizes"})
+        self.assertEqual(status, 0)
+        self.assertEqual({k: r["status"] for k, r in rows.items()}, {
+            "pt:flash": "ok", "pt:cudnn": "ok", "pt:math": "skipped", "fa4": "ok", "07g_flash_": "ok",
+            "09d_tile_s": "refused"})
+        self.assertIn("the math backend needs about", rows["pt:math"]["reason"])
+        self.assertEqual(rows["09d_tile_s"]["reason"], "09d_tile_sizes refuses this problem")
+        self.assertEqual([(sid, name, len(p)) for sid, name, p, _ in launches], [("07g_flash_attention2", "forward", 5)])
+        self.assertEqual(calls[0][1:], ((2, 4, 256, 64), (2, 4, 256, 64), {"is_causal": True}))  # SDPA: (B, H, N, d)
+        self.assertEqual(fa4_calls[0][1].shape, (2, 256, 4, 64))  # FA4: (B, N, H, d), as ours
+        self.assertEqual(fa4_calls[0][4], {"softmax_scale": 0.125, "causal": True})
+        self.assertAlmostEqual(rows["07g_flash_"]["tflops"], shape_flops_of(shape) / 0.5e-3 / 1e12)
+        self.assertAlmostEqual(rows["fa4"]["x_flash"], 1.0)
+        self.assertEqual(rows["07g_flash_"]["iters"], 20)
+        self.assertIn("fa4 = FA4", out)
+
+    def test_decode(self):
+        shape = {"batch": 2, "seqlen_q": 4, "seqlen_k": 300, "heads_q": 8, "heads_kv": 2, "head_dim": 128,
+                 "dtype": "bf16", "causal": True}
+        steps = [{"id": "07g_flash_attention2", "passes": ("forward",)},
+                 {"id": "10_decoding", "passes": ("forward", "decode")}]
+        status, rows, launches, calls, _, out = self.run_pass(
+            ct.DecodeSweep, ["--decode", "--page-sizes", "16", "64"], shape, steps, ["flash", "cudnn"],
+            {"hbm": {"tbs": 4.0}})
+        self.assertEqual(status, 0)
+        self.assertEqual(list(rows), ["pt:flash", "pt:cudnn", "07g", "10", "10 p16", "10 p64"])
+        self.assertTrue(all(r["status"] == "ok" for r in rows.values()), rows)
+        self.assertEqual([(name, len(p), p[3] != 0) for _, name, p, _ in launches],
+                         [("forward", 5, True), ("decode", 7, False), ("decode", 7, True), ("decode", 7, True)])
+        self.assertEqual(calls[0][3]["enable_gqa"], True)
+        self.assertEqual(calls[0][3]["attn_mask"], ("lower right", 4, 300))  # bottom-right causal
+        self.assertEqual((rows["10 p64"]["entry"], rows["10 p64"]["page_size"]), ("decode", 64))
+        self.assertAlmostEqual(rows["10 p64"]["x_contiguous"], 1.0)
+        self.assertEqual(rows["10"]["kv_bytes"], 2 * 2 * 300 * 2 * 128 * 2)
+        self.assertAlmostEqual(rows["10"]["hbm_pct"], 100 * rows["10"]["gbs"] / 4000)
+        self.assertIn("% of the HBM read ceiling", out)
+
+    def test_backward(self):
+        shape = {"batch": 2, "seqlen": 256, "heads": 4, "head_dim": 64, "causal": False, "dtype": "fp16"}
+        steps = [{"id": "11_backward", "passes": ("backward",)}]
+        status, rows, launches, _, fa4_calls, out = self.run_pass(
+            ct.BackwardSweep, ["--backward"], shape, steps, ["flash", "fa4"], {})
+        self.assertEqual(status, 0)
+        self.assertEqual(list(rows), ["pt:flash", "fa4", "11", "11 det"])
+        self.assertTrue(all(r["status"] == "ok" for r in rows.values()), rows)
+        self.assertEqual(rows["pt:flash"]["ref_impl"], "")  # the reference backend
+        self.assertEqual(rows["fa4"]["ref_impl"], "torch_flash")  # FA4 judged by the bound, as our steps
+        self.assertAlmostEqual(rows["fa4"]["dq_bound"], 2 * 1e-3 + 2.0 ** -11)
+        self.assertTrue(rows["11 det"]["repeatable"])
+        self.assertEqual(rows["11"]["forward_step"], "09d_tile_sizes")
+        self.assertEqual([(name, len(p)) for _, name, p, _ in launches], [("backward", 9)] * 2)
+        self.assertEqual(fa4_calls[0][1].shape, (2, 256, 4, 64))
+
+
+def shape_flops_of(s):
+    return 4.0 * s["batch"] * s["heads"] * s["seqlen"] ** 2 * s["head_dim"] / (2 if s["causal"] else 1)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ class LadderColumns(unittest.TestCase):
 
     def test_rows_follow_the_registry_and_keep_untimed_steps(self):
         self.assertEqual([s["id"] for s in self.ladder["steps"]], ["01_naive", "02_tiled", "03_online", "04_refuser"])
-        self.assertEqual(sorted(self.ladder["torch"]), ["torch_cudnn", "torch_efficient", "torch_flash", "torch_math"])
+        self.assertEqual(sorted(self.ladder["backends"]), ["torch_cudnn", "torch_efficient", "torch_flash", "torch_math"])
         self.assertEqual(self.ladder["flops"], 4.0 * 8 * 16 * 2048 * 2048 * 128)
 
     def test_ratios(self):
@@ -104,13 +104,31 @@ class LadderColumns(unittest.TestCase):
         self.assertNotIn("results:begin", text)  # the markers stay in the README, not in the content
 
     def test_ceiling_columns(self):
+        # each step against the unit it computes on only: here 07_tiled on mma.sync, 09_online on wgmma,
+        # 01_naive on the CUDA cores (neither column), the backends neither
+        for s in self.ladder["steps"]:
+            s["id"] = {"02_tiled": "07_tiled", "03_online": "09_online"}.get(s["id"], s["id"])
         ceilings = dict(fs_results.load_ceilings(self.write_ceilings()), source="bench/results/ceilings-x.json")
         text = plot.ladder_table(self.ladder, self.compare, "x.json", ceilings=ceilings)
         self.assertIn("| % of cuDNN | % of mma.sync fp16 | % of wgmma fp16 |", text)
-        self.assertIn("| `03_online` | 2.749 | 100.0 | 5.00× | 50.0× | 33 % | 20 % | 17 % | 11 % |", text)
-        self.assertIn("| PyTorch SDPA cuDNN | 0.550 | 500.0 | | | 167 % | 100 % | 83 % | 56 % |", text)
+        self.assertIn("| `07_tiled` | 13.744 | 20.0 | 10.00× | 10.0× | 7 % | 4 % | 3 % | – |", text)
+        self.assertIn("| `09_online` | 2.749 | 100.0 | 5.00× | 50.0× | 33 % | 20 % | – | 11 % |", text)
+        self.assertIn("| `01_naive` | 137.439 | 2.0 | – | 1.0× | 1 % | 0 % | – | – |", text)
+        self.assertIn("| PyTorch SDPA cuDNN | 0.550 | 500.0 | | | 167 % | 100 % | – | – |", text)
         self.assertIn("Ceilings (mma.sync fp16 600 TFLOP/s, wgmma fp16 900 TFLOP/s): measured on this GPU", text)
         self.assertIn("`bench/results/ceilings-x.json`", text)
+
+    def test_fa4_column_and_row(self):
+        compare = synthetic.compare_result(fa4=True)
+        ladder = plot.ladder_from_compare(compare)
+        self.assertEqual(ladder["backends"]["fa4"]["kind"], "fa4")
+        text = plot.ladder_table(ladder, compare, "x.json")
+        self.assertIn("| % of PyTorch flash | % of cuDNN | % of FA4 |\n", text)
+        self.assertIn("| `03_online` | 2.749 | 100.0 | 5.00× | – | 33 % | 20 % | 22 % |", text)
+        self.assertIn("| FA4 4.0.0b36 | 0.611 | 450.0 | | | 150 % | 90 % | 100 % |", text)
+        self.assertIn("FA4 4.0.0b36), 2026-11-30", text)  # its version beside the others
+        self.assertIn("PyTorch SDPA and FlashAttention-4 timed in the same process", text)
+        self.assertNotIn("% of FA4", plot.ladder_table(self.ladder, self.compare, "x.json"))  # none without it
 
     def write_ceilings(self):
         tmp = tempfile.TemporaryDirectory()
@@ -132,6 +150,31 @@ class LadderColumns(unittest.TestCase):
         b = plot.ladder_table(plot.ladder_from_compare(json.loads(json.dumps(self.compare))), self.compare, "x.json",
                               images=("a.png",))
         self.assertEqual(a, b)
+
+
+class ComputeUnits(unittest.TestCase):
+    def test_every_step_on_its_unit(self):
+        units = {i: plot.compute_unit(i) for i in (
+            "01_naive", "02_online_softmax", "03_smem_tiling", "04_pad", "04_swizzle", "05_cp_async",
+            "06_ldmatrix_mma", "07a_rows32", "07g_flash_attention2", "08_tma_wgmma", "09a_producer_consumer",
+            "09d_tile_sizes", "10_decoding", "11_backward", "cublas")}
+        self.assertEqual(units, {
+            "01_naive": "fma_f32", "02_online_softmax": "fma_f32", "03_smem_tiling": "fma_f32", "04_pad": "fma_f32",
+            "04_swizzle": "fma_f32", "05_cp_async": "fma_f32", "06_ldmatrix_mma": "mma_sync",
+            "07a_rows32": "mma_sync", "07g_flash_attention2": "mma_sync", "08_tma_wgmma": "wgmma",
+            "09a_producer_consumer": "wgmma", "09d_tile_sizes": "wgmma", "10_decoding": "mma_sync",
+            "11_backward": "mma_sync", "cublas": None})
+
+    def test_label_heights(self):
+        gap = 0.1
+        ys = [0.5, 1.3, 1.42, 1.44, 1.45, 2.5, 2.52, 2.53, 2.6, 2.7, 2.76, 2.77, 2.77]
+        placed = plot.label_heights(ys, gap)
+        self.assertEqual(len(placed), len(ys))
+        self.assertTrue(all(b - a >= gap - 1e-9 for a, b in zip(placed, placed[1:])))  # no two overlap
+        self.assertEqual(placed[0], 0.5)  # a label with room stays at its point
+        self.assertLess(max(abs(p - y) for p, y in zip(placed, ys)), 0.7)  # and none strays far
+        self.assertAlmostEqual(sum(placed[5:]) / 8, sum(ys[5:]) / 8)  # a run centred on its points
+        self.assertEqual(plot.label_heights([1.0, 3.0], gap), [1.0, 3.0])
 
 
 class Roofline(unittest.TestCase):
@@ -166,6 +209,14 @@ class Roofline(unittest.TestCase):
         one = rows["01_naive"]
         self.assertLess(one["intensity"], 25)
         self.assertAlmostEqual(one["pct_roof"], 100 * 2.0 / min(60.0, one["intensity"] * 4.5))
+
+    def test_wgmma_steps_have_their_ceiling(self):
+        for s in self.ladder["steps"]:
+            s["id"] = {"02_tiled": "09a_producer_consumer", "03_online": "07g_flash_attention2"}.get(s["id"], s["id"])
+        rows = {r["id"]: r for r in plot.roofline_rows(self.ladder, self.ceilings(fma_f32=60.0))}
+        self.assertEqual(rows["09a_producer_consumer"]["compute"], ("wgmma fp16", 900.0))
+        self.assertAlmostEqual(rows["09a_producer_consumer"]["pct_roof"], 100 * 20.0 / 900.0)
+        self.assertEqual(rows["07g_flash_attention2"]["compute"], ("mma.sync fp16", 600.0))
 
     def test_table_and_its_absence(self):
         text = plot.ladder_table(self.ladder, self.compare, "x.json", ceilings=self.ceilings(fma_f32=60.0))
@@ -277,6 +328,18 @@ class CommandLine(unittest.TestCase):
             self.assertTrue(data.startswith(b"\x89PNG"), name)
         self.assertIn("](png/ladder.png)", self.readme.read_text())
         self.assertFalse((out_dir / "roofline.png").exists())  # no ceilings file: no roofline
+
+    @unittest.skipUnless(has_matplotlib(), "matplotlib is not installed")
+    def test_plots_with_fa4(self):  # its series in the sweep, its line in the ladder
+        compare = Path(self.tmp.name) / "compare_torch-20261130-130000.json"
+        compare.write_text(json.dumps(synthetic.compare_result(fa4=True)))
+        out_dir = Path(self.tmp.name) / "png"
+        rc, out, _ = run_main(["--compare", str(compare), "--results", str(self.results), "--readme",
+                               str(self.readme), "--out-dir", str(out_dir)])
+        self.assertEqual(rc, 0)
+        self.assertIn("| FA4 4.0.0b36 |", out)
+        for name in ("sweep.png", "ladder.png"):
+            self.assertTrue((out_dir / name).read_bytes().startswith(b"\x89PNG"), name)
 
     @unittest.skipUnless(has_matplotlib(), "matplotlib is not installed")
     def test_roofline_plot(self):
