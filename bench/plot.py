@@ -364,7 +364,10 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
     env = compare.get("environment", {})
     fig.suptitle(f"Forward attention, TFLOP/s — {env.get('gpu', '')}, {compare.get('date', '')[:10]}, "
                  f"commit {compare.get('commit', '')}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06 + 0.02 * ((len(order) - 1) // 6), 1, 0.95))
+    legend_in = 0.5 + 0.17 * -(-len(order) // 6)  # the legend's rows, in inches below the panels
+    height = 3.6 * len(dtypes) + legend_in
+    fig.set_size_inches(4.2 * len(combos), height)
+    fig.tight_layout(rect=(0, legend_in / height, 1, 1 - 0.3 / height))
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 
