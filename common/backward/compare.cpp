@@ -1,17 +1,14 @@
 // One gradient tensor against the references, by the backward's acceptance rule (backward/check.h).
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 #include "backward/check.h"
 
 namespace fs {
 
 std::string GradComparison::summary() const {
-  std::ostringstream m;
-  m << name << " " << (pass() ? "PASS" : "FAIL") << ": max |err| " << max_abs_err << ", bound " << bound
-    << " (2 x the dtype reference's " << ref_err << " + u x max |exact dQ, dK, dV|), non-finite " << nonfinite;
-  return m.str();
+  return sentence(name, " ", pass() ? "PASS" : "FAIL", ": max |err| ", max_abs_err, ", bound ", bound,
+                  " (2 x the dtype reference's ", ref_err, " + u x max |exact dQ, dK, dV|), non-finite ", nonfinite);
 }
 
 GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& s, int64_t batch, int64_t rows,

@@ -9,7 +9,6 @@
 // fp32 values), so every product is an fp32 cuBLAS GEMM on dense operands whatever the strides.
 #include <algorithm>
 #include <optional>
-#include <sstream>
 
 #include "backward/check.h"
 #include "step/overflow.h"
@@ -99,12 +98,9 @@ void GpuReference::run(const BackwardProblem& bp, const BackwardTensors& t, bool
 
   // Scratch of one query row of the group: P and dP (Sk each), Q, dO and O (D each), D (1).
   const std::optional<int64_t> row_bytes = checked_product({int64_t(sizeof(float)), group, 2 * Sk + 3 * D + 1});
-  if (!row_bytes) {
-    std::ostringstream m;
-    m << "backward reference: one query row of P and dP for " << group << " query heads and seqlen_k " << Sk
-      << " needs more than 2^63 bytes";
-    throw Error(m.str());
-  }
+  if (!row_bytes)
+    throw Error(sentence("backward reference: one query row of P and dP for ", group, " query heads and seqlen_k ", Sk,
+                         " needs more than 2^63 bytes"));
   const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(Sq, int64_t(max_scratch_bytes_) / *row_bytes));
   const int64_t kv_elems = Sk * D;  // one K/V head as fp32: K and V
   const int64_t chunk = group * rows;  // rows of the chunk, [group][rows]

@@ -1,7 +1,5 @@
 #include "backward/rules.h"
 
-#include <sstream>
-
 #include "harness/check.h"
 #include "harness/tensors.h"
 
@@ -27,11 +25,8 @@ BackwardProblem backward_of(const Problem& forward, bool deterministic) {
 
 std::string validate(const BackwardProblem& p) {
   if (std::string why = validate(p.attention); !why.empty()) return why;
-  if (p.deterministic != 0 && p.deterministic != 1) {
-    std::ostringstream m;
-    m << "deterministic is " << p.deterministic << "; it must be 0 or 1";
-    return m.str();
-  }
+  if (p.deterministic != 0 && p.deterministic != 1)
+    return sentence("deterministic is ", p.deterministic, "; it must be 0 or 1");
   const Problem& f = p.attention;
   // dO and dQ have Q's sizes, dK and dV K's: validate(p.attention) checked them, so only the strides and
   // the extents of the views can break a rule here.

@@ -1,8 +1,6 @@
 // The checked mode of a decoding launch (fs_decode_problem.checked): the device data a kernel would
 // trust, the lengths and the block-table entries in use, checked on the device before any kernel
 // reads them; the first bad one is reported in a sentence.
-#include <sstream>
-
 #include "decode/rules.h"
 
 namespace fs {
@@ -49,18 +47,15 @@ std::string validate_device_data(const DecodeProblem& p, const DecodeTensors& t,
   unsigned long long found[2];
   CHECK_CUDA(cudaMemcpyAsync(found, rec, sizeof found, cudaMemcpyDeviceToHost, stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::ostringstream m;
   if (found[0] != kNone) {
     const int64_t b = int64_t(found[0]);
-    m << "cache_seqlens[" << b << "] is " << read_int(t.cache_seqlens + b) << "; it must be between 0 and seqlen_k ("
-      << p.attention.seqlen_k << "), the capacity of a sequence";
-    return m.str();
+    return sentence("cache_seqlens[", b, "] is ", read_int(t.cache_seqlens + b), "; it must be between 0 and seqlen_k (",
+                    p.attention.seqlen_k, "), the capacity of a sequence");
   }
   if (found[1] != kNone) {
     const int64_t b = int64_t(found[1]) / p.max_pages_per_seq, i = int64_t(found[1]) % p.max_pages_per_seq;
-    m << "block_table[" << b << "][" << i << "] is " << read_int(t.block_table + b * p.block_table_stride + i)
-      << ", which is not a page of the cache (num_pages is " << p.num_pages << ")";
-    return m.str();
+    return sentence("block_table[", b, "][", i, "] is ", read_int(t.block_table + b * p.block_table_stride + i),
+                    ", which is not a page of the cache (num_pages is ", p.num_pages, ")");
   }
   return "";
 }

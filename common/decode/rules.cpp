@@ -1,7 +1,5 @@
 #include "decode/rules.h"
 
-#include <sstream>
-
 #include "step/overflow.h"
 
 namespace fs {
@@ -22,68 +20,44 @@ DecodeProblem make_decode_problem(int64_t batch, int64_t seqlen_q, int64_t seqle
 
 std::string validate(const DecodeProblem& p) {
   const Problem& f = p.attention;
-  std::ostringstream m;
   // The forward rules cover Q, O and the shared sizes. For a paged cache its K and V are left out (an
   // empty view): the cache is judged as (num_pages, page_size, ...) below, and seqlen_k here.
   Problem shared = f;
   if (is_paged(p)) {
-    if (f.seqlen_k < 0 || f.seqlen_k > kMaxSeqlen) {
-      m << "seqlen_k is " << f.seqlen_k << "; it must be between 0 and " << kMaxSeqlen;
-      return m.str();
-    }
+    if (f.seqlen_k < 0 || f.seqlen_k > kMaxSeqlen)
+      return sentence("seqlen_k is ", f.seqlen_k, "; it must be between 0 and ", kMaxSeqlen);
     shared.seqlen_k = 0;
     shared.k = shared.v = contiguous_strides(0, f.heads_kv, f.head_dim);
   }
   if (std::string why = validate(shared); !why.empty()) return why;
-  if (p.num_splits < 0 || p.num_splits > kMaxSplits) {
-    m << "num_splits is " << p.num_splits << "; it must be 0 (the step's heuristic) or between 1 and " << kMaxSplits;
-    return m.str();
-  }
-  if (p.checked != 0 && p.checked != 1) {
-    m << "checked is " << p.checked << "; it must be 0 or 1";
-    return m.str();
-  }
+  if (p.num_splits < 0 || p.num_splits > kMaxSplits)
+    return sentence("num_splits is ", p.num_splits, "; it must be 0 (the step's heuristic) or between 1 and ", kMaxSplits);
+  if (p.checked != 0 && p.checked != 1) return sentence("checked is ", p.checked, "; it must be 0 or 1");
   if (!is_paged(p)) {
     for (const auto& [name, value] : {std::pair{"num_pages", p.num_pages}, std::pair{"max_pages_per_seq", p.max_pages_per_seq},
                                       std::pair{"block_table_stride", p.block_table_stride}})
-      if (value != 0) {
-        m << name << " is " << value << " with a contiguous cache (page_size 0); it must be 0";
-        return m.str();
-      }
+      if (value != 0) return sentence(name, " is ", value, " with a contiguous cache (page_size 0); it must be 0");
     return "";
   }
-  if (p.page_size < kPageMultiple || p.page_size > kMaxSeqlen || p.page_size % kPageMultiple != 0) {
-    m << "page_size is " << p.page_size << "; it must be 0 (a contiguous cache) or a multiple of " << kPageMultiple
-      << " from " << kPageMultiple << " to " << kMaxSeqlen / kPageMultiple * kPageMultiple
-      << ", so that every group of 16 keys starting at a multiple of 16 lies in one page";
-    return m.str();
-  }
-  if (p.num_pages < 1 || p.num_pages > INT32_MAX) {
-    m << "num_pages is " << p.num_pages << "; it must be between 1 and " << INT32_MAX
-      << " (block table entries are int32)";
-    return m.str();
-  }
-  if (p.max_pages_per_seq < 1 || p.max_pages_per_seq > kMaxSeqlen) {
-    m << "max_pages_per_seq is " << p.max_pages_per_seq << "; it must be between 1 and " << kMaxSeqlen;
-    return m.str();
-  }
-  if (p.block_table_stride < p.max_pages_per_seq) {
-    m << "block_table_stride is " << p.block_table_stride << "; it must be at least max_pages_per_seq ("
-      << p.max_pages_per_seq << ") so that the rows of the block table do not overlap";
-    return m.str();
-  }
-  if (const auto n = checked_mul(f.batch, p.block_table_stride); !n || *n > kMaxTensorElements) {
-    m << "the block table spans batch * block_table_stride = " << f.batch << " * " << p.block_table_stride;
-    if (n) m << " = " << *n;
-    m << " elements" << (n ? "" : ", which overflows 64 bits") << "; a tensor may span at most 2^58 ("
-      << kMaxTensorElements << ")";
-    return m.str();
-  }
-  if (const int64_t capacity = p.max_pages_per_seq * p.page_size; f.seqlen_k > capacity) {  // both <= 2^31
-    m << "seqlen_k is " << f.seqlen_k << "; a sequence holds at most max_pages_per_seq * page_size = "
-      << p.max_pages_per_seq << " * " << p.page_size << " = " << capacity << " keys";
-    return m.str();
-  }
+  if (p.page_size < kPageMultiple || p.page_size > kMaxSeqlen || p.page_size % kPageMultiple != 0)
+    return sentence("page_size is ", p.page_size, "; it must be 0 (a contiguous cache) or a multiple of ", kPageMultiple,
+                    " from ", kPageMultiple, " to ", kMaxSeqlen / kPageMultiple * kPageMultiple,
+                    ", so that every group of 16 keys starting at a multiple of 16 lies in one page");
+  if (p.num_pages < 1 || p.num_pages > INT32_MAX)
+    return sentence("num_pages is ", p.num_pages, "; it must be between 1 and ", INT32_MAX,
+                    " (block table entries are int32)");
+  if (p.max_pages_per_seq < 1 || p.max_pages_per_seq > kMaxSeqlen)
+    return sentence("max_pages_per_seq is ", p.max_pages_per_seq, "; it must be between 1 and ", kMaxSeqlen);
+  if (p.block_table_stride < p.max_pages_per_seq)
+    return sentence("block_table_stride is ", p.block_table_stride, "; it must be at least max_pages_per_seq (",
+                    p.max_pages_per_seq, ") so that the rows of the block table do not overlap");
+  if (const auto n = checked_mul(f.batch, p.block_table_stride); !n || *n > kMaxTensorElements)
+    return sentence("the block table spans batch * block_table_stride = ", f.batch, " * ", p.block_table_stride,
+                    n ? " = " + std::to_string(*n) + " elements" : std::string(" elements, which overflows 64 bits"),
+                    "; a tensor may span at most 2^58 (", kMaxTensorElements, ")");
+  if (const int64_t capacity = p.max_pages_per_seq * p.page_size; f.seqlen_k > capacity)  // both <= 2^31
+    return sentence("seqlen_k is ", f.seqlen_k, "; a sequence holds at most max_pages_per_seq * page_size = ",
+                    p.max_pages_per_seq, " * ", p.page_size, " = ", capacity, " keys");
   for (const auto& [name, st] : {std::pair<const char*, const Strides&>{"K", f.k}, {"V", f.v}})
     if (std::string why = validate_view({name, "K and V", st, p.num_pages, p.page_size, f.heads_kv, f.head_dim,
                                          "page_size", "heads_kv", "num_pages", "page"});
@@ -109,31 +83,22 @@ std::string validate_tensors(const DecodeProblem& p, const DecodeTensors& t) {
 std::string validate_data(const DecodeProblem& p, const std::vector<int32_t>& lengths,
                           const std::vector<int32_t>& block_table) {
   const int64_t batch = p.attention.batch, seqlen_k = p.attention.seqlen_k;
-  std::ostringstream m;
-  if (!lengths.empty() && int64_t(lengths.size()) != batch) {
-    m << "there are " << lengths.size() << " lengths for batch " << batch;
-    return m.str();
-  }
+  if (!lengths.empty() && int64_t(lengths.size()) != batch)
+    return sentence("there are ", lengths.size(), " lengths for batch ", batch);
   for (int64_t b = 0; b < int64_t(lengths.size()); ++b)
-    if (lengths[size_t(b)] < 0 || lengths[size_t(b)] > seqlen_k) {
-      m << "cache_seqlens[" << b << "] is " << lengths[size_t(b)] << "; it must be between 0 and seqlen_k ("
-        << seqlen_k << "), the capacity of a sequence";
-      return m.str();
-    }
+    if (lengths[size_t(b)] < 0 || lengths[size_t(b)] > seqlen_k)
+      return sentence("cache_seqlens[", b, "] is ", lengths[size_t(b)], "; it must be between 0 and seqlen_k (",
+                      seqlen_k, "), the capacity of a sequence");
   if (!is_paged(p)) return "";
-  if (int64_t(block_table.size()) < (batch - 1) * p.block_table_stride + p.max_pages_per_seq) {
-    m << "the block table has " << block_table.size() << " entries; batch " << batch << " rows of stride "
-      << p.block_table_stride << " need " << (batch - 1) * p.block_table_stride + p.max_pages_per_seq;
-    return m.str();
-  }
+  if (int64_t(block_table.size()) < (batch - 1) * p.block_table_stride + p.max_pages_per_seq)
+    return sentence("the block table has ", block_table.size(), " entries; batch ", batch, " rows of stride ",
+                    p.block_table_stride, " need ", (batch - 1) * p.block_table_stride + p.max_pages_per_seq);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = lengths.empty() ? seqlen_k : lengths[size_t(b)];
     for (int64_t i = 0; i < (len + p.page_size - 1) / p.page_size; ++i)
-      if (const int32_t page = block_table[size_t(b * p.block_table_stride + i)]; page < 0 || page >= p.num_pages) {
-        m << "block_table[" << b << "][" << i << "] is " << page << ", which is not a page of the cache (num_pages is "
-          << p.num_pages << ")";
-        return m.str();
-      }
+      if (const int32_t page = block_table[size_t(b * p.block_table_stride + i)]; page < 0 || page >= p.num_pages)
+        return sentence("block_table[", b, "][", i, "] is ", page, ", which is not a page of the cache (num_pages is ",
+                        p.num_pages, ")");
   }
   return "";
 }

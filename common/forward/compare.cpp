@@ -1,7 +1,6 @@
 #include "forward/check.h"
 
 #include <cmath>
-#include <sstream>
 
 namespace fs {
 
@@ -11,11 +10,10 @@ Tolerance tolerance_for(int32_t dtype, double max_abs_v) {
 }
 
 std::string Comparison::summary() const {
-  std::ostringstream m;
-  m << (pass() ? "PASS" : "FAIL") << ": max |err| " << max_abs_err << ", rel Frobenius " << rel_fro_err
-    << ", max LSE err " << max_lse_err << ", non-finite " << nonfinite << ", mismatches " << mismatches;
-  for (const auto& s : first_mismatches) m << "\n    " << s;
-  return m.str();
+  std::string s = sentence(pass() ? "PASS" : "FAIL", ": max |err| ", max_abs_err, ", rel Frobenius ", rel_fro_err,
+                           ", max LSE err ", max_lse_err, ", non-finite ", nonfinite, ", mismatches ", mismatches);
+  for (const std::string& m : first_mismatches) s += "\n    " + m;
+  return s;
 }
 
 Comparison compare(const Problem& p, const std::vector<float>& o, const std::vector<float>& lse,
@@ -43,10 +41,8 @@ Comparison compare(const Problem& p, const std::vector<float>& o, const std::vec
           ref2 += want * want;
           if (!finite || err > tol.atol + tol.rtol * std::fabs(want)) {
             ++c.mismatches;
-            std::ostringstream m;
-            m << "O(b=" << b << ", s=" << s << ", h=" << h << ", d=" << d << ") = " << got << ", reference "
-              << want << " (tolerance " << tol.atol + tol.rtol * std::fabs(want) << ")";
-            note(m.str());
+            note(sentence("O(b=", b, ", s=", s, ", h=", h, ", d=", d, ") = ", got, ", reference ", want, " (tolerance ",
+                          tol.atol + tol.rtol * std::fabs(want), ")"));
           }
         }
   c.rel_fro_err = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
@@ -67,9 +63,7 @@ Comparison compare(const Problem& p, const std::vector<float>& o, const std::vec
           if (!std::isfinite(got) && !(std::isinf(want) && got == want)) ++c.nonfinite;
           if (!ok) {
             ++c.mismatches;
-            std::ostringstream m;
-            m << "LSE(b=" << b << ", h=" << h << ", s=" << s << ") = " << got << ", reference " << want;
-            note(m.str());
+            note(sentence("LSE(b=", b, ", h=", h, ", s=", s, ") = ", got, ", reference ", want));
           }
         }
   return c;

@@ -1,6 +1,5 @@
 #include <cmath>
 #include <optional>
-#include <sstream>
 
 #include "forward/check.h"
 #include "harness/cublas.h"
@@ -67,12 +66,9 @@ void GpuReference::run(const Problem& p, const Tensors& t, float* o32, cudaStrea
   }
   // Query rows per chunk, so that S (group × rows × Sk fp32) fits the scratch budget; at least one row.
   const std::optional<int64_t> row_bytes = checked_product({int64_t(sizeof(float)), group, Sk});
-  if (!row_bytes) {
-    std::ostringstream m;
-    m << "reference: one query row of S for " << group << " query heads and seqlen_k " << Sk
-      << " needs more than 2^63 bytes";
-    throw Error(m.str());
-  }
+  if (!row_bytes)
+    throw Error(sentence("reference: one query row of S for ", group, " query heads and seqlen_k ", Sk,
+                         " needs more than 2^63 bytes"));
   const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(Sq, int64_t(max_scratch_bytes_) / *row_bytes));
   reserve(size_t(rows * *row_bytes), s_);  // rows · row_bytes <= max(budget, row_bytes)
   reserve(size_t(Sk * D) * sizeof(float), v32_);

@@ -1,7 +1,6 @@
 #include "forward/rules.h"
 
 #include <cmath>
-#include <sstream>
 
 #include "step/overflow.h"
 
@@ -38,59 +37,34 @@ Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t 
 }
 
 std::string validate(const Problem& p) {
-  std::ostringstream m;
-  if (p.dtype != FS_FP16 && p.dtype != FS_BF16) {
-    m << "dtype is " << p.dtype << "; it must be " << FS_FP16 << " (fp16) or " << FS_BF16 << " (bf16)";
-    return m.str();
-  }
-  if (p.batch < 1) {
-    m << "batch is " << p.batch << "; it must be at least 1";
-    return m.str();
-  }
+  if (p.dtype != FS_FP16 && p.dtype != FS_BF16)
+    return sentence("dtype is ", p.dtype, "; it must be ", FS_FP16, " (fp16) or ", FS_BF16, " (bf16)");
+  if (p.batch < 1) return sentence("batch is ", p.batch, "; it must be at least 1");
   for (const auto& [name, len] : {std::pair{"seqlen_q", p.seqlen_q}, std::pair{"seqlen_k", p.seqlen_k}})
-    if (len < 0 || len > kMaxSeqlen) {
-      m << name << " is " << len << "; it must be between 0 and " << kMaxSeqlen;
-      return m.str();
-    }
+    if (len < 0 || len > kMaxSeqlen) return sentence(name, " is ", len, "; it must be between 0 and ", kMaxSeqlen);
   for (const auto& [name, heads] : {std::pair{"heads_q", p.heads_q}, std::pair{"heads_kv", p.heads_kv}})
-    if (heads < 1) {
-      m << name << " is " << heads << "; it must be at least 1";
-      return m.str();
-    }
-  if (p.heads_q % p.heads_kv != 0) {
-    m << "heads_q (" << p.heads_q << ") is not a multiple of heads_kv (" << p.heads_kv
-      << "); GQA needs every K/V head shared by the same number of query heads";
-    return m.str();
-  }
-  if (const auto bh = checked_mul(p.batch, p.heads_q); !bh || *bh > kMaxBatchHeads) {
-    m << "batch * heads_q is " << p.batch << " * " << p.heads_q;
-    if (bh) m << " = " << *bh;
-    else m << ", which overflows 64 bits";
-    m << "; it must be at most " << kMaxBatchHeads;
-    return m.str();
-  }
-  if (p.head_dim < kHeadDimMultiple || p.head_dim > kMaxHeadDim || p.head_dim % kHeadDimMultiple != 0) {
-    m << "head_dim is " << p.head_dim << "; it must be a multiple of " << kHeadDimMultiple << " between "
-      << kHeadDimMultiple << " and " << kMaxHeadDim;
-    return m.str();
-  }
-  if (p.causal != 0 && p.causal != 1) {
-    m << "causal is " << p.causal << "; it must be 0 or 1";
-    return m.str();
-  }
-  if (!std::isfinite(p.softmax_scale) || p.softmax_scale <= 0.0f) {
-    m << "softmax_scale is " << p.softmax_scale << "; it must be finite and greater than 0";
-    return m.str();
-  }
+    if (heads < 1) return sentence(name, " is ", heads, "; it must be at least 1");
+  if (p.heads_q % p.heads_kv != 0)
+    return sentence("heads_q (", p.heads_q, ") is not a multiple of heads_kv (", p.heads_kv,
+                    "); GQA needs every K/V head shared by the same number of query heads");
+  if (const auto bh = checked_mul(p.batch, p.heads_q); !bh || *bh > kMaxBatchHeads)
+    return sentence("batch * heads_q is ", p.batch, " * ", p.heads_q,
+                    bh ? " = " + std::to_string(*bh) : std::string(", which overflows 64 bits"), "; it must be at most ",
+                    kMaxBatchHeads);
+  if (p.head_dim < kHeadDimMultiple || p.head_dim > kMaxHeadDim || p.head_dim % kHeadDimMultiple != 0)
+    return sentence("head_dim is ", p.head_dim, "; it must be a multiple of ", kHeadDimMultiple, " between ",
+                    kHeadDimMultiple, " and ", kMaxHeadDim);
+  if (p.causal != 0 && p.causal != 1) return sentence("causal is ", p.causal, "; it must be 0 or 1");
+  if (!std::isfinite(p.softmax_scale) || p.softmax_scale <= 0.0f)
+    return sentence("softmax_scale is ", p.softmax_scale, "; it must be finite and greater than 0");
   if (const double bound = max_softmax_scale(p.dtype, p.head_dim); double(p.softmax_scale) > bound) {
-    m << "softmax_scale is " << p.softmax_scale << "; ";
     if (p.dtype == FS_FP16)
-      m << "with fp16 inputs and head_dim " << p.head_dim << " it must be at most " << bound
-        << ", so that the largest possible logit, head_dim * 65504^2 * scale * log2(e), is at most 2^126 "
-           "(finite in fp32)";
-    else
-      m << "it must be at most " << bound << ", so that scale * log2(e) is at most 2^126 (finite in fp32)";
-    return m.str();
+      return sentence("softmax_scale is ", p.softmax_scale, "; with fp16 inputs and head_dim ", p.head_dim,
+                      " it must be at most ", bound,
+                      ", so that the largest possible logit, head_dim * 65504^2 * scale * log2(e), is at most 2^126 "
+                      "(finite in fp32)");
+    return sentence("softmax_scale is ", p.softmax_scale, "; it must be at most ", bound,
+                    ", so that scale * log2(e) is at most 2^126 (finite in fp32)");
   }
   const View q{"Q", "Q and O", p.q, p.batch, p.seqlen_q, p.heads_q, p.head_dim, "seqlen_q", "heads_q"};
   const View k{"K", "K and V", p.k, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, "seqlen_k", "heads_kv"};
@@ -119,10 +93,8 @@ double attention_flops(const Problem& p) {
 }
 
 std::string describe(const Problem& p) {
-  std::ostringstream m;
-  m << "b" << p.batch << " h" << p.heads_q << "/" << p.heads_kv << " sq" << p.seqlen_q << " sk" << p.seqlen_k << " d"
-    << p.head_dim << " " << dtype_name(p.dtype) << (p.causal ? " causal" : "");
-  return m.str();
+  return sentence("b", p.batch, " h", p.heads_q, "/", p.heads_kv, " sq", p.seqlen_q, " sk", p.seqlen_k, " d",
+                  p.head_dim, " ", dtype_name(p.dtype), p.causal ? " causal" : "");
 }
 
 }  // namespace fs

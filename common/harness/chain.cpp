@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <sstream>
 
 #include "backward/rules.h"
 #include "decode/rules.h"
@@ -74,22 +73,15 @@ std::string check_architecture(const Step& step, const DeviceInfo& dev) {
 
 std::string validate_workspace(const Plan& plan, const void* workspace, size_t workspace_bytes,
                                const char* size_function) {
-  std::ostringstream m;
   if (plan.workspace_bytes == 0) return "";
-  if (workspace == nullptr) {
-    m << "the workspace is a null pointer; this problem needs " << plan.workspace_bytes
-      << " bytes of workspace (see " << size_function << ")";
-    return m.str();
-  }
-  if (workspace_bytes < plan.workspace_bytes) {
-    m << "the workspace is " << workspace_bytes << " bytes; this problem needs " << plan.workspace_bytes << " (see "
-      << size_function << ")";
-    return m.str();
-  }
-  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
-    m << "the workspace pointer " << workspace << " is not 16-byte aligned";
-    return m.str();
-  }
+  if (workspace == nullptr)
+    return sentence("the workspace is a null pointer; this problem needs ", plan.workspace_bytes,
+                    " bytes of workspace (see ", size_function, ")");
+  if (workspace_bytes < plan.workspace_bytes)
+    return sentence("the workspace is ", workspace_bytes, " bytes; this problem needs ", plan.workspace_bytes, " (see ",
+                    size_function, ")");
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    return sentence("the workspace pointer ", workspace, " is not 16-byte aligned");
   return "";
 }
 

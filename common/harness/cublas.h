@@ -3,18 +3,14 @@
 
 #include <cublas_v2.h>
 
-#include <sstream>
-
 #include "step/device.h"
 
 namespace fs {
 
 inline void check_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
-  std::ostringstream m;
-  m << file << ":" << line << ": " << expr << " failed: " << cublasGetStatusName(st) << " ("
-    << cublasGetStatusString(st) << ")";
-  throw CudaError(m.str());
+  throw CudaError(sentence(file, ":", line, ": ", expr, " failed: ", cublasGetStatusName(st), " (",
+                           cublasGetStatusString(st), ")"));
 }
 
 }  // namespace fs

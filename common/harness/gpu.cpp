@@ -2,15 +2,12 @@
 
 #include <map>
 #include <mutex>
-#include <sstream>
 
 namespace fs {
 
 void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
-  std::ostringstream m;
-  m << file << ":" << line << ": " << expr << " failed: " << cudaGetErrorName(err) << " ("
-    << cudaGetErrorString(err) << ")";
-  throw CudaError(m.str());
+  throw CudaError(sentence(file, ":", line, ": ", expr, " failed: ", cudaGetErrorName(err), " (",
+                           cudaGetErrorString(err), ")"));
 }
 
 bool cuda_device_absent() {
@@ -35,18 +32,12 @@ std::string cuda_unavailable_reason() {
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
     if (driver == 0) return "no CUDA device was found (no NVIDIA driver is loaded)";
-    std::ostringstream m;
-    m << "the NVIDIA driver is too old for this CUDA runtime (driver supports CUDA " << driver / 1000
-      << "." << (driver % 1000) / 10 << ", runtime is " << runtime / 1000 << "."
-      << (runtime % 1000) / 10 << ")";
-    return m.str();
+    return sentence("the NVIDIA driver is too old for this CUDA runtime (driver supports CUDA ", driver / 1000, ".",
+                    (driver % 1000) / 10, ", runtime is ", runtime / 1000, ".", (runtime % 1000) / 10, ")");
   }
-  if (err != cudaSuccess) {
-    std::ostringstream m;
-    m << "CUDA is not usable: cudaGetDeviceCount failed with " << cudaGetErrorName(err) << " ("
-      << cudaGetErrorString(err) << ")";
-    return m.str();
-  }
+  if (err != cudaSuccess)
+    return sentence("CUDA is not usable: cudaGetDeviceCount failed with ", cudaGetErrorName(err), " (",
+                    cudaGetErrorString(err), ")");
   return "";
 }
 
@@ -100,12 +91,9 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
 }
 
 std::string describe(const DeviceInfo& d) {
-  std::ostringstream m;
-  m << d.name << " (sm_" << d.compute_capability << ", " << d.sm_count << " SMs, "
-    << d.total_bytes / (1 << 20) << " MiB, CUDA driver " << d.driver_version / 1000 << "."
-    << (d.driver_version % 1000) / 10 << ", runtime " << d.runtime_version / 1000 << "."
-    << (d.runtime_version % 1000) / 10 << ")";
-  return m.str();
+  return sentence(d.name, " (sm_", d.compute_capability, ", ", d.sm_count, " SMs, ", d.total_bytes / (1 << 20),
+                  " MiB, CUDA driver ", d.driver_version / 1000, ".", (d.driver_version % 1000) / 10, ", runtime ",
+                  d.runtime_version / 1000, ".", (d.runtime_version % 1000) / 10, ")");
 }
 
 }  // namespace fs

@@ -1,9 +1,10 @@
 #include "harness/views.h"
 
 #include <algorithm>
-#include <sstream>
 #include <stdexcept>
+#include <tuple>
 
+#include "step/device.h"
 #include "step/overflow.h"
 
 namespace fs {
@@ -11,59 +12,38 @@ namespace fs {
 std::string validate_size(const View& v) {
   const auto n = checked_product({v.dim0, v.rows, v.heads, v.head_dim});
   if (n && *n <= kMaxTensorElements) return "";
-  std::ostringstream m;
-  m << v.pair << " have " << v.dim0_name << " * " << v.rows_name << " * " << v.heads_name << " * head_dim = " << v.dim0
-    << " * " << v.rows << " * " << v.heads << " * " << v.head_dim;
-  if (n) m << " = " << *n;
-  m << " elements" << (n ? "" : ", which overflows 64 bits") << "; a tensor may hold at most 2^58 ("
-    << kMaxTensorElements << ")";
-  return m.str();
+  return sentence(v.pair, " have ", v.dim0_name, " * ", v.rows_name, " * ", v.heads_name, " * head_dim = ", v.dim0,
+                  " * ", v.rows, " * ", v.heads, " * ", v.head_dim,
+                  n ? " = " + std::to_string(*n) + " elements" : std::string(" elements, which overflows 64 bits"),
+                  "; a tensor may hold at most 2^58 (", kMaxTensorElements, ")");
 }
 
 std::string validate_strides(const View& v) {
   const Strides& s = v.s;
-  std::ostringstream m;
-  if (s.dim != 1) {
-    m << v.name << "'s head_dim stride is " << s.dim << "; the last dimension must be contiguous (stride 1)";
-    return m.str();
-  }
+  if (s.dim != 1)
+    return sentence(v.name, "'s head_dim stride is ", s.dim, "; the last dimension must be contiguous (stride 1)");
   const struct { const char* what; int64_t stride; } dims[] = {{v.dim0_stride, s.batch}, {"row", s.row}, {"head", s.head}};
   for (const auto& d : dims) {
-    if (d.stride < 0) {
-      m << v.name << "'s " << d.what << " stride is " << d.stride << "; strides must be >= 0";
-      return m.str();
-    }
-    if (d.stride % kHeadDimMultiple != 0) {
-      m << v.name << "'s " << d.what << " stride is " << d.stride << " elements; it must be a multiple of "
-        << kHeadDimMultiple << " so that every row starts 16-byte aligned";
-      return m.str();
-    }
+    if (d.stride < 0) return sentence(v.name, "'s ", d.what, " stride is ", d.stride, "; strides must be >= 0");
+    if (d.stride % kHeadDimMultiple != 0)
+      return sentence(v.name, "'s ", d.what, " stride is ", d.stride, " elements; it must be a multiple of ",
+                      kHeadDimMultiple, " so that every row starts 16-byte aligned");
   }
   // Rows of one head must not overlap the head_dim of the next row or head.
-  if (v.rows > 1 && s.row < v.head_dim) {
-    m << v.name << "'s row stride " << s.row << " is smaller than head_dim " << v.head_dim
-      << "; rows would overlap (the last dimension must be contiguous)";
-    return m.str();
-  }
-  if (v.heads > 1 && s.head < v.head_dim) {
-    m << v.name << "'s head stride " << s.head << " is smaller than head_dim " << v.head_dim
-      << "; heads would overlap (the last dimension must be contiguous)";
-    return m.str();
-  }
+  for (const auto& [what, count, stride] : {std::tuple{"row", v.rows, s.row}, std::tuple{"head", v.heads, s.head}})
+    if (count > 1 && stride < v.head_dim)
+      return sentence(v.name, "'s ", what, " stride ", stride, " is smaller than head_dim ", v.head_dim, "; ", what,
+                      "s would overlap (the last dimension must be contiguous)");
   return "";
 }
 
 std::string validate_extent(const View& v) {
   const auto extent = checked_view_extent(v.s, v.dim0, v.rows, v.heads, v.head_dim);
   if (extent && *extent <= kMaxTensorElements) return "";
-  std::ostringstream m;
-  m << v.name << "'s strides (" << v.dim0_stride << " " << v.s.batch << ", row " << v.s.row << ", head " << v.s.head
-    << ") over " << v.dim0_name << " " << v.dim0 << ", " << v.rows_name << " " << v.rows << ", " << v.heads_name << " "
-    << v.heads << " span ";
-  if (extent) m << *extent << " elements";
-  else m << "more than 2^63 elements";
-  m << "; a tensor may span at most 2^58 (" << kMaxTensorElements << ")";
-  return m.str();
+  return sentence(v.name, "'s strides (", v.dim0_stride, " ", v.s.batch, ", row ", v.s.row, ", head ", v.s.head,
+                  ") over ", v.dim0_name, " ", v.dim0, ", ", v.rows_name, " ", v.rows, ", ", v.heads_name, " ", v.heads,
+                  " span ", extent ? std::to_string(*extent) : std::string("more than 2^63"),
+                  " elements; a tensor may span at most 2^58 (", kMaxTensorElements, ")");
 }
 
 std::string validate_view(const View& v) {
@@ -89,14 +69,12 @@ std::string validate_no_overlap(const View& v, const char* may_overlap) {
   std::string below;
   for (const Dim& d : dims) {
     if (d.extent <= 1) continue;
-    if (d.stride < span) {
-      std::ostringstream m;
-      m << v.name << "'s " << d.what << " stride is " << d.stride << " with " << d.size_name << " " << d.extent;
-      if (!below.empty()) m << ", less than the " << span << " elements spanned by its " << below << " dimensions";
-      m << ": two elements of " << v.name << " would share one address (" << v.name << " must not overlap itself; "
-        << may_overlap << " may)";
-      return m.str();
-    }
+    if (d.stride < span)
+      return sentence(v.name, "'s ", d.what, " stride is ", d.stride, " with ", d.size_name, " ", d.extent,
+                      below.empty() ? "" : sentence(", less than the ", span, " elements spanned by its ", below,
+                                                    " dimensions"),
+                      ": two elements of ", v.name, " would share one address (", v.name, " must not overlap itself; ",
+                      may_overlap, " may)");
     span += (d.extent - 1) * d.stride;  // no overflow: the view's extent was checked first
     below += below.empty() ? d.what : std::string(" and ") + d.what;
   }
@@ -105,16 +83,10 @@ std::string validate_no_overlap(const View& v, const char* may_overlap) {
 
 std::string validate_pointers(std::initializer_list<Pointer> pointers) {
   for (const Pointer& x : pointers) {
-    std::ostringstream m;
-    if (x.needed && x.ptr == nullptr) {
-      m << x.name << " is a null pointer";
-      return m.str();
-    }
-    if (const uintptr_t off = reinterpret_cast<uintptr_t>(x.ptr) % x.align; off != 0) {
-      m << x.name << " pointer " << x.ptr << " is not " << x.align << "-byte aligned (address mod " << x.align << " = "
-        << off << ")";
-      return m.str();
-    }
+    if (x.needed && x.ptr == nullptr) return sentence(x.name, " is a null pointer");
+    if (const uintptr_t off = reinterpret_cast<uintptr_t>(x.ptr) % x.align; off != 0)
+      return sentence(x.name, " pointer ", x.ptr, " is not ", x.align, "-byte aligned (address mod ", x.align, " = ",
+                      off, ")");
   }
   return "";
 }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -25,6 +26,15 @@ struct OutOfMemory : Error {
   OutOfMemory(const std::string& message, size_t bytes_asked) : Error(message), bytes(bytes_asked) {}
   size_t bytes;
 };
+
+// A refusal or an error message from its pieces, each printed as an ostream prints it:
+//   sentence("batch is ", p.batch, "; it must be at least 1")
+template <typename... Parts>
+std::string sentence(const Parts&... parts) {
+  std::ostringstream m;
+  (m << ... << parts);
+  return m.str();
+}
 
 // Throws fs::CudaError("file:line: expr failed: cudaErrorName (message)").
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
