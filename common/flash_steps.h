@@ -1,58 +1,50 @@
 /*
- * flash_steps.h — the C ABI of flash-steps (libflash_steps.so).
- *
- * Every step of the project can be listed, checked and launched through these functions, from C,
- * from Python (ctypes: python/flash_steps) or from any language with a C FFI. A step runs one or more
- * passes — the forward pass, decoding, the backward pass — and each pass has the same three verbs:
+ * flash_steps.h — the C ABI of flash-steps (libflash_steps.so): every step listed, checked and
+ * launched from C, Python (ctypes: python/flash_steps) or any language with a C FFI. A step runs one
+ * or more passes — forward, decoding, backward — each with the same three verbs:
  *     check            FS_OK when the step can run the problem on the current CUDA device
  *     workspace_size   the device scratch memory the launch needs (0: none; pass NULL)
  *     run              checks, then enqueues the step on `stream` (a cudaStream_t; NULL: the default)
- * The problems are the structs of common/forward/problem.h, decode/problem.h and backward/problem.h.
+ * on the problem structs of common/forward/problem.h, decode/problem.h and backward/problem.h.
  *
  * Tensors follow FlashAttention's convention:
  *   Q : (batch, seqlen_q, heads_q,  head_dim)     O : (batch, seqlen_q, heads_q, head_dim)
  *   K : (batch, seqlen_k, heads_kv, head_dim)     V : (batch, seqlen_k, heads_kv, head_dim)
- * in fp16 or bf16 (all four the same dtype), with element strides for the batch, row (seqlen) and
- * head dimensions and a contiguous head_dim. Every stride must be a multiple of 8 elements and
- * every pointer 16-byte aligned, so that any row can be moved with 16-byte accesses.
+ * fp16 or bf16 (all four alike), element strides for batch, row (seqlen) and head, head_dim
+ * contiguous; every stride a multiple of 8 elements and every pointer 16-byte aligned (16-byte rows).
  *
- * Sizes: batch·heads_q <= 2^31 - 1, seqlens <= 2^31 - 1, head_dim a multiple of 8 from 8 to 256, and
- * every tensor holds and spans at most 2^58 elements (its logical size and the extent of its strided
- * view), so that every size derived from it fits in 64 bits. A larger problem is refused with a
- * sentence naming the values, never wrapped.
+ * Sizes: batch·heads_q <= 2^31 - 1, seqlens <= 2^31 - 1, head_dim a multiple of 8 from 8 to 256; every
+ * tensor holds and spans (its strided view's extent) at most 2^58 elements, so that every size derived
+ * from it fits in 64 bits. A larger problem is refused with a sentence naming the values, never wrapped.
  *
- * Aliasing: Q, K and V may alias each other and themselves (a batch or head stride of 0 broadcasts;
- * a packed QKV buffer is three views of one allocation). O must not overlap itself: strides under
- * which two elements of O share an address are refused (sorted by stride, each dimension of O must
- * start past the span of the dimensions below it). O and LSE must not share memory with Q, K, V or
- * each other; that is not checked.
+ * Aliasing: Q, K and V may alias each other and themselves (a batch or head stride of 0 broadcasts; a
+ * packed QKV buffer is three views of one allocation). O must not overlap itself: sorted by stride,
+ * each dimension of O must start past the span of the dimensions below it. O and LSE must not share
+ * memory with Q, K, V or each other; that is not checked.
  * LSE (optional, may be NULL) is fp32, contiguous (batch, heads_q, seqlen_q), natural log:
  *   LSE[b][h][i] = log(sum_j exp(scale * q_i . k_j)) over the keys j that row i may attend.
  *
- * Workspace: ask the pass's workspace_size for the bytes, allocate them (16-byte aligned, as cudaMalloc
- * is), and pass them to its run; a NULL or too small workspace is refused with a sentence. The size
- * depends on the problem and the device; 0 means none (pass NULL). It is only used during the launch.
+ * Workspace: ask the pass's workspace_size (it depends on the problem and the device; 0: none, pass
+ * NULL), allocate it 16-byte aligned (as cudaMalloc is), pass it to run; a NULL or too small one is
+ * refused with a sentence. It is only used during the launch.
  *
  * Semantics:
- *   - softmax_scale multiplies Q.K^T before the softmax; fs_problem_init sets it to 1/sqrt(head_dim).
- *     It must be finite and > 0, and small enough that the kernels' logits stay finite in fp32: they
- *     compute s·scale·log2(e), with s = q.k accumulated in fp32, and the harness bounds that by 2^126
- *     (so every logit and the difference of any two are finite):
- *       fp16: scale <= 2^126 / (log2(e)·head_dim·65504²), about 1.1e26 at head_dim 128: every input
- *             fp16 can hold then gives finite logits (|q.k| <= head_dim·65504²).
- *       bf16: scale <= 2^126 / log2(e), about 5.9e37 (scale·log2(e) finite). bf16 holds values up to
- *             3.4e38, whose products overflow fp32 whatever the scale, so with bf16 the caller keeps
- *             |q.k|·scale·log2(e) <= 2^126; any |q.k| <= 2^126 / (scale·log2(e)) is safe.
- *   - GQA / MQA: heads_q must be a multiple of heads_kv; query head h reads K/V head
- *     h / (heads_q / heads_kv).
+ *   - softmax_scale multiplies Q.K^T before the softmax (fs_problem_init: 1/sqrt(head_dim)). It must be
+ *     finite, > 0, and small enough that the kernels' fp32 logits s·scale·log2(e) (s = q.k in fp32)
+ *     stay within 2^126, so that every logit and the difference of any two are finite:
+ *       fp16: scale <= 2^126 / (log2(e)·head_dim·65504²), about 1.1e26 at head_dim 128: then every
+ *             fp16 input gives finite logits (|q.k| <= head_dim·65504²).
+ *       bf16: scale <= 2^126 / log2(e), about 5.9e37. bf16 values up to 3.4e38 have products beyond
+ *             fp32 whatever the scale, so the caller keeps |q.k| <= 2^126 / (scale·log2(e)).
+ *   - GQA / MQA: heads_q a multiple of heads_kv; query head h reads K/V head h / (heads_q / heads_kv).
  *   - causal is bottom-right aligned, as in FlashAttention >= 2.1: query i attends to key j iff
  *     j <= i + seqlen_k - seqlen_q. A query row with no key to attend gets O = 0 and LSE = -inf.
  *   - seqlen_k == 0: every row has no key, so O = 0 and LSE = -inf. seqlen_q == 0: nothing to do.
  *   - All work is enqueued on `stream`; run does not synchronize.
  *
- * Errors: every function that can fail returns an fs_status; fs_last_error() then returns a sentence
- * (thread-local, valid until the next call on this thread) that names the offending value and the
- * limit it broke. Nothing is launched on a problem that fails its checks.
+ * Errors: a function that can fail returns an fs_status; fs_last_error() then returns a sentence
+ * (thread-local, valid until the next call on this thread) naming the offending value and the limit
+ * it broke. Nothing is launched on a problem that fails its checks.
  */
 #ifndef FLASH_STEPS_H
 #define FLASH_STEPS_H

@@ -11,27 +11,14 @@
 #include <optional>
 
 #include "backward/check.h"
-#include "step/overflow.h"
 #include "harness/cublas.h"
-#include "step/dispatch.h"
-#include "step/dtype.cuh"
 #include "harness/reference_kernels.cuh"
+#include "step/dispatch.h"
+#include "step/overflow.h"
 
 namespace fs {
 
 namespace {
-
-// out[(hh·rows + r)·head_dim + d] = x(b, row0 + r, h0 + hh, d) as fp32: heads h0 … h0+heads-1 and
-// rows row0 … row0+rows-1 of a strided (batch, seqlen, heads, head_dim) view, as a [heads][rows][head_dim] array.
-template <typename T>
-__global__ void rows_to_float_kernel(const T* x, Strides st, int64_t b, int64_t row0, int64_t rows, int64_t h0,
-                                     int64_t heads, int64_t head_dim, float* out) {
-  const int64_t n = heads * rows * head_dim;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = e % head_dim, r = e / head_dim % rows, hh = e / (head_dim * rows);
-    out[e] = to_float(x[offset_of(st, b, row0 + r, h0 + hh) + d]);
-  }
-}
 
 template <typename T>
 __device__ inline float round_to(float x) {
@@ -73,8 +60,6 @@ __global__ void ds_kernel(float* prob, float* dp, int64_t seqlen_k, const float*
     p_row[j] = rounded ? round_to<T>(p) : p;
   }
 }
-
-int grid_for(int64_t n) { return grid_stride_blocks(n, 256); }
 
 }  // namespace
 

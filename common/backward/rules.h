@@ -16,7 +16,7 @@
 
 namespace fs {
 
-// A backward problem with contiguous tensors (fs_backward_problem_init).
+// fs_backward_problem_init.
 BackwardProblem make_backward_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                                       int64_t heads_kv, int64_t head_dim, DType dtype, bool causal,
                                       bool deterministic);
@@ -32,11 +32,8 @@ std::string validate(const BackwardProblem& p);
 // (lse 4-byte); dQ is written when seqlen_k == 0 too (zeros), dK and dV when seqlen_q == 0.
 std::string validate_tensors(const BackwardProblem& p, const BackwardTensors& t);
 
-// 2.5 × attention_flops(p.attention).
-double backward_flops(const BackwardProblem& p);
-
-// The largest error a step's gradient may have (common/backward/check.h explains the rule):
-// 2·ref_err + u·max_abs_exact, with max_abs_exact the largest |exact| element over dQ, dK and dV.
+double backward_flops(const BackwardProblem& p);  // 2.5 × attention_flops(p.attention)
+// fs_backward_bound: 2·ref_err + u·max_abs_exact (common/backward/check.h explains the rule).
 double backward_bound(int32_t dtype, double ref_err, double max_abs_exact);
 
 // A short description, e.g. "backward b2 h16/16 sq2048 sk2048 d128 fp16 causal deterministic".

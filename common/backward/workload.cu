@@ -61,10 +61,6 @@ BackwardHostInputs BackwardWorkload::download_inputs() const {
   return in;
 }
 
-}  // namespace fs
-
-namespace fs {
-
 BackwardReference gpu_reference(const BackwardWorkload& w, GpuReference& gpu, bool rounded) {
   const Problem& f = w.problem().attention;
   const int64_t q_elems = f.batch * f.seqlen_q * f.heads_q * f.head_dim, kv_elems = f.batch * f.seqlen_k * f.heads_kv * f.head_dim;

@@ -16,9 +16,7 @@ namespace fs {
 // Bytes at the start of a decoding workspace that the checked mode uses for its report.
 inline constexpr size_t kDecodeCheckBytes = 256;
 
-// A decoding problem with contiguous Q and O, scale 1/sqrt(head_dim); page_size 0 gives a contiguous
-// (batch, seqlen_k, heads_kv, head_dim) cache, else a paged one with ceil(seqlen_k / page_size)
-// pages per sequence, batch times as many pages, and a dense block table (fs_decode_problem_init).
+// fs_decode_problem_init: contiguous Q and O, and a contiguous cache (page_size 0) or a paged one.
 DecodeProblem make_decode_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                                   int64_t heads_kv, int64_t head_dim, DType dtype, bool causal,
                                   int64_t page_size = 0);
@@ -44,8 +42,7 @@ std::string validate_data(const DecodeProblem& p, const std::vector<int32_t>& le
 // (kDecodeCheckBytes of device memory); `stream` is then synchronized.
 std::string validate_device_data(const DecodeProblem& p, const DecodeTensors& t, void* record, cudaStream_t stream);
 
-// Bytes of K and V the problem must read: sum of lengths[b]·heads_kv·head_dim·2 bytes, twice (empty
-// `lengths`: seqlen_k each). What the decoding tables divide by the time.
+// fs_decode_kv_bytes (empty `lengths`: seqlen_k each): what the decoding tables divide by the time.
 double decode_kv_bytes(const DecodeProblem& p, const std::vector<int32_t>& lengths);
 
 // "b8 h32/8 sq1 sk32768 d128 fp16 paged64 checked" (and "causal", "splits4" when set).

@@ -6,21 +6,11 @@
 #include "harness/reference_kernels.cuh"
 #include "harness/tensors.h"
 #include "step/dispatch.h"
-#include "step/dtype.cuh"
 #include "step/overflow.h"
 
 namespace fs {
 
 namespace {
-
-// V of one (batch, K/V head) as a contiguous fp32 (Sk, D) matrix.
-template <typename T>
-__global__ void v_to_float_kernel(const T* v, Strides st, int64_t b, int64_t hk, int64_t seqlen_k,
-                                  int64_t head_dim, float* out) {
-  const int64_t n = seqlen_k * head_dim;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = to_float(v[offset_of(st, b, i / head_dim, hk) + i % head_dim]);
-}
 
 // fp32 contiguous O -> the problem's dtype and strides.
 template <typename T>
@@ -33,8 +23,6 @@ __global__ void o_from_float_kernel(const float* o32, T* o, Strides st, int64_t 
     o[offset_of(st, b, s, h) + d] = from_float<T>(o32[i]);
   }
 }
-
-int grid_for(int64_t n) { return grid_stride_blocks(n, 256); }
 
 cudaDataType_t cuda_type(int32_t dtype) { return dtype == FS_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
 
@@ -84,8 +72,8 @@ void GpuReference::run(const Problem& p, const Tensors& t, float* o32, cudaStrea
       const int64_t h0 = hk * group;  // the query heads that read this K/V head: h0 … h0+group-1
       dispatch_dtype(p.dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
-        v_to_float_kernel<T><<<grid_for(Sk * D), 256, 0, stream>>>(static_cast<const T*>(t.v), p.v, b, hk, Sk, D,
-                                                                   v32_.as<float>());
+        rows_to_float_kernel<T><<<grid_for(Sk * D), 256, 0, stream>>>(static_cast<const T*>(t.v), p.v, b, 0, Sk, hk,
+                                                                      1, D, v32_.as<float>());
         CHECK_LAUNCH();
       });
       const char* k = static_cast<const char*>(t.k) + offset_of(p.k, b, 0, hk) * elem;

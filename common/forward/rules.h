@@ -26,8 +26,7 @@ inline constexpr double kMaxAbsFp16 = 65504.0;
 inline DType dtype_of(const Problem& p) { return static_cast<DType>(p.dtype); }
 const char* dtype_name(int32_t dtype);  // "fp16", "bf16" or "dtype?"
 
-// A problem with contiguous (batch, seqlen, heads, head_dim) tensors and scale 1/sqrt(head_dim).
-// Any sizes may be given: validate() then judges them by the dimensions given (see contiguous_strides).
+// fs_problem_init. Any sizes may be given: validate() judges them by the dimensions (contiguous_strides).
 Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
                      int64_t head_dim, DType dtype, bool causal);
 
@@ -40,12 +39,10 @@ double max_softmax_scale(int32_t dtype, int64_t head_dim);
 // limit it breaks. Pointers are not looked at (validate_tensors).
 std::string validate(const Problem& p);
 
-// "" when the pointers are usable for `p`: Q, K, V, O non-null (where there is work) and 16-byte
-// aligned; lse may be null and must be 4-byte aligned.
+// "" when the pointers are usable: Q, K, V, O non-null where there is work, 16-byte aligned; LSE 4-byte.
 std::string validate_tensors(const Problem& p, const Tensors& t);
 
-// FLOPs of the forward pass as FlashAttention counts them: 4·B·Hq·Sq·Sk·d (two GEMMs, multiply-add
-// = 2 FLOPs), halved when causal. The softmax is not counted.
+// fs_problem_flops: 4·B·Hq·Sq·Sk·d, halved when causal.
 double attention_flops(const Problem& p);
 
 // A short description, e.g. "b2 h16/16 sq2048 sk2048 d128 fp16 causal".

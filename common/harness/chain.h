@@ -90,13 +90,8 @@ class Prepared {
   DeviceBuffer workspace_;
 };
 
-// The ladder's speed-up rule, written once (the runner, and through the C ABI the Python tools, use it).
-// A step's key is its id up to the first '_': "04" for both 04_pad and 04_swizzle (alternatives),
-// "07b" for 07b_work_order (a lettered sub-step). For each timed row, given its time in ms (<= 0: not timed):
-//   x_step01 = time of 01_naive / its time
-//   x_prev   = time of the fastest row whose key is the greatest step key below its own / its time
-//              (04_pad and 04_swizzle both against 03, 05 against the faster 04, 07b against 07a).
-// Rows whose id does not start with a digit (baselines) get x_step01 only. 0 where there is nothing to compare.
+// The ladder's speed-up rule, written once for the runner and the C ABI (fs_speedups in flash_steps.h
+// defines it). A step's key is its id up to the first '_': "04" for 04_pad and 04_swizzle, "07b".
 std::string step_key(std::string_view id);
 struct Speedup {
   double x_step01 = 0, x_prev = 0;

@@ -10,28 +10,20 @@ void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int l
                            cudaGetErrorString(err), ")"));
 }
 
-bool cuda_device_absent() {
+namespace {
+// Why no CUDA device can be used ("" when one can); `absent` when the machine has none at all (no
+// device, or no NVIDIA driver loaded; a loaded but old driver is a broken machine, not an absent one).
+std::string probe_cuda(bool& absent) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0)) return true;
-  if (err == cudaErrorInsufficientDriver) {
-    int driver = 0;
-    cudaDriverGetVersion(&driver);
-    return driver == 0;  // no driver loaded at all; a loaded but old driver is a broken machine
-  }
-  return false;
-}
-
-std::string cuda_unavailable_reason() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0))
-    return "no CUDA device was found";
+  absent = err == cudaErrorNoDevice || (err == cudaSuccess && count == 0);
+  if (absent) return "no CUDA device was found";
   if (err == cudaErrorInsufficientDriver) {
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
-    if (driver == 0) return "no CUDA device was found (no NVIDIA driver is loaded)";
+    absent = driver == 0;
+    if (absent) return "no CUDA device was found (no NVIDIA driver is loaded)";
     return sentence("the NVIDIA driver is too old for this CUDA runtime (driver supports CUDA ", driver / 1000, ".",
                     (driver % 1000) / 10, ", runtime is ", runtime / 1000, ".", (runtime % 1000) / 10, ")");
   }
@@ -39,6 +31,18 @@ std::string cuda_unavailable_reason() {
     return sentence("CUDA is not usable: cudaGetDeviceCount failed with ", cudaGetErrorName(err), " (",
                     cudaGetErrorString(err), ")");
   return "";
+}
+}  // namespace
+
+bool cuda_device_absent() {
+  bool absent = false;
+  probe_cuda(absent);
+  return absent;
+}
+
+std::string cuda_unavailable_reason() {
+  bool absent = false;
+  return probe_cuda(absent);
 }
 
 namespace {

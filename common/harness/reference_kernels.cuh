@@ -1,5 +1,5 @@
 // Kernels the two cuBLAS references share: the forward's (reference_gpu.cu) and the backward's
-// (reference_gpu_backward.cu). Each .cu that includes this file gets its own copy (anonymous namespace).
+// (backward/reference_gpu.cu). Each .cu that includes this file gets its own copy (anonymous namespace).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,10 +7,28 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "forward/problem.h"
+#include "step/device.h"
+#include "step/dtype.cuh"
+
 namespace fs {
 namespace {
 
 constexpr int kSoftmaxThreads = 256;
+
+int grid_for(int64_t n) { return grid_stride_blocks(n, 256); }  // the conversion kernels: 256 threads
+
+// out[(hh·rows + r)·head_dim + d] = x(b, row0 + r, h0 + hh, d) as fp32: heads h0 … h0+heads-1 and rows
+// row0 … row0+rows-1 of a strided (batch, seqlen, heads, head_dim) view, as a [heads][rows][head_dim] array.
+template <typename T>
+__global__ void rows_to_float_kernel(const T* x, Strides st, int64_t b, int64_t row0, int64_t rows, int64_t h0,
+                                     int64_t heads, int64_t head_dim, float* out) {
+  const int64_t n = heads * rows * head_dim;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = e % head_dim, r = e / head_dim % rows, hh = e / (head_dim * rows);
+    out[e] = to_float(x[offset_of(st, b, row0 + r, h0 + hh) + d]);
+  }
+}
 
 // The max (is_max) or the sum of x over a block of kSoftmaxThreads threads; every thread gets it.
 __device__ inline float block_reduce(float x, bool is_max) {

@@ -1,14 +1,9 @@
-// The benchmark sweep, written once: the shapes bench/compare_torch.py (through the C ABI) and
-// flash_steps_bench measure.
-//
-// Every shape holds kSweepTokens = batch · seqlen tokens and kSweepWidth = heads · head_dim
-// channels, so every shape moves the same Q, K, V and O bytes (16384 · 2048 elements per tensor)
-// and only the cost of attention itself, quadratic in seqlen, changes along the sweep:
-//     seqlen 512 … 16384   → batch 32 … 1
-//     head_dim 128         → 16 heads
-//     head_dim 64          → 32 heads
-// The full sweep is seqlen 512 … 16k × head_dim 128, 64 × fp16, bf16 (each causal and not); the quick
-// one, a look of about a minute, is seqlen 1k, 2k, 4k × head_dim 128 × fp16.
+// The benchmark sweep, written once: the shapes bench/compare_torch.py (through the C ABI,
+// fs_sweep_* in flash_steps.h) and flash_steps_bench measure. Every shape moves the same Q, K, V and
+// O bytes (16384 · 2048 elements per tensor); only attention's cost, quadratic in seqlen, changes:
+//     seqlen 512 … 16384 → batch 32 … 1;  head_dim 128 → 16 heads, 64 → 32 heads
+// Full: seqlen 512 … 16k × head_dim 128, 64 × fp16, bf16 (each causal and not); quick (about a
+// minute): seqlen 1k, 2k, 4k × head_dim 128 × fp16.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +24,7 @@ struct Sweep {
 };
 Sweep sweep(bool quick);
 
-// The batch and heads of the sweep's shape at (seqlen, head_dim) with `tokens` = batch · seqlen:
-// "" and the two values, or a sentence naming the value that does not divide.
+// fs_sweep_shape: "" and the batch and heads, or a sentence naming the value that does not divide.
 std::string sweep_shape(int64_t tokens, int64_t seqlen, int64_t head_dim, int64_t& batch, int64_t& heads);
 
 }  // namespace fs
