@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,10 @@ class LibraryNotFound(FlashStepsError, OSError):
 ERRORS = {FS_ERR_INVALID: InvalidArgument, FS_ERR_UNKNOWN_STEP: UnknownStep, FS_ERR_CUDA: CudaError,
           FS_ERR_OUT_OF_MEMORY: OutOfMemory, FS_ERR_INTERNAL: InternalError}  # any other status: FlashStepsError
 
+def refuse(function: str, message: str) -> InvalidArgument:
+    """The FS_ERR_INVALID of a check made in Python (function: the entry point that refuses)."""
+    return InvalidArgument(FS_ERR_INVALID, function, message)
+
 _I64, _I32, _INT, _DBL, _U64, _PTR, _STR = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int, ctypes.c_double,
                                              ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p)
 _P = ctypes.POINTER
@@ -65,19 +70,9 @@ class FsBackwardProblem(ctypes.Structure):
     _fields_ = ([("attention", FsProblem), ("deterministic", _I32)]
                 + [(name, FsStrides) for name in ("d_o", "dq", "dk", "dv")])
 
-@dataclass(frozen=True)
-class Pass:
-    """One pass of the C ABI: its fs_pass code, struct, functions and the pointers its run takes (in order,
-    before the workspace). init_extra: the init function's arguments after (batch, ..., dtype, causal)."""
-    name: str
-    code: int
-    struct: type
-    init: str
-    init_extra: tuple
-    check: str
-    workspace_size: str
-    run: str
-    pointers: tuple
+# One pass of the C ABI: its fs_pass code, struct, functions and the pointers its run takes (in order, before
+# the workspace). init_extra: the ctypes of the init function's arguments after (batch, ..., dtype, causal).
+Pass = namedtuple("Pass", "name code struct init init_extra check workspace_size run pointers")
 
 PASSES = (
     Pass("forward", 0, FsProblem, "fs_problem_init", (), "fs_check", "fs_workspace_size", "fs_run",
@@ -92,8 +87,8 @@ def pass_of(p) -> Pass:
     for ps in PASSES:
         if type(p) is ps.struct:
             return ps
-    raise InvalidArgument(FS_ERR_INVALID, "", f"{type(p).__name__} is no problem of flash_steps (one of "
-                          + ", ".join(ps.struct.__name__ for ps in PASSES) + ")")
+    raise refuse("", f"{type(p).__name__} is no problem of flash_steps (one of "
+                 + ", ".join(ps.struct.__name__ for ps in PASSES) + ")")
 
 # name: (argtypes, restype) of every function of flash_steps.h; each pass's four from PASSES.
 SIGNATURES = {
@@ -137,16 +132,15 @@ def find_library(explicit: str | os.PathLike | None = None) -> list[Path]:
     Raises LibraryNotFound, naming where it looked, when there is none."""
     how = "build it (cmake -B build -G Ninja && cmake --build build, in the repository) or set FLASH_STEPS_LIB"
     given = explicit or os.environ.get("FLASH_STEPS_LIB")
-    if given:
-        if not Path(given).exists():
-            what = explicit or f"FLASH_STEPS_LIB is {given}, which"
-            raise LibraryNotFound(f"{what} does not exist; {how} to the library's path")
-        return [Path(given)]
-    candidates = library_candidates()
-    if not any(p.exists() for p in candidates):
+    if given and not Path(given).exists():
+        what = explicit or f"FLASH_STEPS_LIB is {given}, which"
+        raise LibraryNotFound(f"{what} does not exist; {how} to the library's path")
+    candidates = [Path(given)] if given else library_candidates()
+    found = [p for p in candidates if p.exists()]
+    if not found:  # so nothing was given: the candidates were looked at
         raise LibraryNotFound(f"{LIBRARY_NAME} not found: FLASH_STEPS_LIB is not set and none of "
                               f"{', '.join(str(p) for p in candidates)} exists; {how} to the library's path")
-    return [p for p in candidates if p.exists()]
+    return found
 
 def load(path: str | os.PathLike | None = None) -> Library:
     """The library at `path`, else by find_library's order: the first candidate that loads (a
@@ -189,11 +183,13 @@ class Library:
     def last_error(self) -> str:
         return self.lib.fs_last_error().decode(errors="replace")
 
-    def call(self, name: str, *args) -> None:
-        """Calls an fs_status function; raises the status's FlashStepsError with fs_last_error's sentence."""
-        status = self._fn(name)(*args)
+    def _raise_for(self, status: int, function: str) -> None:
+        """A non-zero fs_status raised as its FlashStepsError with fs_last_error's sentence."""
         if status != FS_OK:
-            raise ERRORS.get(status, FlashStepsError)(status, name, self.last_error())
+            raise ERRORS.get(status, FlashStepsError)(status, function, self.last_error())
+
+    def call(self, name: str, *args) -> None:
+        self._raise_for(self._fn(name)(*args), name)
 
     def _outs(self, name: str, types: list, *args) -> list:
         """call(name, *args, then a pointer to a new value of each ctypes type): those values."""
@@ -247,17 +243,12 @@ class Library:
         in the order of Pass.pointers. For timing: the ctypes conversions are done once, here."""
         ps = pass_of(p)
         if len(pointers) != len(ps.pointers):
-            raise InvalidArgument(FS_ERR_INVALID, ps.run, f"{len(pointers)} pointers given; {ps.run} takes "
-                                  f"{len(ps.pointers)}: " + ", ".join(ps.pointers))
-        fn, sid, pp = self._fn(ps.run), step_id.encode(), ctypes.byref(p)
+            raise refuse(ps.run, f"{len(pointers)} pointers given; {ps.run} takes {len(ps.pointers)}: "
+                         + ", ".join(ps.pointers))
+        fn, sid, pp, where = self._fn(ps.run), step_id.encode(), ctypes.byref(p), f"{ps.run}({step_id})"
         args = [ctypes.c_void_p(x or None) for x in pointers + (workspace,)]
         args += [_U64(workspace_bytes), ctypes.c_void_p(stream or None)]
-
-        def run():
-            status = fn(sid, pp, *args)
-            if status != FS_OK:
-                raise ERRORS.get(status, FlashStepsError)(status, f"{ps.run}({step_id})", self.last_error())
-        return run
+        return lambda: self._raise_for(fn(sid, pp, *args), where)
 
     def run(self, step_id: str, p, *pointers: int, workspace: int = 0, workspace_bytes: int = 0,
             stream: int = 0) -> None:

@@ -9,13 +9,11 @@ from __future__ import annotations
 import functools
 import math
 
-from ._capi import (DTYPE_CODES, FS_ERR_INVALID, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides,
-                    InvalidArgument, Library, library, pass_of)
+from ._capi import (DTYPE_CODES, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument, Library,
+                    library, pass_of, refuse)
 
-TORCH_DTYPES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
+TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # the name of a torch.dtype (torch.half's is float16)
 
-def refuse(function: str, message: str) -> InvalidArgument:
-    return InvalidArgument(FS_ERR_INVALID, function, message)
 def shape_of(t) -> tuple[int, ...]:
     return tuple(int(x) for x in t.shape)
 def strides_of(t) -> tuple[int, ...]:
@@ -159,8 +157,8 @@ def _default_step(lib: Library, p, device: int) -> str:
                 return s.id
             except InvalidArgument as e:
                 refusals.append(f"{s.id}: {e.message}")
-    raise InvalidArgument(FS_ERR_INVALID, f"flash_steps.{kind}", f"no registered step runs this {kind} problem on "
-                          "this device (" + ("; ".join(refusals[:4]) or f"no step has a {kind} pass") + ")")
+    raise refuse(f"flash_steps.{kind}", f"no registered step runs this {kind} problem on this device ("
+                 + ("; ".join(refusals[:4]) or f"no step has a {kind} pass") + ")")
 
 def default_step(problem, device: int | None = None) -> str:
     """The step flash_steps uses when none is given: the newest registered step that runs `problem`'s pass
