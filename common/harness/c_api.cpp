@@ -194,13 +194,9 @@ FS_API int fs_step_min_compute_capability(int index) {
 FS_API int fs_step_runs(int index, int32_t pass) {
   return guard(-1, [&] {
     const fs::Step* s = step_at(index);
-    if (!s) return -1;
-    switch (pass) {
-      case FS_FORWARD: return int(s->forward.present());
-      case FS_DECODE: return int(s->decode.present());
-      case FS_BACKWARD: return int(s->backward.present());
-      default: return -1;
-    }
+    if (!s || pass < FS_FORWARD || pass > FS_BACKWARD) return -1;
+    const bool runs[] = {s->forward.present(), s->decode.present(), s->backward.present()};  // by fs_pass
+    return int(runs[pass]);
   });
 }
 
