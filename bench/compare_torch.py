@@ -10,50 +10,7 @@ sweep, decoding against a KV cache (--decode), or the backward pass (--backward)
     python3 bench/compare_torch.py --decode [--decode-shapes 8x32768x32x8 --dtypes fp16 --decode-seqlens-q 1]
     python3 bench/compare_torch.py --backward [--quick]
 
-The sweep is the library's (common/sweep.h, fs_sweep_*): every shape holds B*N = 16384 tokens and
-H*d = 2048 channels, so every shape moves the same Q/K/V bytes and only the quadratic cost of attention
-grows along it. Q, K, V are (B, N, H, d) tensors drawn as 0.25 + N(0, 1); our steps get their data_ptr()
-and strides through the C ABI (the flash_steps package of python/), SDPA (B, H, N, d) views of the same
-memory, the layout FlashAttention reads natively, and FlashAttention-4 (backend fa4: `pip install
-flash-attn-4`, flash_attn.cute.flash_attn_func, bottom-right causal like ours) the tensors themselves.
-FA4 joins the default backends of the sweep and of --backward when it imports (a line says why there is
-no fa4 column when it does not); its exception on a shape is that cell's error, not the run's.
-
-Timing, the same for everyone (fs_results.Timer): one checked launch, one timed probe, warm-up, then
---iters launches, each between its own CUDA events after an L2 flush and a short GPU sleep; the median,
-min and max. A launch that takes, or scaled by the work (FLOPs; bytes with --decode) from the last shape
-would take, more than --max-launch-ms is skipped with that reason; slow launches get fewer iterations (at
-least --min-iters) so that a measurement stays near --budget-ms.
-
-Forward check (fs_results.compare): batch 0, heads 0 and 1, O and LSE against an fp64 reference within
-fs_tolerance (|err| <= 2u*max|V| + 2u*|ref|, u = 2^-11 fp16, 2^-8 bf16), no NaN or infinity in O, and our
-steps' O within twice that of PyTorch flash's. FLOPs: fs_problem_flops (4*B*H*Sq*Sk*d, halved when
-causal); x_step01, x_prev: fs_speedups (the runner's rule); x_flash, x_cudnn, x_fa4: that backend's
-time over the row's.
-
---decode: one or four new tokens per sequence against the KV caches of issue 14 (batch x seqlen_k, heads
-q/kv: 1 x 131072 32/8, 8 x 32768 32/8, 64 x 4096 32/8, 128 x 2048 64/8, 16 x 16384 32/32; head_dim
-128), every sequence at seqlen_k keys. SDPA reads (B, H, N, d) views with enable_gqa; the steps with a
-decode pass (fs_run_decode) read the cache as it is and from paged copies (pages of 16, 64, 256 keys,
-shuffled by a seed, through a block table); the other steps (--steps, default 07g, 08, 09, 10) through
-fs_run where they accept it. Reported: GB/s of K and V read (fs_decode_kv_bytes), the % of the HBM read
-ceiling of the newest bench/results/ceilings-*.json (--ceilings), x cuDNN, and paged against contiguous.
-Non-causal unless --decode-causal (bottom-right; SDPA through causal_lower_right).
-
---backward: the sweep from seqlen 1024 on, the same Q, K, V and dO for everyone, the backward alone
-timed (TFLOP/s by fs_backward_flops, 2.5 x the forward's). Our steps start from O and LSE of one forward
-of ours (--forward-step; default the newest that accepts the shape), at deterministic 0 and 1 ("<nn>
-det"); a launch is one fs_run_backward, its preprocessing (D = rowsum(dO*O)) and dQ conversion included.
-SDPA and FA4 run one forward with requires_grad on leaf (B, N, H, d) tensors; a launch is then
-torch.autograd.grad(o, inputs, dO, retain_graph=True): the backend's backward node alone, dO in O's own
-strides so that nothing is copied inside the timed call. Check: dQ, dK, dV of batch 0, heads 0 and 1
-against an fp32 reference (P recomputed, TF32 off), each within fs_backward_bound(dtype, ref_err,
-max|exact|) = 2*ref_err + u*max|exact|, ref_err the first backend's error (SDPA flash by default); no NaN
-or infinity; a deterministic row gives the same bits twice.
-
-Results: bench/results/compare_torch-<UTC date>.json and .csv (compare_torch-decode-, compare_torch_backward-
-for the other two) with the GPU, driver, CUDA/PyTorch/cuDNN/Triton/FA4 versions and commit; a table is
-printed last. bench/plot.py turns the sweep's into plots and the README table.
+How it times and checks, and the files it writes: bench/README.md.
 """
 from __future__ import annotations
 

@@ -5,17 +5,7 @@
     python3 bench/figures.py --out-dir DIR    somewhere else
     python3 bench/figures.py --only 04 06     the figures of some notes
 
-No GPU and no build needed: the maps are the functions of the steps' traits.h files, written again
-here in Python under the same names (each function below says which traits.h it copies), because a
-drawing script cannot include C++. tests/python/test_figures.py checks that they are the same
-functions: it compares them with what `flash-steps banks` and `flash-steps explain --step
-06_ldmatrix_mma` print from the C++ (when the runner is built), and with the tables of the notes.
-No figure shows a measured number: the schematic ones (the cp.async timeline, the TMA ring) say so
-in their titles.
-
-The functions that compute what is drawn (maps, bank groups, wavefronts, tile classes, the online
-softmax) need only Python; matplotlib is imported only to draw. The output depends only on this
-file, so running it twice writes the same bytes.
+How the maps are the steps' own: bench/README.md.
 """
 from __future__ import annotations
 

@@ -7,29 +7,7 @@
     python3 bench/plot.py --compare FILE [--runner FILE] [--ceilings FILE] [--readme README.md] [--out-dir DIR]
     python3 bench/plot.py --table-only         print the table (no matplotlib needed)
 
-Inputs: the JSON of bench/compare_torch.py (every step and PyTorch SDPA over the shape sweep) and,
-optionally, the JSON of `flash-steps --json` (the runner's checked ladder). The ladder table is
-taken at the compare file's ladder shape (B*N = 16384, seqlen 2048, head_dim 128, fp16, not causal
-unless compare_torch.py was told otherwise), where PyTorch ran in the same process on the same
-tensors; without a compare file it falls back to the runner's file and leaves the PyTorch columns
-empty. Every number is read from the files: FLOPs, TFLOP/s and the speed-ups "× previous" and
-"× step 01" (x_prev, x_step01, which the tools take from the library's one rule, fs_speedups).
-
-Ceilings (the rates this GPU reaches, measured by flash_steps_ceilings): the newest
-bench/results/ceilings-*.json, or --ceilings FILE. They give the plots their ceiling lines and the
-table its "% of mma.sync" / "% of wgmma" columns; without a ceilings file for the GPU of the
-results, plot.py says so and draws no line, no column and no roofline.
-
-The roofline (roofline.png, and a table under the results table) puts every step of the ladder at
-its arithmetic intensity: the FLOPs of the results file over the minimum DRAM bytes of the shape
-(minimum_bytes: Q, K, V read once, O written once, and step 01's stored S), under the HBM roof
-(hbm_read × FLOP/byte) and the ceiling of the unit the step computes on (compute_unit: FP32 FMA for
-01-05, mma.sync for 06-07, 10 and 11, wgmma for 08 and 09). The ladder table's "% of mma.sync" and
-"% of wgmma" are given only for the steps on that unit ("–" elsewhere, the backends too). FlashAttention-4,
-where the results have it (backend fa4), is a row, a "% of FA4" column, a line and a series beside SDPA's.
-
-The table is text between the markers below in README.md; everything else in README.md is left as
-it is. The output depends only on the input files, so running this twice gives the same bytes.
+Inputs, ceilings and the roofline: bench/README.md.
 """
 from __future__ import annotations
 

@@ -6,20 +6,7 @@ and, from a GPU run, the occupancy of the launches each step makes.
     python3 bench/resource_report.py --step 01_naive=build/steps/.../step.cu.o [--step ...]
         [--runtime FILE] [--cuobjdump PATH] [--out FILE] [--notes notes/README.md]
 
-From the object files, for every kernel, with `cuobjdump --dump-resource-usage` (registers per
-thread, static shared memory, stack frame) and `cuobjdump -sass` (local-memory loads and stores,
-LDL/STL: the instructions a spill or a local array turns into). No GPU needed.
-
-Occupancy depends on what only the launch knows (the block size and the dynamic shared memory the
-step's plan chose for a problem on a device), so it comes from the GPU: `flash-steps resources
---json` asks the CUDA runtime, for every kernel each step launches (Plan::kernels), how many blocks
-an SM holds. Give that file with --runtime (or in $FLASH_STEPS_RESOURCES_JSON, which the CMake
-target passes on; bench/run_all.sh writes it first) and the table gains threads per block, dynamic
-shared memory, blocks per SM and occupancy for the kernels launched at that problem; without it the
-table says, once, how to get them.
-
-cuobjdump's SHARED includes the 1 KiB that sm_80 and later reserve per block whenever a kernel uses
-shared memory; the table shows the kernel's own static shared memory (SHARED - 1 KiB).
+Where each column comes from: bench/README.md.
 """
 from __future__ import annotations
 

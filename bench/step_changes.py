@@ -5,12 +5,7 @@
     python3 bench/step_changes.py --write        rewrite it in notes/README.md between its markers
     python3 bench/step_changes.py --check        exit 1, with a diff, when notes/README.md's table is stale
 
-For every two consecutive step directories (steps/NN_*, sorted by name) the files are paired by
-name and compared line by line (difflib; a file on one side only counts whole), as
-`diff -ru steps/<earlier> steps/<later>` shows them. Each row lists the files that changed with the
-lines added and removed, and the lesson of every step registered from the later directory, asked
-of the library (fs_step_dir, fs_step_lesson): libflash_steps.so from --lib, else $FLASH_STEPS_LIB,
-else build/libflash_steps.so. ctest runs --check, so a table that no longer matches the steps fails.
+How the files are compared, and where the lessons come from: bench/README.md.
 """
 from __future__ import annotations
 
