@@ -11,16 +11,15 @@ Inputs, ceilings and the roofline: bench/README.md.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 from pathlib import Path
 
-from fs_results import (CEILING_LABELS, CeilingsError, MarkerError, backend_label, load_ceilings, load_json, newest,
-                        same_gpu, update_between_markers)
+from fs_results import (CEILING_LABELS, REPO, RESULTS, CeilingsError, MarkerError, backend_label, describe,
+                        load_ceilings, load_json, newest, parser, pyplot, same_gpu, save_figure, timed,
+                        update_between_markers)
 
-REPO = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
 BACKENDS = ("torch_flash", "torch_cudnn", "torch_efficient", "torch_math", "fa4")  # the rows' impl, in table order
@@ -54,8 +53,7 @@ def tensor_ceilings(ceilings: dict | None, dtype: str) -> list[tuple[str, float,
 
 
 def label(impl: str, meta: dict | None = None) -> str:
-    """A backend's name ("PyTorch SDPA cuDNN", "FA4 4.0.0b36": the version from the results' environment),
-    or the step id."""
+    """A backend's name ("PyTorch SDPA cuDNN", "FA4 4.0.0b36": its version from the results), or the step id."""
     name = impl.removeprefix("torch_")
     return backend_label(name, (meta or {}).get("environment")) if impl in BACKENDS else impl
 
@@ -66,8 +64,7 @@ def ladder_from_compare(compare: dict) -> dict:
     """{"shape", "steps": [row...] in registry order, "backends": {impl: row}} at the ladder shape (the
     backends: SDPA's, kind "torch", and FA4's, kind "fa4")."""
     shape = compare["ladder"]
-    key = shape_of(shape)
-    rows = [r for r in compare["rows"] if shape_of(r) == key]
+    rows = [r for r in compare["rows"] if shape_of(r) == shape_of(shape)]
     by_impl = {r["impl"]: r for r in rows}
     step_ids = [s["id"] for s in compare.get("steps", [])] or [r["impl"] for r in rows if r["kind"] == "step"]
     steps = [dict(by_impl[i], id=i) for i in step_ids if i in by_impl]
@@ -81,20 +78,11 @@ def ladder_from_runner(runner: dict) -> dict:
     p = runner["problem"]
     shape = {"batch": p["batch"], "seqlen": p["seqlen_q"], "heads": p["heads_q"], "head_dim": p["head_dim"],
              "causal": bool(p["causal"]), "dtype": p["dtype"]}
-    steps = []
-    for r in runner["rows"]:
-        if r["id"] == "cublas":
-            continue
-        ok = r["status"] in ("PASS", "FAIL")
-        steps.append({"id": r["id"], "impl": r["id"], "status": {"PASS": "ok", "FAIL": "fail"}.get(r["status"], "refused"),
-                      "reason": r.get("reason", ""), "ms": r.get("ms") if ok else None,
-                      "tflops": r.get("tflops") if ok else None,
-                      "x_prev": r.get("x_prev") if ok else None, "x_step01": r.get("x_step01") if ok else None})
+    steps = [{"id": r["id"], "impl": r["id"], "status": {"PASS": "ok", "FAIL": "fail"}.get(r["status"], "refused"),
+              "reason": r.get("reason", ""), **{k: r.get(k) if r["status"] in ("PASS", "FAIL") else None
+                                                for k in ("ms", "tflops", "x_prev", "x_step01")}}
+             for r in runner["rows"] if r["id"] != "cublas"]
     return {"shape": shape, "flops": p.get("flops"), "steps": steps, "backends": {}}
-
-
-def _timed(row: dict | None) -> bool:
-    return bool(row) and row.get("status") in ("ok", "fail") and bool(row.get("ms"))
 
 
 def ladder_columns(ladder: dict, ceilings: list[tuple[str, float, str]] = (), rows=None) -> list[dict]:
@@ -104,12 +92,12 @@ def ladder_columns(ladder: dict, ceilings: list[tuple[str, float, str]] = (), ro
     out = []
     for s in ladder["steps"] if rows is None else rows:
         c = {"id": s.get("id", s["impl"]), "status": s.get("status", ""), "reason": s.get("reason", "")}
-        if _timed(s):
+        if timed(s):
             ms = s["ms"]
             c.update(ms=ms, tflops=s["tflops"], x_prev=s.get("x_prev") or None, x_01=s.get("x_step01") or None)
             for key, impl, _ in RATIOS:
                 base = ladder["backends"].get(impl)
-                c[key] = 100 * base["ms"] / ms if _timed(base) else None
+                c[key] = 100 * base["ms"] / ms if timed(base) else None
             unit = compute_unit(c["id"]) if s.get("kind", "step") == "step" else None
             c["pct_ceilings"] = [100 * s["tflops"] / value if u == unit else None for _, value, u in ceilings]
         out.append(c)
@@ -120,19 +108,18 @@ def _f(x, fmt: str, unit: str = "") -> str:
     return "–" if x is None else format(x, fmt) + unit
 
 
+def _failed_for(ids: list[str], otherwise: str) -> str:
+    return "**failed** for " + ", ".join(f"`{i}`" for i in ids) if ids else otherwise
+
+
 def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = None,
                  images: tuple[str, ...] = (), ceilings: dict | None = None) -> str:
-    """The markdown between the README markers (without the markers themselves). `ceilings`: a
-    load_ceilings() result measured on this GPU, or None (no ceiling columns)."""
-    env = meta.get("environment", {})
-    shape = ladder["shape"]
+    """The markdown between the README markers. `ceilings`: load_ceilings() of this GPU, or None (no columns)."""
+    env, shape = meta.get("environment", {}), ladder["shape"]
     lines = [f"<!-- generated by bench/plot.py from {source}; do not edit by hand -->", ""]
-    versions = ", ".join(x for x in (
-        f"driver {env['driver']}" if env.get("driver") else "",
-        f"CUDA {env['cuda']}" if env.get("cuda") else "",
-        f"PyTorch {env['torch']}" if env.get("torch") else "",
-        f"cuDNN {env['cudnn']}" if env.get("cudnn") else "",
-        f"FA4 {env['fa4']}" if env.get("fa4") not in (None, "none") else "") if x)
+    versions = ", ".join([f"{name} {env[k]}" for k, name in (("driver", "driver"), ("cuda", "CUDA"), ("torch", "PyTorch"),
+                                                              ("cudnn", "cuDNN")) if env.get(k)]
+                         + [f"FA4 {env.get('fa4')}"] * (env.get("fa4") not in (None, "none")))
     gpu = env.get("gpu") or meta.get("device", "unknown GPU")
     date = meta.get("date", "")
     when = f"{date[:10]} {date[11:16]} UTC" if len(date) >= 16 else (date or "unknown date")
@@ -147,7 +134,7 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
                  f"Median of up to {timing.get('iters', '?')} launches, CUDA events, L2 flushed before each"
                  + (f"; {others} timed in the same process on the same tensors." if backends else "."))
     peaks = tensor_ceilings(ceilings, shape["dtype"])
-    ratios = [r for r in RATIOS if r[1] != "fa4" or _timed(backends.get("fa4"))]
+    ratios = [r for r in RATIOS if r[1] != "fa4" or timed(backends.get("fa4"))]
     lines += ["", "| step | ms | TFLOP/s | × previous | × step 01 |" + "".join(f" % of {n} |" for *_, n in ratios)
               + "".join(f" % of {p[0]} |" for p in peaks),
               "| --- | ---: | ---: | ---: | ---: |" + " ---: |" * (len(ratios) + len(peaks))]
@@ -171,16 +158,12 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
         lines.append("Not timed at this shape: " + "; ".join(
             f"`{c['id']}` ({c['status'] or 'not run'}: {c['reason'].rstrip('.')})" for c in untimed) + ".")
     failed = [c["id"] for c in cols if c["status"] == "fail"]
-    lines.append("Check (fp64 reference, and PyTorch flash where it ran): " +
-                 ("**failed** for " + ", ".join(f"`{i}`" for i in failed) if failed else
-                  "every timed step passed") + ".")
+    lines.append(f"Check (fp64 reference, and PyTorch flash where it ran): {_failed_for(failed, 'every timed step passed')}.")
     if runner is not None:
-        r_rows = [r for r in runner.get("rows", []) if r.get("id") != "cublas"]
-        r_fail = [r["id"] for r in r_rows if r.get("status") in ("FAIL", "ERROR")]
-        r_shape = ladder_from_runner(runner)["shape"]
-        lines.append(f"`flash-steps --json` ({describe_shape(r_shape)}, commit `{runner.get('commit', '?')}`): " +
-                     ("**failed** for " + ", ".join(f"`{i}`" for i in r_fail) if r_fail else
-                      "every step that ran passed its check against the reference") + ".")
+        r_fail = [r["id"] for r in runner.get("rows", []) if r.get("id") != "cublas" and r.get("status") in ("FAIL", "ERROR")]
+        lines.append(f"`flash-steps --json` ({describe_shape(ladder_from_runner(runner)['shape'])}, commit "
+                     f"`{runner.get('commit', '?')}`): "
+                     f"{_failed_for(r_fail, 'every step that ran passed its check against the reference')}.")
     lines += roofline_table(ladder, ceilings)
     alt = {"ladder": "TFLOP/s of every step at this shape", "sweep": "TFLOP/s against seqlen, every step and backend",
            "roofline": "every step against the roofline of the measured ceilings"}
@@ -194,14 +177,14 @@ UNIT_COLORS = {"fma_f32": "tab:green", "mma_sync": "tab:blue", "wgmma": "tab:pur
 
 
 def compute_unit(step_id: str) -> str | None:
-    """The unit a step computes its products on, by its number, and so the ceiling it is compared with:
-    01-05 FP32 FMA on the CUDA cores; 06, 07 (07a-07g), 10 and 11 mma.sync; 08 and 09 (09a-09d) wgmma.
-    None for an id without a number (no compute ceiling)."""
-    digits = step_id[:2]
-    if not digits.isdigit():
+    """The unit a step computes on, by its number: 01-05 FP32 FMA on the CUDA cores; 06, 07 (07a-07g), 10 and
+    11 mma.sync; 08 and 09 (09a-09d) wgmma. None for an id without a number (no compute ceiling)."""
+    if not step_id[:2].isdigit():
         return None
-    n = int(digits)
+    n = int(step_id[:2])
     return "fma_f32" if n <= 5 else "wgmma" if n in (8, 9) else "mma_sync"
+
+
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2}
 S_PASSES_01 = 6  # note 01: S written by kernel 1, read 3 times and written once by kernel 2, read by kernel 3
 
@@ -210,11 +193,9 @@ def minimum_bytes(shape: dict, step_id: str) -> float:
     """The DRAM bytes a step cannot avoid at this shape: Q, K and V read once and O written once (the
     LSE, 4 bytes per row, is left out: under 0.5 % of them at head_dim >= 64), plus, for step 01, the
     fp32 S matrix it stores, S_PASSES_01 times over. A model, not a measurement."""
-    e = ELEMENT_BYTES[shape["dtype"]]
     b, n, h, d = shape["batch"], shape["seqlen"], shape["heads"], shape["head_dim"]
-    h_kv = shape.get("heads_kv", h)
-    n_k = shape.get("seqlen_k", n)
-    total = e * d * (2 * b * n * h + 2 * b * n_k * h_kv)
+    h_kv, n_k = shape.get("heads_kv", h), shape.get("seqlen_k", n)
+    total = ELEMENT_BYTES[shape["dtype"]] * d * (2 * b * n * h + 2 * b * n_k * h_kv)
     if step_id.startswith("01"):
         total += S_PASSES_01 * b * h * n * n_k * 4
     return float(total)
@@ -223,10 +204,8 @@ def minimum_bytes(shape: dict, step_id: str) -> float:
 def compute_ceiling(ceilings: dict | None, step_id: str, dtype: str) -> tuple[str, float] | None:
     """(label, TFLOP/s) of the unit the step computes on, from the ceilings file, or None."""
     unit = compute_unit(step_id)
-    if not ceilings or not unit:
-        return None
-    cid = ceiling_id(unit, dtype)
-    c = ceilings["values"].get(cid)
+    cid = ceiling_id(unit, dtype) if ceilings and unit else None
+    c = ceilings["values"].get(cid) if cid else None
     return (CEILING_LABELS.get(cid, cid), c["value"]) if c else None
 
 
@@ -239,9 +218,7 @@ def roofline_rows(ladder: dict, ceilings: dict | None) -> list[dict]:
     if not hbm or not flops:
         return []
     out = []
-    for s in ladder["steps"]:
-        if not _timed(s):
-            continue
+    for s in filter(timed, ladder["steps"]):
         nbytes = minimum_bytes(ladder["shape"], s["id"])
         ai = flops / nbytes
         memory_roof = ai * hbm["value"]  # TB/s × FLOP/byte = TFLOP/s
@@ -274,16 +251,7 @@ def roofline_table(ladder: dict, ceilings: dict | None) -> list[str]:
 
 # ---- plots (matplotlib is imported only here) ---------------------------------------------------
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 CEILING_STYLES = ({"color": "tab:orange", "linestyle": "-."}, {"color": "tab:purple", "linestyle": (0, (1, 1))})
-
-
 BACKEND_STYLES = {"torch_flash": {"color": "black", "marker": "s", "linestyle": "--"},
                   "torch_cudnn": {"color": "tab:red", "marker": "^", "linestyle": "--"},
                   "torch_efficient": {"color": "gray", "marker": "v", "linestyle": ":"},
@@ -295,8 +263,8 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
     """TFLOP/s against seqlen: one panel per (dtype, head_dim, causal), one line per step and backend (FA4
     too where the file has it), and the tensor-core ceilings of the panel's dtype when a ceilings file is
     given."""
-    plt = _pyplot()
-    rows = [r for r in compare["rows"] if _timed(r)]
+    plt = pyplot()
+    rows = [r for r in compare["rows"] if timed(r)]
     panels = sorted({(r["dtype"], -r["head_dim"], bool(r["causal"])) for r in rows})
     if not panels:
         raise ValueError("no timed rows to plot")
@@ -346,14 +314,18 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
     height = 3.6 * len(dtypes) + legend_in
     fig.set_size_inches(4.2 * len(combos), height)
     fig.tight_layout(rect=(0, legend_in / height, 1, 1 - 0.3 / height))
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save_figure(fig, path)
+
+
+def _title(ladder: dict, meta: dict) -> str:
+    return (f"{describe(ladder['shape'])} — {meta.get('environment', {}).get('gpu', meta.get('device', ''))}, "
+            f"{meta.get('date', '')[:10]}, {meta.get('commit', '')}")
 
 
 def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = None) -> None:
     """A bar per step (TFLOP/s, log scale) at the ladder shape, PyTorch flash, cuDNN and FA4 as lines, and
     the tensor-core ceilings of the shape's dtype when a ceilings file is given."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter
     cols = [c for c in ladder_columns(ladder) if "ms" in c]
     if not cols:
@@ -366,7 +338,7 @@ def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = No
                     ha="center", va="bottom", fontsize=8)
     for impl in ("torch_flash", "torch_cudnn", "fa4"):
         r = ladder["backends"].get(impl)
-        if _timed(r):
+        if timed(r):
             ax.axhline(r["tflops"], color=BACKEND_STYLES[impl]["color"], linestyle="--", linewidth=1,
                        label=f"{label(impl, meta)}: {r['tflops']:.0f}")
     peaks = tensor_ceilings(ceilings, ladder["shape"]["dtype"])
@@ -376,21 +348,16 @@ def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = No
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     lowest = min(c["tflops"] for c in cols)
     highest = max([c["tflops"] for c in cols] + [p[1] for p in peaks]
-                  + [r["tflops"] for r in ladder["backends"].values() if _timed(r)])
+                  + [r["tflops"] for r in ladder["backends"].values() if timed(r)])
     ax.set_ylim(lowest / 2, highest * 8)  # room for the legend above the highest line
     ax.set_xticks(list(xs))
     ax.set_xticklabels([c["id"] for c in cols], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("TFLOP/s (log scale)")
-    env = meta.get("environment", {})
-    s = ladder["shape"]
-    ax.set_title(f"b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}"
-                 f"{' causal' if s['causal'] else ''} — {env.get('gpu', meta.get('device', ''))}, "
-                 f"{meta.get('date', '')[:10]}, {meta.get('commit', '')}", fontsize=9)
+    ax.set_title(_title(ladder, meta), fontsize=9)
     ax.legend(fontsize=8, loc="upper left", frameon=False)
     ax.grid(True, axis="y", which="major", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def label_heights(ys: list[float], gap: float) -> list[float]:
@@ -413,7 +380,7 @@ def _run_bottom(run: list[float], gap: float) -> float:
 def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = None) -> None:
     """Log-log roofline: the HBM roof and the compute ceilings of the ceilings file, and every timed
     step at its FLOP per byte (minimum_bytes), numbered, with a legend of the numbers."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = roofline_rows(ladder, ceilings)
     if not rows:
         raise ValueError("no hbm_read ceiling or no timed step: nothing to draw a roofline with")
@@ -451,22 +418,17 @@ def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = 
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7.5, loc="upper left", frameon=False)
-    env = meta.get("environment", {})
-    s = ladder["shape"]
-    ax.set_title(f"Roofline: b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}"
-                 f"{' causal' if s['causal'] else ''} — {env.get('gpu', meta.get('device', ''))}, "
-                 f"{meta.get('date', '')[:10]}, {meta.get('commit', '')}; ceilings {ceilings.get('source', '')}",
-                 fontsize=8.5)
+    ax.set_title(f"Roofline: {_title(ladder, meta)}; ceilings {ceilings.get('source', '')}", fontsize=8.5)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
+    save_figure(fig, path, bbox_inches="tight")
 
 
 # ---- command line ------------------------------------------------------------------------------
 
-def repo_relative(path: Path) -> str:
+def relative(path: Path, base: Path = REPO) -> str:
+    """path from base (the repository, or the README that links it), with forward slashes."""
     try:
-        return os.path.relpath(Path(path).resolve(), REPO).replace(os.sep, "/")
+        return os.path.relpath(Path(path).resolve(), base).replace(os.sep, "/")
     except ValueError:
         return str(path)
 
@@ -495,21 +457,21 @@ def choose_ceilings(explicit: str | None, results: Path, gpu: str) -> dict | Non
         return None
     for cid, reason in sorted(ceilings["left_out"].items()):
         print(f"plot.py: {path.name} has no {cid} ceiling: {reason}", file=sys.stderr)
-    ceilings["source"] = repo_relative(path)
+    ceilings["source"] = relative(path)
     return ceilings
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--results", default=str(REPO / "bench" / "results"), help="where the input files are")
+    ap = parser(__doc__)
+    ap.add_argument("--results", default=str(RESULTS), help="where the input files are")
     ap.add_argument("--compare", help="compare_torch JSON (default: the newest compare_torch-<date>.json, not --decode's)")
     ap.add_argument("--runner", help="flash-steps --json output (default: the newest runner-*.json)")
     ap.add_argument("--ceilings", help="flash_steps_ceilings JSON (default: the newest ceilings-*.json)")
     ap.add_argument("--out-dir", help="where the PNGs go (default: --results)")
     ap.add_argument("--readme", default=str(REPO / "README.md"), help="the file whose results markers are rewritten")
     ap.add_argument("--no-readme", action="store_true", help="leave the README alone")
-    ap.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib needed); links the PNGs already in --out-dir")
+    ap.add_argument("--no-plots", action="store_true",
+                    help="tables only (no matplotlib needed); links the PNGs already in --out-dir")
     ap.add_argument("--table-only", action="store_true", help="print the table and change nothing")
     args = ap.parse_args(argv)
 
@@ -541,12 +503,6 @@ def main(argv=None) -> int:
         print(f"plot.py: --ceilings {e}", file=sys.stderr)
         return 1
 
-    def rel(p: Path) -> str:  # as the README links it
-        try:
-            return os.path.relpath(p.resolve(), readme.resolve().parent).replace(os.sep, "/")
-        except ValueError:
-            return str(p)
-
     images = []
     names = ("ladder.png", "roofline.png", "sweep.png")  # in the README's order
     if args.no_plots:  # link the plots already drawn from these files, where they are
@@ -565,8 +521,8 @@ def main(argv=None) -> int:
                 continue
             images.append(path)
             print(f"plot.py: wrote {path}", file=sys.stderr)
-    table = ladder_table(ladder, meta, repo_relative(source), runner if compare is not None else None,
-                         tuple(rel(p) for p in images), ceilings)
+    table = ladder_table(ladder, meta, relative(source), runner if compare is not None else None,
+                         tuple(relative(p, readme.resolve().parent) for p in images), ceilings)
     print(table, end="")
     if args.table_only or args.no_readme:
         return 0
