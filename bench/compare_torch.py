@@ -1,16 +1,7 @@
 #!/usr/bin/env python3
-"""Every flash-steps step beside PyTorch's scaled_dot_product_attention, and FlashAttention-4 where it is
-installed, on the same tensors, in one process, timed the same way: the forward pass over the shape
-sweep, decoding against a KV cache (--decode), or the backward pass (--backward).
-
-    python3 bench/compare_torch.py                     the sweep: seqlen 512 ... 16k, head_dim 64 and
-                                                       128, causal off and on, fp16 and bf16
-    python3 bench/compare_torch.py --quick             a handful of shapes, about a minute
-    python3 bench/compare_torch.py --seqlens 4096 --head-dims 128 --dtypes bf16 --causal on
-    python3 bench/compare_torch.py --decode [--decode-shapes 8x32768x32x8 --dtypes fp16 --decode-seqlens-q 1]
-    python3 bench/compare_torch.py --backward [--quick]
-
-How it times and checks, and the files it writes: bench/README.md.
+"""Every flash-steps step beside PyTorch SDPA and FlashAttention-4 (where installed), on the same tensors,
+timed and checked the same way: `python3 bench/compare_torch.py [--quick]` (the forward sweep), `--decode`
+(against a KV cache) or `--backward`. How it times and checks, and what it writes: bench/README.md.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 #!/usr/bin/env python3
-"""The pictures of the notes, drawn from the steps' own index math: notes/figures/*.png.
-
-    python3 bench/figures.py                  every figure, into notes/figures/
-    python3 bench/figures.py --out-dir DIR    somewhere else
-    python3 bench/figures.py --only 04 06     the figures of some notes
-
-How the maps are the steps' own: bench/README.md.
+"""The pictures of the notes, drawn from the steps' own index math: `python3 bench/figures.py [--only 04 06]
+[--out-dir DIR]` writes notes/figures/*.png. How the maps are the steps' own: bench/README.md.
 """
 from __future__ import annotations
 

@@ -32,8 +32,9 @@ def first_line(e: BaseException) -> str:
 # ---- the command line and the figures ------------------------------------------------------------
 
 def parser(doc: str) -> argparse.ArgumentParser:
-    """A script's parser: its docstring's first paragraph as the description, the whole as the epilog."""
-    return argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc,
+    """A script's parser: its docstring's first paragraph as the description, the rest as the epilog."""
+    first, _, rest = doc.partition("\n\n")
+    return argparse.ArgumentParser(description=first, epilog=rest or None,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 

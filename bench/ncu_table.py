@@ -1,11 +1,6 @@
 #!/usr/bin/env python3
-"""The Nsight Compute metrics the notes cite, and a table of them from `ncu --csv --page raw` output.
-
-    python3 bench/ncu_table.py --list-metrics              the metric names, comma-separated (for ncu)
-    python3 bench/ncu_table.py REPORT.csv [--csv-out FILE] a table: one row per metric, one column per kernel
-    python3 bench/ncu_table.py --drop-unknown LOG          the metric list less those ncu's log rejects
-
-bench/profile.sh runs ncu with these metrics on one step and calls this to print them.
+"""The Nsight Compute metrics the notes cite (`--list-metrics`, `--drop-unknown LOG`), and a table of them:
+`python3 bench/ncu_table.py REPORT.csv [--csv-out FILE]` on `ncu --csv --page raw` output (bench/profile.sh).
 """
 from __future__ import annotations
 

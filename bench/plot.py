@@ -1,13 +1,6 @@
 #!/usr/bin/env python3
-"""Plots and the README results table, generated from the files in bench/results/.
-
-    python3 bench/plot.py                      the newest compare_torch-*.json and runner-*.json there:
-                                               bench/results/ladder.png, roofline.png, sweep.png, and
-                                               README.md rewritten between its results markers
-    python3 bench/plot.py --compare FILE [--runner FILE] [--ceilings FILE] [--readme README.md] [--out-dir DIR]
-    python3 bench/plot.py --table-only         print the table (no matplotlib needed)
-
-Inputs, ceilings and the roofline: bench/README.md.
+"""Plots and the README results table from the files in bench/results/: `python3 bench/plot.py [--compare FILE]
+[--runner FILE] [--ceilings FILE]` (`--table-only`: print it, no matplotlib). Inputs, roofline: bench/README.md.
 """
 from __future__ import annotations
 

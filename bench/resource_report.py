@@ -1,12 +1,7 @@
 #!/usr/bin/env python3
-"""The resources of every step's kernels, as a markdown table: what the compiler gave each kernel,
-and, from a GPU run, the occupancy of the launches each step makes.
-
-    cmake --build build --target resource_report          writes build/resource_report.md
-    python3 bench/resource_report.py --step 01_naive=build/steps/.../step.cu.o [--step ...]
-        [--runtime FILE] [--cuobjdump PATH] [--out FILE] [--notes notes/README.md]
-
-Where each column comes from: bench/README.md.
+"""The resources of every step's kernels as a markdown table (cuobjdump; occupancy from a GPU run's
+`flash-steps resources --json`): `cmake --build build --target resource_report`, or `python3
+bench/resource_report.py --step DIR=OBJ[:OBJ...] [--runtime FILE]`. Where each column comes from: bench/README.md.
 """
 from __future__ import annotations
 

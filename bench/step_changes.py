@@ -1,11 +1,6 @@
 #!/usr/bin/env python3
-"""The table "What each step changes" in notes/README.md, generated from the step directories.
-
-    python3 bench/step_changes.py                print the table
-    python3 bench/step_changes.py --write        rewrite it in notes/README.md between its markers
-    python3 bench/step_changes.py --check        exit 1, with a diff, when notes/README.md's table is stale
-
-How the files are compared, and where the lessons come from: bench/README.md.
+"""The table "What each step changes" in notes/README.md, from the step directories: `python3
+bench/step_changes.py` prints it, `--write` rewrites it, `--check` fails when it is stale (bench/README.md).
 """
 from __future__ import annotations
 

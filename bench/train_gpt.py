@@ -1,17 +1,9 @@
 #!/usr/bin/env python3
-"""A small GPT trained with flash_steps.attention and with PyTorch SDPA, from the same seed, the same
-initial weights and the same batches: the loss curves must agree as closely as those of two correct
-SDPA backends agree with each other, and every run must learn.
-
-    python3 bench/train_gpt.py                 4 layers, d_model 512, 8 heads of 64, seqlen 512,
-                                               batch 32, 300 steps, bf16; four runs, about a minute
-    python3 bench/train_gpt.py --head-dim 128  4 heads of 128
-    python3 bench/train_gpt.py --quick         a smoke run: 2 layers, d_model 128, seqlen 256, 120 steps
-
-PASS when, in every window of --window steps, the mean |loss(flash_steps) - loss(sdpa_flash)| is at most
---k x the spread of the other SDPA backends + --eps, the first gradients differ by at most max(--k x
-theirs, --grad-floor), and every run ends at least halfway from its first loss to the entropy floor of
-the synthetic data. The data, the runs, the criterion and the files it writes: bench/README.md.
+"""A small GPT trained with flash_steps.attention and with PyTorch SDPA from the same seed, weights and batches:
+`python3 bench/train_gpt.py [--quick] [--head-dim 128]`. PASS when, in every window of --window steps, the
+mean |loss(flash_steps) - loss(sdpa_flash)| is at most --k x the spread of the other SDPA backends + --eps, the
+first gradients differ by at most max(--k x theirs, --grad-floor), and every run ends at least halfway from its
+first loss to the entropy floor of the synthetic data. Details: bench/README.md.
 """
 from __future__ import annotations
 
