@@ -7,7 +7,6 @@ first loss to the entropy floor of the synthetic data. Details: bench/README.md.
 """
 from __future__ import annotations
 
-import argparse
 import bisect
 import copy
 import datetime
@@ -22,7 +21,6 @@ from pathlib import Path
 
 import fs_results
 
-REPO = fs_results.REPO
 TEST_RUN, REFERENCE_RUN = "flash_steps", "sdpa_flash"
 SDPA_BACKENDS = fs_results.SDPA_BACKENDS
 TEXT, DEFINE, RECALL = 0, 1, 2  # the generator's modes
@@ -192,14 +190,16 @@ def verdict(losses: dict, window: int, k: float, eps: float, entropy_floor: floa
     reference run and at least one other run (the spread); grad_diffs: {run: {parameter: relative
     difference of its first gradient from the reference's}} for the test run and the others.
     Returns {"pass", "reasons", "windows": [...], "learned": {...}, "grads": {...}}."""
+    def failed(reasons):
+        return {"pass": False, "reasons": reasons, "windows": [], "learned": {}, "grads": {}}
+
     reasons = []
     spread_runs = [r for r in losses if r not in (test, reference)]
-    for name in (test, reference):
-        if name not in losses:
-            return {"pass": False, "reasons": [f"no {name} run"], "windows": [], "learned": {}, "grads": {}}
+    missing = [name for name in (test, reference) if name not in losses]
+    if missing:
+        return failed([f"no {missing[0]} run"])
     if not spread_runs:
-        return {"pass": False, "reasons": ["no second SDPA backend ran, so there is no spread to compare with"],
-                "windows": [], "learned": {}, "grads": {}}
+        return failed(["no second SDPA backend ran, so there is no spread to compare with"])
     n = len(losses[reference])
     for name, curve in losses.items():
         if len(curve) != n:
@@ -207,17 +207,15 @@ def verdict(losses: dict, window: int, k: float, eps: float, entropy_floor: floa
         elif not all(math.isfinite(x) for x in curve):
             reasons.append(f"{name}: a loss is not finite (step {next(i for i, x in enumerate(curve) if not math.isfinite(x))})")
     if reasons:
-        return {"pass": False, "reasons": reasons, "windows": [], "learned": {}, "grads": {}}
+        return failed(reasons)
 
     ref = losses[reference]
     rows = []
     for lo, hi in windows(n, window):
         diff = mean([abs(a - b) for a, b in zip(losses[test][lo:hi], ref[lo:hi])])
         spread = max(mean([abs(a - b) for a, b in zip(losses[r][lo:hi], ref[lo:hi])]) for r in spread_runs)
-        allowed = k * spread + eps
-        rows.append({"start": lo, "end": hi, "diff": diff, "spread": spread, "allowed": allowed,
-                     "ok": diff <= allowed})
-    for w in rows:
+        rows.append(w := {"start": lo, "end": hi, "diff": diff, "spread": spread, "allowed": k * spread + eps})
+        w["ok"] = diff <= w["allowed"]
         if not w["ok"]:
             reasons.append(f"steps {w['start']}-{w['end'] - 1}: mean |{test} - {reference}| = {w['diff']:.4f} > "
                            f"{k:g} x spread {w['spread']:.4f} + {eps:g} = {w['allowed']:.4f}")
@@ -456,10 +454,7 @@ def plot(result: dict, path: Path) -> None:
     """Two panels: loss against step for every run (solid: all tokens, dashed: copied tokens) with the
     floors; and, on a log scale, |loss - loss(reference)| of every run with the per-window means and
     the allowed band of the verdict."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = fs_results.pyplot()
     runs = {n: r for n, r in result["runs"].items() if r["status"] == "ok"}
     reference, fl, v = result["config"]["reference"], result["floors"], result["verdict"]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
@@ -500,8 +495,7 @@ def plot(result: dict, path: Path) -> None:
     fig.suptitle(f"train_gpt: {'PASS' if v['pass'] else 'FAIL'}, {env.get('gpu', '')} {result.get('commit', '')}",
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    fs_results.save_figure(fig, path)
 
 
 def summary(result: dict) -> str:
@@ -536,11 +530,8 @@ DEFAULTS = {"steps": (300, 120), "batch": (32, 16), "seqlen": (512, 256), "layer
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--lib", help="path of libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so)")
-    ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"), help="where the JSON and PNG go")
-    ap.add_argument("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
+    ap = fs_results.parser(__doc__)
+    fs_results.add_run_arguments(ap, "JSON and PNG")
     ap.add_argument("--quick", action="store_true", help="a smoke run, the (quick) defaults below")
     for name, kind, help_text in (("steps", int, None), ("batch", int, "sequences per step"), ("seqlen", int, None),
                                   ("layers", int, None), ("d-model", int, None),
@@ -602,12 +593,13 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("train_gpt: PyTorch sees no CUDA device", file=sys.stderr)
         return 1
-    sys.path.insert(0, str(REPO / "python"))
+    package = fs_results.REPO / "python"
+    sys.path.insert(0, str(package))
     try:
         import flash_steps
         flash_steps.attention  # noqa: B018  (the one function used)
     except Exception as e:  # a missing package or library, or one that fails to load: said, not a traceback
-        print(f"train_gpt: cannot use flash_steps.attention from {REPO / 'python'} ({type(e).__name__}: {e}); "
+        print(f"train_gpt: cannot use flash_steps.attention from {package} ({type(e).__name__}: {e}); "
               "build the library (cmake --build build) or pass --lib", file=sys.stderr)
         return 1
     cfg = config_of(args)
