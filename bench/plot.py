@@ -37,18 +37,14 @@ def ceiling_id(unit: str, dtype: str) -> str:
 
 def tensor_ceilings(ceilings: dict | None, dtype: str) -> list[tuple[str, float, str]]:
     """(label, TFLOP/s, unit) of the tensor-core ceilings for this dtype in the ceilings file, mma.sync first."""
-    out = []
-    for unit in ("mma_sync", "wgmma"):
-        c = (ceilings or {}).get("values", {}).get(ceiling_id(unit, dtype))
-        if c and c["unit"] == "TFLOP/s":
-            out.append((CEILING_LABELS[ceiling_id(unit, dtype)], c["value"], unit))
-    return out
+    values = (ceilings or {}).get("values", {})
+    return [(CEILING_LABELS[ceiling_id(unit, dtype)], c["value"], unit) for unit in ("mma_sync", "wgmma")
+            if (c := values.get(ceiling_id(unit, dtype))) and c["unit"] == "TFLOP/s"]
 
 
 def label(impl: str, meta: dict | None = None) -> str:
     """A backend's name ("PyTorch SDPA cuDNN", "FA4 4.0.0b36": its version from the results), or the step id."""
-    name = impl.removeprefix("torch_")
-    return backend_label(name, (meta or {}).get("environment")) if impl in BACKENDS else impl
+    return backend_label(impl.removeprefix("torch_"), (meta or {}).get("environment")) if impl in BACKENDS else impl
 
 
 # ---- the ladder --------------------------------------------------------------------------------
@@ -263,8 +259,7 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
         raise ValueError("no timed rows to plot")
     dtypes = sorted({p[0] for p in panels}, key=lambda t: (t != "fp16", t))  # fp16 on top
     combos = sorted({(p[1], p[2]) for p in panels})
-    fig, axes = plt.subplots(len(dtypes), len(combos), figsize=(4.2 * len(combos), 3.6 * len(dtypes)),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(len(dtypes), len(combos), squeeze=False, sharey=True)  # sized once the legend is known
     step_ids = [s["id"] for s in compare.get("steps", [])]
     impls = step_ids + list(BACKENDS)
     cmap = plt.get_cmap("viridis")
