@@ -397,8 +397,7 @@ class Sweep:
 
 
 class DecodeSweep(Sweep):
-    """--decode: the caches of issue 14, the backends on views of them, the steps with a decode pass on the
-    contiguous cache and on paged copies, the others through fs_run; GB/s of K and V read."""
+    """--decode: the steps with a decode pass on the cache and on paged copies, the others through fs_run."""
     mode, name, passes, default_steps = "decode", "compare_torch-decode", ("forward", "decode"), DECODE_DEFAULT_STEPS
     speedups = False
     work, work_name, rate, unit, digits = "kv_bytes", "bytes", "gbs", "GB/s of K+V read", 0
@@ -470,9 +469,7 @@ class DecodeSweep(Sweep):
 
 
 class BackwardSweep(Sweep):
-    """--backward: on every shape the same Q, K, V and dO; each backend's backward node, and each step with
-    a backward pass at deterministic 0 and 1 from O and LSE of one forward of ours. Only the backward is
-    timed; each is checked against an fp32 reference by fs_backward_bound."""
+    """--backward: the backward alone timed, each step at deterministic 0 and 1, checked by fs_backward_bound."""
     mode, name, passes, short = "backward", "compare_torch_backward", ("backward",), staticmethod(step_number)
     speedups = False
     csv_fields = fields_of("deterministic batch seqlen heads head_dim causal dtype flops",

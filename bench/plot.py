@@ -75,9 +75,7 @@ def ladder_from_runner(runner: dict) -> dict:
 
 
 def ladder_columns(ladder: dict, ceilings: list[tuple[str, float, str]] = (), rows=None) -> list[dict]:
-    """Per step (or per row of `rows`): ms, TFLOP/s, × previous step, × step 01 (both as the results file
-    has them), % of PyTorch flash, of cuDNN and of FA4 (their time over the row's), and % of each ceiling
-    given as (label, TFLOP/s, unit): None for a row that does not compute on that unit."""
+    """Per step (or row of `rows`) the table's numbers; a % of a ceiling is None off the row's own unit."""
     out = []
     for s in ladder["steps"] if rows is None else rows:
         c = {"id": s.get("id", s["impl"]), "status": s.get("status", ""), "reason": s.get("reason", "")}
@@ -199,9 +197,8 @@ def compute_ceiling(ceilings: dict | None, step_id: str, dtype: str) -> tuple[st
 
 
 def roofline_rows(ladder: dict, ceilings: dict | None) -> list[dict]:
-    """Per timed step: FLOPs (the results file's), minimum bytes, FLOP per byte, TFLOP/s, the HBM
-    roof at that intensity (hbm_read × FLOP/byte), the compute ceiling of its unit, the lower of the
-    two (the roof) and the step's share of it. Empty without an hbm_read ceiling."""
+    """Per timed step its place under the roof, the lower of HBM × FLOP/byte and its unit's ceiling; [] without
+    an hbm_read ceiling."""
     hbm = (ceilings or {}).get("values", {}).get("hbm_read")
     flops = ladder.get("flops")
     if not hbm or not flops:
@@ -249,9 +246,7 @@ BACKEND_STYLES = {"torch_flash": {"color": "black", "marker": "s", "linestyle": 
 
 
 def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
-    """TFLOP/s against seqlen: one panel per (dtype, head_dim, causal), one line per step and backend (FA4
-    too where the file has it), and the tensor-core ceilings of the panel's dtype when a ceilings file is
-    given."""
+    """TFLOP/s against seqlen: a panel per (dtype, head_dim, causal), a line per implementation, the ceilings."""
     plt = pyplot()
     rows = [r for r in compare["rows"] if timed(r)]
     panels = sorted({(r["dtype"], -r["head_dim"], bool(r["causal"])) for r in rows})
@@ -311,8 +306,7 @@ def _title(ladder: dict, meta: dict) -> str:
 
 
 def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = None) -> None:
-    """A bar per step (TFLOP/s, log scale) at the ladder shape, PyTorch flash, cuDNN and FA4 as lines, and
-    the tensor-core ceilings of the shape's dtype when a ceilings file is given."""
+    """A bar per step (TFLOP/s, log scale) at the ladder shape; the backends and the ceilings as lines."""
     plt = pyplot()
     from matplotlib.ticker import FuncFormatter
     cols = [c for c in ladder_columns(ladder) if "ms" in c]
@@ -366,8 +360,7 @@ def _run_bottom(run: list[float], gap: float) -> float:
 
 
 def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = None) -> None:
-    """Log-log roofline: the HBM roof and the compute ceilings of the ceilings file, and every timed
-    step at its FLOP per byte (minimum_bytes), numbered, with a legend of the numbers."""
+    """Log-log roofline: the roofs of the ceilings file, every timed step at its FLOP per byte, labelled."""
     plt = pyplot()
     rows = roofline_rows(ladder, ceilings)
     if not rows:
@@ -422,9 +415,8 @@ def relative(path: Path, base: Path = REPO) -> str:
 
 
 def choose_ceilings(explicit: str | None, results: Path, gpu: str) -> dict | None:
-    """The ceilings file to use (--ceilings, else the newest ceilings-*.json in --results), loaded, if it
-    was measured on the results' GPU; else None, having said why on stderr. Raises CeilingsError for a
-    --ceilings file that cannot be used."""
+    """--ceilings, else the newest ceilings-*.json, loaded if measured on the results' GPU, else None (said on
+    stderr); CeilingsError for a --ceilings file that cannot be used."""
     path = Path(explicit) if explicit else newest(results, "ceilings-*.json")
     if path is None:
         print(f"plot.py: no ceilings-*.json in {results} (flash_steps_ceilings measures them on a GPU); "
