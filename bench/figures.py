@@ -404,23 +404,19 @@ def _gantt(ax, rows, spans, title, until):
 def fig_05(out: Path):
     """cp.async double buffering as a timeline (schematic)."""
     plt = pyplot()
-    load, wait, compute, sync = 3.0, 0.0, 4.0, 0.3
+    load, store, compute, sync = 3.0, 0.4, 4.0, 0.3
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 5.2))
     spans, t = [], 0.0
-    for n in range(4):
-        spans.append(("warps", t, sync, "0.3", "", None))
-        t += sync
-        spans.append(("global → registers", t, load, "tab:orange", f"LDG tile {n}", None))
-        spans.append(("warps", t, load, "white", "wait for LDG", "//"))
-        t += load
-        spans.append(("shared buffer", t, 0.4, "tab:orange", "", None))
-        spans.append(("warps", t, 0.4, "tab:orange", "", None))
-        t += 0.4 + wait
-        spans.append(("warps", t, sync, "0.3", "", None))
-        t += sync
-        spans.append(("warps", t, compute, "tab:blue", f"compute tile {n}", None))
-        spans.append(("shared buffer", t, compute, "lightsteelblue", f"read tile {n}", None))
-        t += compute
+    for n in range(4):  # step 04's phases, one after the other: (length, [(row, colour, text, hatch), ...])
+        for length, phase in ((sync, [("warps", "0.3", "", None)]),
+                              (load, [("global → registers", "tab:orange", f"LDG tile {n}", None),
+                                      ("warps", "white", "wait for LDG", "//")]),
+                              (store, [("shared buffer", "tab:orange", "", None), ("warps", "tab:orange", "", None)]),
+                              (sync, [("warps", "0.3", "", None)]),
+                              (compute, [("warps", "tab:blue", f"compute tile {n}", None),
+                                         ("shared buffer", "lightsteelblue", f"read tile {n}", None)])):
+            spans += [(row, t, length, *rest) for row, *rest in phase]
+            t += length
     end1 = t
     _gantt(ax1, ["global → registers", "shared buffer", "warps"], spans,
            "step 04: load (LDG), wait, store (STS), barrier, compute — the next tile is asked for only "
