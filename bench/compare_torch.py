@@ -1,63 +1,10 @@
 #!/usr/bin/env python3
-"""Every flash-steps step beside PyTorch's scaled_dot_product_attention, and FlashAttention-4 where it is
-installed, on the same tensors, in one process, timed the same way: the forward pass over the shape
-sweep, decoding against a KV cache (--decode), or the backward pass (--backward).
-
-    python3 bench/compare_torch.py                     the sweep: seqlen 512 ... 16k, head_dim 64 and
-                                                       128, causal off and on, fp16 and bf16
-    python3 bench/compare_torch.py --quick             a handful of shapes, about a minute
-    python3 bench/compare_torch.py --seqlens 4096 --head-dims 128 --dtypes bf16 --causal on
-    python3 bench/compare_torch.py --decode [--decode-shapes 8x32768x32x8 --dtypes fp16 --decode-seqlens-q 1]
-    python3 bench/compare_torch.py --backward [--quick]
-
-The sweep is the library's (common/sweep.h, fs_sweep_*): every shape holds B*N = 16384 tokens and
-H*d = 2048 channels, so every shape moves the same Q/K/V bytes and only the quadratic cost of attention
-grows along it. Q, K, V are (B, N, H, d) tensors drawn as 0.25 + N(0, 1); our steps get their data_ptr()
-and strides through the C ABI (the flash_steps package of python/), SDPA (B, H, N, d) views of the same
-memory, the layout FlashAttention reads natively, and FlashAttention-4 (backend fa4: `pip install
-flash-attn-4`, flash_attn.cute.flash_attn_func, bottom-right causal like ours) the tensors themselves.
-FA4 joins the default backends of the sweep and of --backward when it imports (a line says why there is
-no fa4 column when it does not); its exception on a shape is that cell's error, not the run's.
-
-Timing, the same for everyone (fs_results.Timer): one checked launch, one timed probe, warm-up, then
---iters launches, each between its own CUDA events after an L2 flush and a short GPU sleep; the median,
-min and max. A launch that takes, or scaled by the work (FLOPs; bytes with --decode) from the last shape
-would take, more than --max-launch-ms is skipped with that reason; slow launches get fewer iterations (at
-least --min-iters) so that a measurement stays near --budget-ms.
-
-Forward check (fs_results.compare): batch 0, heads 0 and 1, O and LSE against an fp64 reference within
-fs_tolerance (|err| <= 2u*max|V| + 2u*|ref|, u = 2^-11 fp16, 2^-8 bf16), no NaN or infinity in O, and our
-steps' O within twice that of PyTorch flash's. FLOPs: fs_problem_flops (4*B*H*Sq*Sk*d, halved when
-causal); x_step01, x_prev: fs_speedups (the runner's rule); x_flash, x_cudnn, x_fa4: that backend's
-time over the row's.
-
---decode: one or four new tokens per sequence against the KV caches of issue 14 (batch x seqlen_k, heads
-q/kv: 1 x 131072 32/8, 8 x 32768 32/8, 64 x 4096 32/8, 128 x 2048 64/8, 16 x 16384 32/32; head_dim
-128), every sequence at seqlen_k keys. SDPA reads (B, H, N, d) views with enable_gqa; the steps with a
-decode pass (fs_run_decode) read the cache as it is and from paged copies (pages of 16, 64, 256 keys,
-shuffled by a seed, through a block table); the other steps (--steps, default 07g, 08, 09, 10) through
-fs_run where they accept it. Reported: GB/s of K and V read (fs_decode_kv_bytes), the % of the HBM read
-ceiling of the newest bench/results/ceilings-*.json (--ceilings), x cuDNN, and paged against contiguous.
-Non-causal unless --decode-causal (bottom-right; SDPA through causal_lower_right).
-
---backward: the sweep from seqlen 1024 on, the same Q, K, V and dO for everyone, the backward alone
-timed (TFLOP/s by fs_backward_flops, 2.5 x the forward's). Our steps start from O and LSE of one forward
-of ours (--forward-step; default the newest that accepts the shape), at deterministic 0 and 1 ("<nn>
-det"); a launch is one fs_run_backward, its preprocessing (D = rowsum(dO*O)) and dQ conversion included.
-SDPA and FA4 run one forward with requires_grad on leaf (B, N, H, d) tensors; a launch is then
-torch.autograd.grad(o, inputs, dO, retain_graph=True): the backend's backward node alone, dO in O's own
-strides so that nothing is copied inside the timed call. Check: dQ, dK, dV of batch 0, heads 0 and 1
-against an fp32 reference (P recomputed, TF32 off), each within fs_backward_bound(dtype, ref_err,
-max|exact|) = 2*ref_err + u*max|exact|, ref_err the first backend's error (SDPA flash by default); no NaN
-or infinity; a deterministic row gives the same bits twice.
-
-Results: bench/results/compare_torch-<UTC date>.json and .csv (compare_torch-decode-, compare_torch_backward-
-for the other two) with the GPU, driver, CUDA/PyTorch/cuDNN/Triton/FA4 versions and commit; a table is
-printed last. bench/plot.py turns the sweep's into plots and the README table.
+"""Every flash-steps step beside PyTorch SDPA and FlashAttention-4 (where installed), on the same tensors,
+timed and checked the same way: `python3 bench/compare_torch.py [--quick]` (the forward sweep), `--decode`
+(against a KV cache) or `--backward`. How it times and checks, and what it writes: bench/README.md.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -82,8 +29,7 @@ CAUSALS = {"off": [False], "on": [True], "both": [False, True]}
 RATIOS = (("x_flash", "torch_flash"), ("x_cudnn", "torch_cudnn"), ("x_fa4", "fa4"))
 
 
-def steps_of(lib) -> list[dict]:
-    """The registered steps as dicts (they go into the results files)."""
+def steps_of(lib) -> list[dict]:  # as the results files have them
     return [dataclasses.asdict(s) for s in lib.steps()]
 
 
@@ -96,25 +42,21 @@ def refusal(check, *args) -> str:
     return ""
 
 
-def problem_for_tensors(q, k, v, o, causal: bool):
-    """The fs_problem of (B, N, H, d) tensors with their own strides (flash_steps.forward_problem)."""
+def problem_for_tensors(q, k, v, o, causal: bool):  # (B, N, H, d) tensors, their own strides
     return flash_steps.forward_problem("compare_torch", q, k, v, o, causal, None)
 
 
 # ---- shapes ------------------------------------------------------------------------------------------
 
 def sweep_shape(lib, seqlen: int, head_dim: int, causal: bool, dtype: str, tokens: int) -> dict:
-    """The sweep's shape at (seqlen, head_dim): batch and heads from fs_sweep_shape; raises
-    ValueError (flash_steps.InvalidArgument) with the library's sentence when they do not divide."""
+    """Batch and heads from fs_sweep_shape; ValueError with the library's sentence when they do not divide."""
     batch, heads = lib.sweep_shape(tokens, seqlen, head_dim)
     return {"batch": batch, "seqlen": seqlen, "heads": heads, "head_dim": head_dim, "causal": causal, "dtype": dtype}
 
 
 def sweep_shapes(args, lib, min_seqlen: int = 0) -> list[dict]:
-    """The shapes of the command line, the library's sweep where it leaves a list out (its quick sweep with
-    --quick; seqlens from min_seqlen on), grouped by (head_dim, causal, dtype), seqlen ascending: each
-    launch is judged from the last. Raises ValueError with the library's sentence for a seqlen or head_dim
-    the sweep's rule refuses."""
+    """The command line's shapes, the library's (quick) sweep where it leaves a list out (seqlens from
+    min_seqlen on), by (head_dim, causal, dtype), seqlen ascending: each launch is judged from the last."""
     sweep = lib.sweep(args.quick)
     if args.seqlens is None:
         args.seqlens = [n for n in sweep["seqlens"] if n >= min_seqlen]
@@ -124,15 +66,10 @@ def sweep_shapes(args, lib, min_seqlen: int = 0) -> list[dict]:
             for t in args.dtypes for n in sorted(args.seqlens)]
 
 
-def shape_flops(lib, s: dict, backward: bool = False) -> float:
-    """fs_problem_flops (or fs_backward_flops) of a sweep shape."""
+def shape_flops(lib, s: dict, backward: bool = False) -> float:  # fs_problem_flops or fs_backward_flops
     make = lib.backward_problem if backward else lib.problem
     return lib.flops(make(s["batch"], s["seqlen"], s["seqlen"], s["heads"], s["heads"], s["head_dim"], s["dtype"],
                           s["causal"]))
-
-
-def describe(s: dict) -> str:
-    return f"b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}" + " causal" * s["causal"]
 
 
 def parse_decode_shape(text: str) -> tuple[int, int, int, int]:
@@ -146,8 +83,7 @@ def parse_decode_shape(text: str) -> tuple[int, int, int, int]:
     return b, sk, hq, hkv
 
 
-def decode_shapes(args) -> list[dict]:
-    """Every (shape, seqlen_q, dtype) of the decoding run, the issue's order."""
+def decode_shapes(args) -> list[dict]:  # every (shape, seqlen_q, dtype), the issue's order
     shapes = [parse_decode_shape(t) for t in args.decode_shapes] if args.decode_shapes else DECODE_SHAPES
     return [{"batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
              "head_dim": args.decode_head_dim, "dtype": dtype, "causal": args.decode_causal and sq > 1}
@@ -185,17 +121,15 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def add_speedups(lib, rows: list[dict]) -> None:
-    """x_step01 and x_prev of the step rows of one shape, by the library's rule (fs_speedups); set
-    only where there is something to compare."""
+    """x_step01 and x_prev of one shape's step rows, by fs_speedups, where there is something to compare."""
     steps = [r for r in rows if r["kind"] == "step"]
-    timed = [r["ms"] if r.get("status") in ("ok", "fail") and r.get("ms") else 0.0 for r in steps]
+    timed = [r["ms"] if fr.timed(r) else 0.0 for r in steps]
     for r, (x01, xprev) in zip(steps, lib.speedups([r["impl"] for r in steps], timed)):
         r.update({k: x for k, x in (("x_step01", x01), ("x_prev", xprev)) if x > 0})
 
 
 def label(r: dict, short=lambda step_id: step_id[:10]) -> str:
-    """A column heading: pt:<backend>, fa4, or short(the step id), with " pN" for a paged cache and " det"
-    for deterministic = 1."""
+    """A column heading: pt:<backend>, fa4, or short(step id), " pN" for a paged cache, " det" if deterministic."""
     if r["kind"] != "step":
         return r["impl"].replace("torch_", "pt:")
     return (short(r["impl"].removesuffix(DETERMINISTIC_SUFFIX)) + (f" p{r['page_size']}" if r.get("page_size") else "")
@@ -209,23 +143,21 @@ def step_number(step_id: str) -> str:
 # ---- the loop every pass shares -----------------------------------------------------------------------
 
 def fields_of(shape: str, timed: str, check: str = "max_abs_err max_lse_err max_abs_diff_flash mismatches "
-              "nonfinite pass reason") -> list[str]:
-    """A results CSV's columns: the run's, the row's shape, its timing and rate, its check."""
+              "nonfinite pass reason") -> list[str]:  # the run's, the row's shape, its timing and rate, its check
     return f"date commit gpu impl kind {shape} status ms min_ms max_ms iters {timed} {check}".split()
 
 
 class Sweep:
     """The forward sweep, and the loop every pass shares: on each shape the same tensors for everyone, the
-    backends first (our steps are then also compared with PyTorch flash's output), then our steps; each
-    gets its launch and check, then one measurement (measure). A pass is a subclass saying what differs:
-    its steps, shapes (plan), tensors and reference, our launch (step), a backend's (backend), the row's
-    fields and rate, what a shape's rows gain (finish) and its tables."""
-    mode, name, passes, default_steps = None, "compare_torch", ("forward",), ""
+    backends first (our steps are also compared with PyTorch flash's output), then our steps, each launched,
+    checked, then measured. A pass is a subclass saying what differs: its steps, shapes (plan), tensors, our
+    launch (step), a backend's (backend), the row's fields and rate, and its tables."""
+    mode, name, passes, default_steps, speedups = None, "compare_torch", ("forward",), "", True
     work, work_name, rate, unit, digits = "flops", "FLOPs", "tflops", "TFLOP/s", 1
     shape_fields = ("batch", "seqlen", "heads", "head_dim", "causal", "dtype")
     csv_fields = fields_of("batch seqlen heads head_dim causal dtype flops",
                             "tflops x_step01 x_prev x_flash x_cudnn x_fa4")
-    short, describe = staticmethod(lambda step_id: step_id[:10]), staticmethod(describe)
+    short, describe = staticmethod(lambda step_id: step_id[:10]), staticmethod(fr.describe)
 
     def __init__(self, torch, lib, args, steps: list[dict], backends: list[str], env: dict, head: dict):
         self.torch, self.lib, self.args, self.head = torch, lib, args, head
@@ -240,8 +172,7 @@ class Sweep:
 
     @classmethod
     def plan(cls, args, lib) -> tuple[list[dict], dict]:
-        """The shapes (the ladder shape first when the sweep lacks it), and this pass's fields of the results
-        file."""
+        """The shapes (the ladder shape first when the sweep lacks it), and the pass's fields of the file."""
         shapes = sweep_shapes(args, lib)
         ladder = sweep_shape(lib, args.ladder_seqlen, args.ladder_head_dim, args.ladder_causal, args.ladder_dtype,
                              args.tokens)
@@ -256,8 +187,7 @@ class Sweep:
     def key(cls, s: dict) -> tuple:
         return tuple(s[k] for k in cls.shape_fields)
 
-    def step_impls(self, steps: list[dict]) -> list[tuple[dict, str]]:
-        """(the row's fields, the step id) of every row of our steps on a shape."""
+    def step_impls(self, steps: list[dict]) -> list[tuple[dict, str]]:  # (a row's fields, the step id)
         return [({"impl": s["id"], "kind": "step"}, s["id"]) for s in steps]
 
     def backend_fields(self, be) -> dict:
@@ -280,8 +210,7 @@ class Sweep:
         return self.forward_tensors(si, shape, {"flops": shape_flops(self.lib, shape)})
 
     def forward_tensors(self, si: int, shape: dict, fields: dict) -> dict:
-        """Q, K, V drawn for this shape, O and LSE, the fp64 reference of batch 0, query heads 0 and 1 (each
-        with the K/V head it reads) and the tolerance; `fields` go into every row."""
+        """Q, K, V, O, LSE, the fp64 reference of batch 0, query heads 0-1 and the tolerance; `fields`: the rows'."""
         torch = self.torch
         b, sq, sk, hq, hkv, d = self.sizes(shape)
         draw = self.drawer(si, shape["dtype"])
@@ -336,7 +265,8 @@ class Sweep:
 
     def finish(self, rows: list[dict]) -> None:
         add_ratios(rows)
-        add_speedups(self.lib, rows)
+        if self.speedups:
+            add_speedups(self.lib, rows)
 
     def tables(self, result: dict) -> None:
         self.print_table(result, f"{self.unit} (median)", self.rate_cell)
@@ -449,9 +379,8 @@ class Sweep:
             print(f"  {self.label(r)} {self.describe(r)}: {r['status']}: {r['reason']}")
 
     def print_table(self, result: dict, title: str, cell, only=None, width: int = 11) -> None:
-        """One line per shape, one column per implementation (the files also have SDPA's memory-efficient
-        and math backends; not here), or only those of the rows only(r) accepts; cell(r) the text of a timed
-        row, '-' not timed (refused, skipped, unsupported)."""
+        """One line per shape, one column per implementation (but SDPA efficient and math) whose rows only(r)
+        accepts; cell(r) the text of a timed row, '-' not timed (refused, skipped, unsupported)."""
         rows = [r for r in result["rows"] if r["impl"] not in ("torch_efficient", "torch_math")]
         labels = list(dict.fromkeys(self.label(r) for r in rows if only is None or only(r)))
         shapes = list({self.key(r): r for r in rows}.values())
@@ -468,9 +397,9 @@ class Sweep:
 
 
 class DecodeSweep(Sweep):
-    """--decode: the caches of issue 14, the backends on views of them, the steps with a decode pass on the
-    contiguous cache and on paged copies, the others through fs_run; GB/s of K and V read."""
+    """--decode: the steps with a decode pass on the cache and on paged copies, the others through fs_run."""
     mode, name, passes, default_steps = "decode", "compare_torch-decode", ("forward", "decode"), DECODE_DEFAULT_STEPS
+    speedups = False
     work, work_name, rate, unit, digits = "kv_bytes", "bytes", "gbs", "GB/s of K+V read", 0
     shape_fields = ("batch", "seqlen_k", "heads_q", "heads_kv", "seqlen_q", "head_dim", "dtype", "causal")
     csv_fields = fields_of("entry page_size batch seqlen_q seqlen_k heads_q heads_kv head_dim dtype causal kv_bytes",
@@ -524,9 +453,6 @@ class DecodeSweep(Sweep):
             table = table_cpu.to("cuda")
         return self.checked_output(self.runner(step_id, prob, t["q"], k, v, table, None, t["o"], t["lse"]), t)
 
-    def finish(self, rows):
-        add_ratios(rows)
-
     def tables(self, result):
         super().tables(result)
 
@@ -543,10 +469,9 @@ class DecodeSweep(Sweep):
 
 
 class BackwardSweep(Sweep):
-    """--backward: on every shape the same Q, K, V and dO; each backend's backward node, and each step with
-    a backward pass at deterministic 0 and 1 from O and LSE of one forward of ours. Only the backward is
-    timed; each is checked against an fp32 reference by fs_backward_bound."""
+    """--backward: the backward alone timed, each step at deterministic 0 and 1, checked by fs_backward_bound."""
     mode, name, passes, short = "backward", "compare_torch_backward", ("backward",), staticmethod(step_number)
+    speedups = False
     csv_fields = fields_of("deterministic batch seqlen heads head_dim causal dtype flops",
                             "tflops x_flash x_cudnn x_fa4 forward_step", "dq_err dq_bound dk_err dk_bound dv_err "
                             "dv_bound ref_impl nonfinite repeatable pass reason")
@@ -657,9 +582,6 @@ class BackwardSweep(Sweep):
             return res
         return fn, checked
 
-    def finish(self, rows):
-        add_ratios(rows)
-
 
 SWEEPS = {"forward": Sweep, "decode": DecodeSweep, "backward": BackwardSweep}
 
@@ -667,10 +589,8 @@ SWEEPS = {"forward": Sweep, "decode": DecodeSweep, "backward": BackwardSweep}
 # ---- running a pass ------------------------------------------------------------------------------------
 
 def measure_shapes(result: dict, shapes: list, sweep, base) -> int:
-    """Measures every shape with sweep.shape(index, shape), appending its rows to result["rows"] with a
-    progress line per shape on stderr, writes the JSON and CSV (sweep.csv_fields) even when the run is
-    interrupted, prints sweep.table(result), and returns the exit status: 1 when a row failed its check
-    or errored (an optional baseline's error is its cell's), else 0."""
+    """Every shape's rows into result["rows"], a progress line each; the files, also when interrupted; the
+    table; exit status 1 when a row failed its check or errored (an optional baseline's error is its cell's)."""
     t0 = time.time()
     try:
         for si, shape in enumerate(shapes):
@@ -697,8 +617,7 @@ def check_backends(backends: list[str]) -> None:
 
 
 def with_fa4(backends: list[str], default: bool, notes: list[str]) -> list[str]:
-    """The backends with fa4 added when they are the default ones and FlashAttention-4 imports; fa4 left
-    out, with the note why, when it does not."""
+    """fa4 added to the default backends where FlashAttention-4 imports; left out, with the note why, if not."""
     if "fa4" not in backends and not default:
         return backends
     found = fr.fa4()
@@ -755,13 +674,9 @@ def run(args) -> int:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = fr.parser(__doc__)
+    fr.add_run_arguments(ap, "JSON and CSV")
     add = ap.add_argument
-    add("--lib", help="path of libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so, else the "
-        "first build*/libflash_steps.so that loads)")
-    add("--out-dir", default=str(fr.RESULTS), help="where the JSON and CSV go")
-    add("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
     add("--quick", action="store_true", help="the library's quick sweep (seqlen 1k, 2k, 4k; d 128; fp16); fewer launches")
     add("--seqlens", type=int, nargs="+", help="default: the library's sweep, 512 ... 16384")
     add("--head-dims", type=int, nargs="+", help="default: the library's sweep, 128 and 64")
@@ -786,16 +701,15 @@ def parse_args(argv=None):
     add("--ladder-head-dim", type=int, default=128)
     add("--ladder-dtype", choices=["fp16", "bf16"], default="fp16")
     add("--ladder-causal", action="store_true")
-    add("--decode", action="store_true", help="the decoding shapes of issue 14 instead of the sweep (see above); "
-        f"--steps defaults to {DECODE_DEFAULT_STEPS}, --backends to flash,cudnn, --dtypes to fp16 bf16")
-    add("--decode-shapes", nargs="+", metavar="BxSKxHQxHKV", help="decoding shapes, e.g. 8x32768x32x8 (default: the "
-        "issue's five)")
+    add("--decode", action="store_true", help="the decoding shapes of issue 14 instead of the sweep; --steps "
+        f"defaults to {DECODE_DEFAULT_STEPS}, --backends to flash,cudnn, --dtypes to fp16 bf16")
+    add("--decode-shapes", nargs="+", metavar="BxSKxHQxHKV", help="e.g. 8x32768x32x8 (default: the issue's five)")
     add("--decode-seqlens-q", type=int, nargs="+", default=[1, 4], help="new tokens per sequence")
     add("--decode-head-dim", type=int, default=128)
     add("--decode-causal", action="store_true", help="bottom-right causal for seqlen_q > 1 (SDPA: causal_lower_right)")
     add("--page-sizes", type=int, nargs="*", default=[16, 64, 256],
         help="paged copies of the cache for the steps with a decode pass (none: contiguous only)")
-    add("--backward", action="store_true", help="the backward pass instead of the forward (see above): the sweep from "
+    add("--backward", action="store_true", help="the backward pass instead of the forward (bench/README.md): from "
         "seqlen 1024, every step with a backward at deterministic 0 and 1")
     add("--forward-step", default="", help="--backward: the step whose O and LSE the backward steps start from "
         "(default: the newest step that accepts the shape)")

@@ -1,34 +1,18 @@
 #!/usr/bin/env python3
-"""The pictures of the notes, drawn from the steps' own index math: notes/figures/*.png.
-
-    python3 bench/figures.py                  every figure, into notes/figures/
-    python3 bench/figures.py --out-dir DIR    somewhere else
-    python3 bench/figures.py --only 04 06     the figures of some notes
-
-No GPU and no build needed: the maps are the functions of the steps' traits.h files, written again
-here in Python under the same names (each function below says which traits.h it copies), because a
-drawing script cannot include C++. tests/python/test_figures.py checks that they are the same
-functions: it compares them with what `flash-steps banks` and `flash-steps explain --step
-06_ldmatrix_mma` print from the C++ (when the runner is built), and with the tables of the notes.
-No figure shows a measured number: the schematic ones (the cp.async timeline, the TMA ring) say so
-in their titles.
-
-The functions that compute what is drawn (maps, bank groups, wavefronts, tile classes, the online
-softmax) need only Python; matplotlib is imported only to draw. The output depends only on this
-file, so running it twice writes the same bytes.
+"""The pictures of the notes, drawn from the steps' own index math: `python3 bench/figures.py [--only 04 06]
+[--out-dir DIR]` writes notes/figures/*.png. How the maps are the steps' own: bench/README.md.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from fs_results import REPO, parser, pyplot, save_figure
+
 OUT = REPO / "notes" / "figures"
 
 # ---- causal alignment (common/flash_steps.h; PyTorch's is_causal=True) ---------------------------
-
 
 def sees(i: int, j: int, seqlen_q: int, seqlen_k: int, align: str) -> bool:
     """Whether query row i may attend to key j. "bottom-right": this project, FlashAttention >= 2.1
@@ -38,7 +22,6 @@ def sees(i: int, j: int, seqlen_q: int, seqlen_k: int, align: str) -> bool:
 
 
 # ---- the online softmax (notes/02) --------------------------------------------------------------
-
 
 def online_states(scores, values):
     """The state (m, l, o) after each key of the recurrence of note 02, one scalar value per key."""
@@ -67,7 +50,6 @@ EXAMPLE_VALUES = [1.0, -1.0, 2.0, 0.0, 3.0, 1.0, -2.0, 1.0]
 
 # ---- step 03's thread grid (steps/03_smem_tiling/traits.h, Traits<128>) --------------------------
 
-
 class Step03:
     HEAD_DIM, BLOCK_Q, BLOCK_KV, NUM_THREADS, GROUP = 128, 64, 64, 256, 16
     ROW_GROUPS = NUM_THREADS // GROUP        # 16
@@ -88,24 +70,24 @@ class Step03:
         return t % cls.GROUP * cls.THREAD_COLS
 
 
-def s_owner_map():
-    """[64][64]: the thread that computes each element of the block's S tile (q_row x key)."""
-    owner = [[-1] * Step03.BLOCK_KV for _ in range(Step03.BLOCK_Q)]
+def _owner_map(cols: int, column):
+    """[BLOCK_Q][cols]: thread t at rows q_row(t, i), i < THREAD_ROWS, and columns column(t, j), j < cols/GROUP."""
+    owner = [[-1] * cols for _ in range(Step03.BLOCK_Q)]
     for t in range(Step03.NUM_THREADS):
         for i in range(Step03.THREAD_ROWS):
-            for j in range(Step03.THREAD_KEYS):
-                owner[Step03.q_row(t, i)][Step03.key(t, j)] = t
+            for j in range(cols // Step03.GROUP):
+                owner[Step03.q_row(t, i)][column(t, j)] = t
     return owner
+
+
+def s_owner_map():
+    """[64][64]: the thread that computes each element of the block's S tile (q_row x key)."""
+    return _owner_map(Step03.BLOCK_KV, Step03.key)
 
 
 def o_owner_map():
     """[64][HEAD_DIM]: the thread that accumulates each element of the block's O tile."""
-    owner = [[-1] * Step03.HEAD_DIM for _ in range(Step03.BLOCK_Q)]
-    for t in range(Step03.NUM_THREADS):
-        for i in range(Step03.THREAD_ROWS):
-            for c in range(Step03.THREAD_COLS):
-                owner[Step03.q_row(t, i)][Step03.o_col(t) + c] = t
-    return owner
+    return _owner_map(Step03.HEAD_DIM, lambda t, c: Step03.o_col(t) + c)
 
 
 # ---- shared-memory layouts and banks (steps/03 and 04 traits.h; common/bank_model.h) -------------
@@ -241,27 +223,30 @@ def tile_classes(seqlen_q, seqlen_k, block_q, block_kv, causal):
 
 # ---- drawing (matplotlib is imported only here) ---------------------------------------------------
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def _save(fig, path: Path):
-    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
-    import matplotlib.pyplot as plt
-    plt.close(fig)
+    save_figure(fig, path, bbox_inches="tight", pad_inches=0.15)
 
 
-def _grid_axes(ax, rows, cols, xlabel, ylabel, step_x=1, step_y=1):
+def _box(ax, x, y, width=1, height=1, **style):
+    from matplotlib.patches import Rectangle
+    ax.add_patch(Rectangle((x, y), width, height, **style))
+
+
+def _shade(ax, values, cmap):
+    """values[r][c], 0 to 7, as cells of cmap's 8 colours, row 0 on top."""
+    ax.imshow(values, cmap=cmap, vmin=-0.5, vmax=7.5, extent=(0, len(values[0]), len(values), 0),
+              interpolation="nearest")
+
+
+def _grid_axes(ax, rows, cols, xlabel, ylabel, step_x=1, step_y=1, ylabels=None, aspect="equal"):
+    """Axes over rows x cols unit cells, row 0 on top, every step_x-th column and step_y-th row numbered."""
     ax.set_xlim(0, cols)
     ax.set_ylim(rows, 0)
-    ax.set_aspect("equal")
+    ax.set_aspect(aspect)
     ax.set_xticks([c + 0.5 for c in range(0, cols, step_x)])
     ax.set_xticklabels([str(c) for c in range(0, cols, step_x)], fontsize=7)
     ax.set_yticks([r + 0.5 for r in range(0, rows, step_y)])
-    ax.set_yticklabels([str(r) for r in range(0, rows, step_y)], fontsize=7)
+    ax.set_yticklabels(ylabels or [str(r) for r in range(0, rows, step_y)], fontsize=7)
     ax.set_xlabel(xlabel, fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
     ax.tick_params(length=0)
@@ -269,8 +254,7 @@ def _grid_axes(ax, rows, cols, xlabel, ylabel, step_x=1, step_y=1):
 
 def fig_01(out: Path):
     """Causal alignment when seqlen_q != seqlen_k."""
-    plt = _pyplot()
-    from matplotlib.patches import Rectangle
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(9.5, 6.8))
     cases = [(3, 5, "bottom-right"), (3, 5, "top-left"), (5, 3, "bottom-right"), (5, 3, "top-left")]
     names = {"bottom-right": "this project, FlashAttention ≥ 2.1:\nbottom-right, j ≤ i + Sk − Sq",
@@ -279,8 +263,7 @@ def fig_01(out: Path):
         for i in range(sq):
             visible = [sees(i, j, sq, sk, align) for j in range(sk)]
             for j in range(sk):
-                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="tab:blue" if visible[j] else "0.9",
-                                       edgecolor="white", linewidth=2))
+                _box(ax, j, i, facecolor="tab:blue" if visible[j] else "0.9", edgecolor="white", linewidth=2)
             if not any(visible):
                 ax.text(sk / 2, i + 0.5, "no key: O = 0, LSE = −inf", ha="center", va="center", fontsize=8,
                         color="tab:red")
@@ -293,7 +276,7 @@ def fig_01(out: Path):
 
 def fig_02(out: Path):
     """The online-softmax state key by key, and the merge of two states."""
-    plt = _pyplot()
+    plt = pyplot()
     s, v = EXAMPLE_SCORES, EXAMPLE_VALUES
     states = online_states(s, v)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.2), gridspec_kw={"width_ratios": [1.25, 1]})
@@ -344,34 +327,25 @@ def fig_02(out: Path):
 
 def fig_03(out: Path):
     """Step 03's 16 x 16 thread grid over S and O."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Rectangle
     s_owner, o_owner = s_owner_map(), o_owner_map()
     cmap = ListedColormap(plt.get_cmap("Pastel2").colors[:8])
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 5.8), gridspec_kw={"width_ratios": [1, 1, 2]})
-    highlight = ((0, "tab:red"), (17, "tab:blue"))
-    for ax, owner, cols, xlabel in ((ax1, s_owner, Step03.BLOCK_KV, "key (column of S)"),
-                                    (ax3, o_owner, Step03.HEAD_DIM, "head dim (column of O)")):
-        warps = [[t // 32 for t in row] for row in owner]
-        ax.imshow(warps, cmap=cmap, vmin=-0.5, vmax=7.5, extent=(0, cols, Step03.BLOCK_Q, 0), interpolation="nearest")
-        for t, color in highlight:
-            for r, row in enumerate(owner):
-                for c, who in enumerate(row):
-                    if who == t:
-                        ax.add_patch(Rectangle((c, r), 1, 1, facecolor=color, edgecolor="none"))
-        _grid_axes(ax, Step03.BLOCK_Q, cols, xlabel, "query row", step_x=8 if cols == 64 else 16, step_y=8)
-    ax2.imshow([[t // 32 for t in row[:16]] for row in s_owner[:16]], cmap=cmap, vmin=-0.5, vmax=7.5,
-               extent=(0, 16, 16, 0), interpolation="nearest")
-    for r in range(16):
-        for c in range(16):
-            t = s_owner[r][c]
-            color = dict(highlight).get(t)
-            if color:
-                ax2.add_patch(Rectangle((c, r), 1, 1, facecolor=color, edgecolor="none"))
-            ax2.text(c + 0.5, r + 0.5, str(t), ha="center", va="center", fontsize=5.5,
-                     color="white" if color else "black")
+    highlight = {0: "tab:red", 17: "tab:blue"}
+    for ax, owner, numbered in ((ax1, s_owner, False), (ax2, [row[:16] for row in s_owner[:16]], True),
+                                (ax3, o_owner, False)):  # ax2: the corner of S, each element's thread written
+        _shade(ax, [[t // 32 for t in row] for row in owner], cmap)  # the warps
+        for r, row in enumerate(owner):
+            for c, t in enumerate(row):
+                if t in highlight:
+                    _box(ax, c, r, facecolor=highlight[t], edgecolor="none")
+                if numbered:
+                    ax.text(c + 0.5, r + 0.5, str(t), ha="center", va="center", fontsize=5.5,
+                            color="white" if t in highlight else "black")
+    _grid_axes(ax1, Step03.BLOCK_Q, Step03.BLOCK_KV, "key (column of S)", "query row", step_x=8, step_y=8)
     _grid_axes(ax2, 16, 16, "key", "query row")
+    _grid_axes(ax3, Step03.BLOCK_Q, Step03.HEAD_DIM, "head dim (column of O)", "query row", step_x=16, step_y=8)
     ax1.set_title("S [64 × 64]: thread t computes rows t/16 + 16i\nand keys t%16 + 16j, i, j = 0..3\n"
                   "(red: thread 0, blue: thread 17; colour: warp)", fontsize=8.5)
     ax2.set_title("S, rows 0–15 × keys 0–15: the thread of each\nelement; a row belongs to one half-warp,\n"
@@ -386,21 +360,19 @@ def fig_03(out: Path):
 
 def fig_04(out: Path):
     """Bank groups of a K tile under the three layouts, and the K read of one phase."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Rectangle
     cmap = ListedColormap(plt.get_cmap("tab10").colors[:8])
     fig, axes = plt.subplots(1, 3, figsize=(13, 5.0))
     titles = {"row-major": "03: row-major [64][128]", "padded": "04_pad: rows 16 bytes longer",
               "swizzled": "04_swizzle: chunk c at c ⊕ (row % 8)"}
     for ax, layout in zip(axes, LAYOUTS):
         banks = bank_map(layout, rows=8)
-        groups = [[b // 4 for b in row[:8]] for row in banks]
-        ax.imshow(groups, cmap=cmap, vmin=-0.5, vmax=7.5, extent=(0, 8, 8, 0), interpolation="nearest")
+        _shade(ax, [[b // 4 for b in row[:8]] for row in banks], cmap)  # the groups of 4 banks
         for r in range(8):
             for c in range(8):
                 ax.text(c + 0.5, r + 0.5, str(banks[r][c]), ha="center", va="center", fontsize=8)
-        ax.add_patch(Rectangle((0, 0), 1, 8, fill=False, edgecolor="black", linewidth=2.5))
+        _box(ax, 0, 0, 1, 8, fill=False, edgecolor="black", linewidth=2.5)
         _grid_axes(ax, 8, 8, "16-byte chunk of the row (8 head dims)", "key row")
         w = k_read_wavefronts(layout)
         ax.set_title(f"{titles[layout]}\nthe K read (boxed: one phase): {w // 4} wavefront{'s' if w > 4 else ''} "
@@ -414,11 +386,9 @@ def fig_04(out: Path):
 
 def _gantt(ax, rows, spans, title, until):
     """rows: labels top to bottom; spans: (row, start, length, colour, text, hatch)."""
-    from matplotlib.patches import Rectangle
     for row, start, length, color, text, hatch in spans:
         y = rows.index(row)
-        ax.add_patch(Rectangle((start, y + 0.15), length, 0.7, facecolor=color, edgecolor="black", linewidth=0.6,
-                               hatch=hatch))
+        _box(ax, start, y + 0.15, length, 0.7, facecolor=color, edgecolor="black", linewidth=0.6, hatch=hatch)
         if text:
             ax.text(start + length / 2, y + 0.5, text, ha="center", va="center", fontsize=7,
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1} if hatch else None)
@@ -433,24 +403,20 @@ def _gantt(ax, rows, spans, title, until):
 
 def fig_05(out: Path):
     """cp.async double buffering as a timeline (schematic)."""
-    plt = _pyplot()
-    load, wait, compute, sync = 3.0, 0.0, 4.0, 0.3
+    plt = pyplot()
+    load, store, compute, sync = 3.0, 0.4, 4.0, 0.3
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 5.2))
     spans, t = [], 0.0
-    for n in range(4):
-        spans.append(("warps", t, sync, "0.3", "", None))
-        t += sync
-        spans.append(("global → registers", t, load, "tab:orange", f"LDG tile {n}", None))
-        spans.append(("warps", t, load, "white", "wait for LDG", "//"))
-        t += load
-        spans.append(("shared buffer", t, 0.4, "tab:orange", "", None))
-        spans.append(("warps", t, 0.4, "tab:orange", "", None))
-        t += 0.4 + wait
-        spans.append(("warps", t, sync, "0.3", "", None))
-        t += sync
-        spans.append(("warps", t, compute, "tab:blue", f"compute tile {n}", None))
-        spans.append(("shared buffer", t, compute, "lightsteelblue", f"read tile {n}", None))
-        t += compute
+    for n in range(4):  # step 04's phases, one after the other: (length, [(row, colour, text, hatch), ...])
+        for length, phase in ((sync, [("warps", "0.3", "", None)]),
+                              (load, [("global → registers", "tab:orange", f"LDG tile {n}", None),
+                                      ("warps", "white", "wait for LDG", "//")]),
+                              (store, [("shared buffer", "tab:orange", "", None), ("warps", "tab:orange", "", None)]),
+                              (sync, [("warps", "0.3", "", None)]),
+                              (compute, [("warps", "tab:blue", f"compute tile {n}", None),
+                                         ("shared buffer", "lightsteelblue", f"read tile {n}", None)])):
+            spans += [(row, t, length, *rest) for row, *rest in phase]
+            t += length
     end1 = t
     _gantt(ax1, ["global → registers", "shared buffer", "warps"], spans,
            "step 04: load (LDG), wait, store (STS), barrier, compute — the next tile is asked for only "
@@ -477,21 +443,18 @@ def fig_05(out: Path):
     _save(fig, out / "05_cp_async_timeline.png")
 
 
-def _fragment(ax, grid, title, rows, cols, color_of, label_of):
-    from matplotlib.patches import Rectangle
-    for r in range(rows):
-        for c in range(cols):
-            lane, reg = grid[r][c]
-            ax.add_patch(Rectangle((c, r), 1, 1, facecolor=color_of(lane, reg), edgecolor="white", linewidth=0.8))
-            ax.text(c + 0.5, r + 0.5, label_of(lane, reg), ha="center", va="center", fontsize=5.5)
-    _grid_axes(ax, rows, cols, "column", "row")
+def _fragment(ax, grid, title, color_of):
+    for r, row in enumerate(grid):
+        for c, (lane, reg) in enumerate(row):
+            _box(ax, c, r, facecolor=color_of(reg), edgecolor="white", linewidth=0.8)
+            ax.text(c + 0.5, r + 0.5, f"T{lane}\n{reg}", ha="center", va="center", fontsize=5.5)
+    _grid_axes(ax, len(grid), len(grid[0]), "column", "row")
     ax.set_title(title, fontsize=8.5)
 
 
 def fig_06(out: Path):
     """mma.sync.m16n8k16 fragments and the ldmatrix.x4 addresses."""
-    plt = _pyplot()
-    from matplotlib.patches import Rectangle
+    plt = pyplot()
     colors = plt.get_cmap("tab10").colors
     reg_color = {"a0": colors[0], "a1": colors[1], "a2": colors[2], "a3": colors[3],
                  "b0": colors[0], "b1": colors[1], "d0": colors[0], "d1": colors[0], "d2": colors[1], "d3": colors[1]}
@@ -500,19 +463,17 @@ def fig_06(out: Path):
         return tuple(1 - (1 - x) * (1 - k) for x in c)
 
     fig, axes = plt.subplots(1, 4, figsize=(16, 5.6), gridspec_kw={"width_ratios": [8, 16, 8, 5]})
-    _fragment(axes[0], c_fragment(), "C / D, 16 × 8 fp32 (S, O)\nlane T, register d0–d3", 16, 8,
-              lambda lane, reg: light(reg_color[reg]), lambda lane, reg: f"T{lane}\n{reg}")
-    _fragment(axes[1], a_fragment(), "A, 16 × 16 (Q; P = two C tiles side by side)\nlane T, register a0–a3 "
-              "(two 16-bit halves each)", 16, 16, lambda lane, reg: light(reg_color[reg]),
-              lambda lane, reg: f"T{lane}\n{reg}")
-    _fragment(axes[2], b_fragment(), "B, 16 × 8 (rows = k): Kᵀ, V\nlane T, register b0–b1", 16, 8,
-              lambda lane, reg: light(reg_color[reg]), lambda lane, reg: f"T{lane}\n{reg}")
+    for ax, grid, title in zip(axes, (c_fragment(), a_fragment(), b_fragment()), (
+            "C / D, 16 × 8 fp32 (S, O)\nlane T, register d0–d3",
+            "A, 16 × 16 (Q; P = two C tiles side by side)\nlane T, register a0–a3 (two 16-bit halves each)",
+            "B, 16 × 8 (rows = k): Kᵀ, V\nlane T, register b0–b1")):
+        _fragment(ax, grid, title, lambda reg: light(reg_color[reg]))
     ax = axes[3]
     for r in range(16):
         for half in range(2):
             lane = next(l for l in range(32) if ldmatrix_x4_quadrants(l) == (r, 8 * half))
             m = lane // 8
-            ax.add_patch(Rectangle((half * 2.5, r), 2.5, 1, facecolor=light(colors[m]), edgecolor="white"))
+            _box(ax, half * 2.5, r, 2.5, 1, facecolor=light(colors[m]), edgecolor="white")
             ax.text(half * 2.5 + 1.25, r + 0.5, f"lane {lane} → r{m}", ha="center", va="center", fontsize=6)
     ax.set_xlim(0, 5)
     ax.set_ylim(16, 0)
@@ -531,8 +492,7 @@ def fig_06(out: Path):
 
 def fig_07(out: Path):
     """FlashAttention-2's block/warp partition, and the skipped, masked and full tiles."""
-    plt = _pyplot()
-    from matplotlib.patches import Rectangle
+    plt = pyplot()
     colors = plt.get_cmap("Pastel1").colors
     fig = plt.figure(figsize=(15, 6.2))
     gs = fig.add_gridspec(1, 3, width_ratios=[1.05, 1.4, 1.4])
@@ -542,12 +502,11 @@ def fig_07(out: Path):
     for w in range(warps):
         for mi in range(2):
             y = 32 * w + 16 * mi
-            ax.add_patch(Rectangle((0, y), 40, 16, facecolor=colors[w], edgecolor="white"))
-            ax.add_patch(Rectangle((50, y), 24, 16, facecolor=colors[w], edgecolor="white"))
-            ax.add_patch(Rectangle((84, y), 40, 16, facecolor=colors[w], edgecolor="white"))
+            for x, width in ((0, 40), (50, 24), (84, 40)):
+                _box(ax, x, y, width, 16, facecolor=colors[w], edgecolor="white")
         ax.text(20, 32 * w + 16, f"warp {w}\nrows {32 * w}–{32 * w + 31}\n(m16 tiles 0, 1)", ha="center",
                 va="center", fontsize=7)
-    ax.add_patch(Rectangle((50, -30), 24, 26, facecolor="0.85", edgecolor="black"))
+    _box(ax, 50, -30, 24, 26, facecolor="0.85", edgecolor="black")
     ax.text(62, -17, f"K tile t\n{block_kv} keys", ha="center", va="center", fontsize=7)
     ax.text(20, -6, f"Q tile [{block_q} × {head_dim}]\nin q_smem", ha="center", va="bottom", fontsize=7.5)
     ax.text(62, block_q + 4, f"S = Q·Kᵀ\n[32 × {block_kv}] per warp\nin registers", ha="center", va="top",
@@ -555,7 +514,7 @@ def fig_07(out: Path):
     ax.text(104, block_q + 4, f"O [32 × {head_dim}] per warp\nin registers (o_acc)", ha="center", va="top",
             fontsize=7.5)
     ax.text(104, -17, "V tile t\nread by P·V", ha="center", va="center", fontsize=7)
-    ax.add_patch(Rectangle((84, -30), 40, 26, facecolor="0.85", edgecolor="black"))
+    _box(ax, 84, -30, 40, 26, facecolor="0.85", edgecolor="black")
     ax.set_xlim(-2, 126)
     ax.set_ylim(block_q + 26, -34)
     ax.set_aspect("equal")
@@ -570,20 +529,14 @@ def fig_07(out: Path):
         q_tiles, k_tiles = len(classes), len(classes[0])
         for qt, row in enumerate(classes):
             for kt, (kind, visit) in enumerate(row):
-                ax.add_patch(Rectangle((kt, qt), 1, 1, facecolor=face[kind], edgecolor="0.6", linewidth=0.5))
+                _box(ax, kt, qt, facecolor=face[kind], edgecolor="0.6", linewidth=0.5)
                 if visit is not None:
                     ax.text(kt + 0.5, qt + 0.5, str(visit), ha="center", va="center", fontsize=5.5,
                             color="white" if kind == "full" else "black")
         launch = {block_tile(x, q_tiles)[1]: x for x in range(q_tiles)}
-        ax.set_xlim(0, k_tiles)
-        ax.set_ylim(q_tiles, 0)
-        ax.set_xticks([kt + 0.5 for kt in range(0, k_tiles, 3)])
-        ax.set_xticklabels([str(kt) for kt in range(0, k_tiles, 3)], fontsize=7)
-        ax.set_yticks([qt + 0.5 for qt in range(q_tiles)])
-        ax.set_yticklabels([f"q tile {qt} (block {launch[qt]})" for qt in range(q_tiles)], fontsize=7)
-        ax.tick_params(length=0)
-        ax.set_xlabel(f"K/V tile ({block_kv} keys; the last holds {sk - (k_tiles - 1) * block_kv} real keys)",
-                      fontsize=8)
+        _grid_axes(ax, q_tiles, k_tiles, f"K/V tile ({block_kv} keys; the last holds {sk - (k_tiles - 1) * block_kv} "
+                   "real keys)", "", step_x=3, ylabels=[f"q tile {qt} (block {launch[qt]})" for qt in range(q_tiles)],
+                   aspect="auto")
         ax.set_title(f"Sq = Sk = {sq}, {'causal' if causal else 'not causal'}, 128 × {block_kv} tiles: "
                      "blue full,\norange masked, white never loaded; the number is the visit order (07b on)",
                      fontsize=8.5)
@@ -593,7 +546,7 @@ def fig_07(out: Path):
 
 def fig_08(out: Path):
     """Step 08's two-stage K/V ring: which stage and barrier parity each visit uses (schematic)."""
-    plt = _pyplot()
+    plt = pyplot()
     stages, visits, length = 2, 6, 4.0
     fig, ax = plt.subplots(figsize=(12, 3.0))
     t = 2.0  # the prologue: Q and the first two K/V tiles in flight before anyone waits
@@ -622,13 +575,12 @@ FIGURES = {"01": fig_01, "02": fig_02, "03": fig_03, "04": fig_04, "05": fig_05,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = parser(__doc__)
     ap.add_argument("--out-dir", default=str(OUT), help="where the PNGs go (default: notes/figures)")
     ap.add_argument("--only", nargs="+", choices=sorted(FIGURES), help="the notes whose figures to draw")
     args = ap.parse_args(argv)
     try:
-        _pyplot()
+        pyplot()
     except ImportError:
         print("figures.py: matplotlib is not installed (Debian: apt-get install python3-matplotlib)", file=sys.stderr)
         return 1

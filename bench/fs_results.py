@@ -1,12 +1,10 @@
-"""What the tools of bench/ share, so that no script imports another: where the library and the results
-are, the results files (their names, the head every file starts with, JSON and CSV), the ceilings of a
-GPU, generated text between two marker lines of a markdown file, the environment a measurement ran in,
-the timing (CUDA events, L2 flush, GPU sleep, median), the implementations measured beside ours
-(PyTorch SDPA's four backends, and FlashAttention-4 when it is installed), and the check against an
-exact reference computed here. Importing it needs no GPU, PyTorch or matplotlib: what times or checks
-is given `torch` by its caller."""
+"""What the tools of bench/ share, so that no script imports another: paths, argument parsing, the results
+files, a GPU's ceilings, text between markers, the environment, the timing, the implementations beside
+ours (PyTorch SDPA, FlashAttention-4), the check against an exact reference, and matplotlib's setup.
+Importing it needs no GPU, PyTorch or matplotlib: what times or checks is given `torch` by its caller."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import json
@@ -21,8 +19,7 @@ RESULTS = REPO / "bench" / "results"
 
 
 def library_path(explicit: str | os.PathLike | None = None) -> Path:
-    """The libflash_steps.so to load: the one given, else $FLASH_STEPS_LIB, else build/libflash_steps.so
-    (the README's build directory)."""
+    """The libflash_steps.so given, else $FLASH_STEPS_LIB, else build/libflash_steps.so."""
     return Path(explicit or os.environ.get("FLASH_STEPS_LIB") or REPO / "build" / "libflash_steps.so")
 
 
@@ -30,6 +27,37 @@ def first_line(e: BaseException) -> str:
     """An exception as one line (its first non-empty one, at most 300 characters): a row's reason."""
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     return (lines[0] if lines else type(e).__name__)[:300]
+
+
+# ---- the command line and the figures ------------------------------------------------------------
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A script's parser: its docstring's first paragraph as the description, the rest as the epilog."""
+    first, _, rest = doc.partition("\n\n")
+    return argparse.ArgumentParser(description=first, epilog=rest or None,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_run_arguments(ap: argparse.ArgumentParser, outputs: str) -> None:
+    """--lib, --out-dir and --commit of the scripts that measure on a GPU."""
+    ap.add_argument("--lib", help="path of libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so, "
+                    "else the first build*/libflash_steps.so that loads)")
+    ap.add_argument("--out-dir", default=str(RESULTS), help=f"where the {outputs} go")
+    ap.add_argument("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend; imported only where something is drawn."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path, **kw) -> None:
+    """At 110 dpi and without the Software tag, so that the same input writes the same bytes."""
+    fig.savefig(path, dpi=110, metadata={"Software": None}, **kw)
+    pyplot().close(fig)
 
 
 # ---- results files: bench/results/<tool>-<UTC date>.json and .csv -----------------------------------
@@ -57,8 +85,7 @@ def result_head(tool: str, mode: str | None, date, commit: str, env: dict, libra
 
 
 def write_results(result: dict, base: Path, fields: list[str]) -> None:
-    """base.json (the whole result) and base.csv (one line per row: these fields, with the date, commit
-    and GPU of the run)."""
+    """base.json (the whole result) and base.csv (these fields of each row, the run's date, commit, GPU)."""
     base.parent.mkdir(parents=True, exist_ok=True)
     json_path, csv_path = base.with_suffix(".json"), base.with_suffix(".csv")
     json_path.write_text(json.dumps(result, indent=1) + "\n")
@@ -191,11 +218,9 @@ def environment(torch) -> dict:
            "driver": _output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
            "cuda": torch.version.cuda, "torch": torch.__version__,
            "cudnn": cudnn_version(torch.backends.cudnn.version()), "python": platform.python_version()}
-    try:
-        import triton  # noqa: F401  (only its version is recorded)
+    with contextlib.suppress(ImportError):
+        import triton  # only its version is recorded
         env["triton"] = triton.__version__
-    except ImportError:
-        pass
     env["fa4"] = fa4()["version"] or "none"
     return env
 
@@ -225,6 +250,11 @@ class Timer:
             stop.record()
         torch.cuda.synchronize()
         return [start.elapsed_time(stop) for start, stop in events]
+
+
+def timed(row: dict | None) -> bool:
+    """Whether a results row has a time: run, checked (passed or not) and measured."""
+    return bool(row) and row.get("status") in ("ok", "fail") and bool(row.get("ms"))
 
 
 def median(xs: list[float]) -> float:
@@ -265,6 +295,11 @@ def fa4() -> dict:
             _fa4 = {"func": flash_attn_func, "note": "",
                     "version": version or getattr(module, "__version__", None) or "unknown"}
     return _fa4
+
+
+def describe(s: dict) -> str:
+    """A sweep shape in a few characters: "b8 h16 n2048 d128 fp16 causal"."""
+    return f"b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}" + " causal" * bool(s["causal"])
 
 
 def backend_label(name: str, env: dict | None = None) -> str:

@@ -1,18 +1,14 @@
 #!/usr/bin/env python3
-"""The Nsight Compute metrics the notes cite, and a table of them from `ncu --csv --page raw` output.
-
-    python3 bench/ncu_table.py --list-metrics              the metric names, comma-separated (for ncu)
-    python3 bench/ncu_table.py REPORT.csv [--csv-out FILE] a table: one row per metric, one column per kernel
-    python3 bench/ncu_table.py --drop-unknown LOG          the metric list less those ncu's log rejects
-
-bench/profile.sh runs ncu with these metrics on one step and calls this to print them.
+"""The Nsight Compute metrics the notes cite (`--list-metrics`, `--drop-unknown LOG`), and a table of them:
+`python3 bench/ncu_table.py REPORT.csv [--csv-out FILE]` on `ncu --csv --page raw` output (bench/profile.sh).
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import re
 import sys
+
+from fs_results import parser
 
 # (metric, what the notes call it). Names checked against Nsight Compute 2025.x metric lists.
 METRICS = [
@@ -57,14 +53,9 @@ def metric_names(metrics=METRICS) -> list[str]:
 
 def drop_unknown(names: list[str], log: str) -> list[str]:
     """The names that no ==ERROR== line of ncu's log mentions."""
-    bad = set()
-    for line in log.splitlines():
-        if "==ERROR==" in line:
-            for n in names:
-                base = n.split(".")[0]
-                if n in line or re.search(r"\b" + re.escape(base) + r"\b", line):
-                    bad.add(n)
-    return [n for n in names if n not in bad]
+    errors = [line for line in log.splitlines() if "==ERROR==" in line]
+    return [n for n in names if not any(n in line or re.search(r"\b" + re.escape(n.split(".")[0]) + r"\b", line)
+                                        for line in errors)]
 
 
 def number(text: str):
@@ -94,10 +85,7 @@ def last_launch_per_kernel(rows: list[dict]) -> list[dict]:
     def launch_id(r):
         v = number(r.get("ID", ""))
         return v if isinstance(v, float) else 0.0
-    by_name = {}
-    for r in sorted(rows, key=launch_id):
-        by_name[r.get("Kernel Name", "?")] = r
-    return list(by_name.values())
+    return list({r.get("Kernel Name", "?"): r for r in sorted(rows, key=launch_id)}.values())
 
 
 def human(value, unit: str) -> str:
@@ -153,8 +141,7 @@ def tidy_csv(rows: list[dict], units: dict, path: str, metrics=METRICS) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = parser(__doc__)
     ap.add_argument("report", nargs="?", help="CSV from `ncu --import R.ncu-rep --csv --page raw`")
     ap.add_argument("--csv-out", help="also write kernel, metric, unit, value rows here")
     ap.add_argument("--list-metrics", action="store_true")

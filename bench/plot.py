@@ -1,48 +1,18 @@
 #!/usr/bin/env python3
-"""Plots and the README results table, generated from the files in bench/results/.
-
-    python3 bench/plot.py                      the newest compare_torch-*.json and runner-*.json there:
-                                               bench/results/ladder.png, roofline.png, sweep.png, and
-                                               README.md rewritten between its results markers
-    python3 bench/plot.py --compare FILE [--runner FILE] [--ceilings FILE] [--readme README.md] [--out-dir DIR]
-    python3 bench/plot.py --table-only         print the table (no matplotlib needed)
-
-Inputs: the JSON of bench/compare_torch.py (every step and PyTorch SDPA over the shape sweep) and,
-optionally, the JSON of `flash-steps --json` (the runner's checked ladder). The ladder table is
-taken at the compare file's ladder shape (B*N = 16384, seqlen 2048, head_dim 128, fp16, not causal
-unless compare_torch.py was told otherwise), where PyTorch ran in the same process on the same
-tensors; without a compare file it falls back to the runner's file and leaves the PyTorch columns
-empty. Every number is read from the files: FLOPs, TFLOP/s and the speed-ups "× previous" and
-"× step 01" (x_prev, x_step01, which the tools take from the library's one rule, fs_speedups).
-
-Ceilings (the rates this GPU reaches, measured by flash_steps_ceilings): the newest
-bench/results/ceilings-*.json, or --ceilings FILE. They give the plots their ceiling lines and the
-table its "% of mma.sync" / "% of wgmma" columns; without a ceilings file for the GPU of the
-results, plot.py says so and draws no line, no column and no roofline.
-
-The roofline (roofline.png, and a table under the results table) puts every step of the ladder at
-its arithmetic intensity: the FLOPs of the results file over the minimum DRAM bytes of the shape
-(minimum_bytes: Q, K, V read once, O written once, and step 01's stored S), under the HBM roof
-(hbm_read × FLOP/byte) and the ceiling of the unit the step computes on (compute_unit: FP32 FMA for
-01-05, mma.sync for 06-07, 10 and 11, wgmma for 08 and 09). The ladder table's "% of mma.sync" and
-"% of wgmma" are given only for the steps on that unit ("–" elsewhere, the backends too). FlashAttention-4,
-where the results have it (backend fa4), is a row, a "% of FA4" column, a line and a series beside SDPA's.
-
-The table is text between the markers below in README.md; everything else in README.md is left as
-it is. The output depends only on the input files, so running this twice gives the same bytes.
+"""Plots and the README results table from the files in bench/results/: `python3 bench/plot.py [--compare FILE]
+[--runner FILE] [--ceilings FILE]` (`--table-only`: print it, no matplotlib). Inputs, roofline: bench/README.md.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 from pathlib import Path
 
-from fs_results import (CEILING_LABELS, CeilingsError, MarkerError, backend_label, load_ceilings, load_json, newest,
-                        same_gpu, update_between_markers)
+from fs_results import (CEILING_LABELS, REPO, RESULTS, CeilingsError, MarkerError, backend_label, describe,
+                        load_ceilings, load_json, newest, parser, pyplot, same_gpu, save_figure, timed,
+                        update_between_markers)
 
-REPO = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
 BACKENDS = ("torch_flash", "torch_cudnn", "torch_efficient", "torch_math", "fa4")  # the rows' impl, in table order
@@ -67,19 +37,14 @@ def ceiling_id(unit: str, dtype: str) -> str:
 
 def tensor_ceilings(ceilings: dict | None, dtype: str) -> list[tuple[str, float, str]]:
     """(label, TFLOP/s, unit) of the tensor-core ceilings for this dtype in the ceilings file, mma.sync first."""
-    out = []
-    for unit in ("mma_sync", "wgmma"):
-        c = (ceilings or {}).get("values", {}).get(ceiling_id(unit, dtype))
-        if c and c["unit"] == "TFLOP/s":
-            out.append((CEILING_LABELS[ceiling_id(unit, dtype)], c["value"], unit))
-    return out
+    values = (ceilings or {}).get("values", {})
+    return [(CEILING_LABELS[ceiling_id(unit, dtype)], c["value"], unit) for unit in ("mma_sync", "wgmma")
+            if (c := values.get(ceiling_id(unit, dtype))) and c["unit"] == "TFLOP/s"]
 
 
 def label(impl: str, meta: dict | None = None) -> str:
-    """A backend's name ("PyTorch SDPA cuDNN", "FA4 4.0.0b36": the version from the results' environment),
-    or the step id."""
-    name = impl.removeprefix("torch_")
-    return backend_label(name, (meta or {}).get("environment")) if impl in BACKENDS else impl
+    """A backend's name ("PyTorch SDPA cuDNN", "FA4 4.0.0b36": its version from the results), or the step id."""
+    return backend_label(impl.removeprefix("torch_"), (meta or {}).get("environment")) if impl in BACKENDS else impl
 
 
 # ---- the ladder --------------------------------------------------------------------------------
@@ -88,8 +53,7 @@ def ladder_from_compare(compare: dict) -> dict:
     """{"shape", "steps": [row...] in registry order, "backends": {impl: row}} at the ladder shape (the
     backends: SDPA's, kind "torch", and FA4's, kind "fa4")."""
     shape = compare["ladder"]
-    key = shape_of(shape)
-    rows = [r for r in compare["rows"] if shape_of(r) == key]
+    rows = [r for r in compare["rows"] if shape_of(r) == shape_of(shape)]
     by_impl = {r["impl"]: r for r in rows}
     step_ids = [s["id"] for s in compare.get("steps", [])] or [r["impl"] for r in rows if r["kind"] == "step"]
     steps = [dict(by_impl[i], id=i) for i in step_ids if i in by_impl]
@@ -103,35 +67,24 @@ def ladder_from_runner(runner: dict) -> dict:
     p = runner["problem"]
     shape = {"batch": p["batch"], "seqlen": p["seqlen_q"], "heads": p["heads_q"], "head_dim": p["head_dim"],
              "causal": bool(p["causal"]), "dtype": p["dtype"]}
-    steps = []
-    for r in runner["rows"]:
-        if r["id"] == "cublas":
-            continue
-        ok = r["status"] in ("PASS", "FAIL")
-        steps.append({"id": r["id"], "impl": r["id"], "status": {"PASS": "ok", "FAIL": "fail"}.get(r["status"], "refused"),
-                      "reason": r.get("reason", ""), "ms": r.get("ms") if ok else None,
-                      "tflops": r.get("tflops") if ok else None,
-                      "x_prev": r.get("x_prev") if ok else None, "x_step01": r.get("x_step01") if ok else None})
+    steps = [{"id": r["id"], "impl": r["id"], "status": {"PASS": "ok", "FAIL": "fail"}.get(r["status"], "refused"),
+              "reason": r.get("reason", ""), **{k: r.get(k) if r["status"] in ("PASS", "FAIL") else None
+                                                for k in ("ms", "tflops", "x_prev", "x_step01")}}
+             for r in runner["rows"] if r["id"] != "cublas"]
     return {"shape": shape, "flops": p.get("flops"), "steps": steps, "backends": {}}
 
 
-def _timed(row: dict | None) -> bool:
-    return bool(row) and row.get("status") in ("ok", "fail") and bool(row.get("ms"))
-
-
 def ladder_columns(ladder: dict, ceilings: list[tuple[str, float, str]] = (), rows=None) -> list[dict]:
-    """Per step (or per row of `rows`): ms, TFLOP/s, × previous step, × step 01 (both as the results file
-    has them), % of PyTorch flash, of cuDNN and of FA4 (their time over the row's), and % of each ceiling
-    given as (label, TFLOP/s, unit): None for a row that does not compute on that unit."""
+    """Per step (or row of `rows`) the table's numbers; a % of a ceiling is None off the row's own unit."""
     out = []
     for s in ladder["steps"] if rows is None else rows:
         c = {"id": s.get("id", s["impl"]), "status": s.get("status", ""), "reason": s.get("reason", "")}
-        if _timed(s):
+        if timed(s):
             ms = s["ms"]
             c.update(ms=ms, tflops=s["tflops"], x_prev=s.get("x_prev") or None, x_01=s.get("x_step01") or None)
             for key, impl, _ in RATIOS:
                 base = ladder["backends"].get(impl)
-                c[key] = 100 * base["ms"] / ms if _timed(base) else None
+                c[key] = 100 * base["ms"] / ms if timed(base) else None
             unit = compute_unit(c["id"]) if s.get("kind", "step") == "step" else None
             c["pct_ceilings"] = [100 * s["tflops"] / value if u == unit else None for _, value, u in ceilings]
         out.append(c)
@@ -142,19 +95,18 @@ def _f(x, fmt: str, unit: str = "") -> str:
     return "–" if x is None else format(x, fmt) + unit
 
 
+def _failed_for(ids: list[str], otherwise: str) -> str:
+    return "**failed** for " + ", ".join(f"`{i}`" for i in ids) if ids else otherwise
+
+
 def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = None,
                  images: tuple[str, ...] = (), ceilings: dict | None = None) -> str:
-    """The markdown between the README markers (without the markers themselves). `ceilings`: a
-    load_ceilings() result measured on this GPU, or None (no ceiling columns)."""
-    env = meta.get("environment", {})
-    shape = ladder["shape"]
+    """The markdown between the README markers. `ceilings`: load_ceilings() of this GPU, or None (no columns)."""
+    env, shape = meta.get("environment", {}), ladder["shape"]
     lines = [f"<!-- generated by bench/plot.py from {source}; do not edit by hand -->", ""]
-    versions = ", ".join(x for x in (
-        f"driver {env['driver']}" if env.get("driver") else "",
-        f"CUDA {env['cuda']}" if env.get("cuda") else "",
-        f"PyTorch {env['torch']}" if env.get("torch") else "",
-        f"cuDNN {env['cudnn']}" if env.get("cudnn") else "",
-        f"FA4 {env['fa4']}" if env.get("fa4") not in (None, "none") else "") if x)
+    versions = ", ".join([f"{name} {env[k]}" for k, name in (("driver", "driver"), ("cuda", "CUDA"), ("torch", "PyTorch"),
+                                                              ("cudnn", "cuDNN")) if env.get(k)]
+                         + [f"FA4 {env.get('fa4')}"] * (env.get("fa4") not in (None, "none")))
     gpu = env.get("gpu") or meta.get("device", "unknown GPU")
     date = meta.get("date", "")
     when = f"{date[:10]} {date[11:16]} UTC" if len(date) >= 16 else (date or "unknown date")
@@ -169,7 +121,7 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
                  f"Median of up to {timing.get('iters', '?')} launches, CUDA events, L2 flushed before each"
                  + (f"; {others} timed in the same process on the same tensors." if backends else "."))
     peaks = tensor_ceilings(ceilings, shape["dtype"])
-    ratios = [r for r in RATIOS if r[1] != "fa4" or _timed(backends.get("fa4"))]
+    ratios = [r for r in RATIOS if r[1] != "fa4" or timed(backends.get("fa4"))]
     lines += ["", "| step | ms | TFLOP/s | × previous | × step 01 |" + "".join(f" % of {n} |" for *_, n in ratios)
               + "".join(f" % of {p[0]} |" for p in peaks),
               "| --- | ---: | ---: | ---: | ---: |" + " ---: |" * (len(ratios) + len(peaks))]
@@ -193,16 +145,12 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
         lines.append("Not timed at this shape: " + "; ".join(
             f"`{c['id']}` ({c['status'] or 'not run'}: {c['reason'].rstrip('.')})" for c in untimed) + ".")
     failed = [c["id"] for c in cols if c["status"] == "fail"]
-    lines.append("Check (fp64 reference, and PyTorch flash where it ran): " +
-                 ("**failed** for " + ", ".join(f"`{i}`" for i in failed) if failed else
-                  "every timed step passed") + ".")
+    lines.append(f"Check (fp64 reference, and PyTorch flash where it ran): {_failed_for(failed, 'every timed step passed')}.")
     if runner is not None:
-        r_rows = [r for r in runner.get("rows", []) if r.get("id") != "cublas"]
-        r_fail = [r["id"] for r in r_rows if r.get("status") in ("FAIL", "ERROR")]
-        r_shape = ladder_from_runner(runner)["shape"]
-        lines.append(f"`flash-steps --json` ({describe_shape(r_shape)}, commit `{runner.get('commit', '?')}`): " +
-                     ("**failed** for " + ", ".join(f"`{i}`" for i in r_fail) if r_fail else
-                      "every step that ran passed its check against the reference") + ".")
+        r_fail = [r["id"] for r in runner.get("rows", []) if r.get("id") != "cublas" and r.get("status") in ("FAIL", "ERROR")]
+        lines.append(f"`flash-steps --json` ({describe_shape(ladder_from_runner(runner)['shape'])}, commit "
+                     f"`{runner.get('commit', '?')}`): "
+                     f"{_failed_for(r_fail, 'every step that ran passed its check against the reference')}.")
     lines += roofline_table(ladder, ceilings)
     alt = {"ladder": "TFLOP/s of every step at this shape", "sweep": "TFLOP/s against seqlen, every step and backend",
            "roofline": "every step against the roofline of the measured ceilings"}
@@ -216,14 +164,14 @@ UNIT_COLORS = {"fma_f32": "tab:green", "mma_sync": "tab:blue", "wgmma": "tab:pur
 
 
 def compute_unit(step_id: str) -> str | None:
-    """The unit a step computes its products on, by its number, and so the ceiling it is compared with:
-    01-05 FP32 FMA on the CUDA cores; 06, 07 (07a-07g), 10 and 11 mma.sync; 08 and 09 (09a-09d) wgmma.
-    None for an id without a number (no compute ceiling)."""
-    digits = step_id[:2]
-    if not digits.isdigit():
+    """The unit a step computes on, by its number: 01-05 FP32 FMA on the CUDA cores; 06, 07 (07a-07g), 10 and
+    11 mma.sync; 08 and 09 (09a-09d) wgmma. None for an id without a number (no compute ceiling)."""
+    if not step_id[:2].isdigit():
         return None
-    n = int(digits)
+    n = int(step_id[:2])
     return "fma_f32" if n <= 5 else "wgmma" if n in (8, 9) else "mma_sync"
+
+
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2}
 S_PASSES_01 = 6  # note 01: S written by kernel 1, read 3 times and written once by kernel 2, read by kernel 3
 
@@ -232,11 +180,9 @@ def minimum_bytes(shape: dict, step_id: str) -> float:
     """The DRAM bytes a step cannot avoid at this shape: Q, K and V read once and O written once (the
     LSE, 4 bytes per row, is left out: under 0.5 % of them at head_dim >= 64), plus, for step 01, the
     fp32 S matrix it stores, S_PASSES_01 times over. A model, not a measurement."""
-    e = ELEMENT_BYTES[shape["dtype"]]
     b, n, h, d = shape["batch"], shape["seqlen"], shape["heads"], shape["head_dim"]
-    h_kv = shape.get("heads_kv", h)
-    n_k = shape.get("seqlen_k", n)
-    total = e * d * (2 * b * n * h + 2 * b * n_k * h_kv)
+    h_kv, n_k = shape.get("heads_kv", h), shape.get("seqlen_k", n)
+    total = ELEMENT_BYTES[shape["dtype"]] * d * (2 * b * n * h + 2 * b * n_k * h_kv)
     if step_id.startswith("01"):
         total += S_PASSES_01 * b * h * n * n_k * 4
     return float(total)
@@ -245,25 +191,20 @@ def minimum_bytes(shape: dict, step_id: str) -> float:
 def compute_ceiling(ceilings: dict | None, step_id: str, dtype: str) -> tuple[str, float] | None:
     """(label, TFLOP/s) of the unit the step computes on, from the ceilings file, or None."""
     unit = compute_unit(step_id)
-    if not ceilings or not unit:
-        return None
-    cid = ceiling_id(unit, dtype)
-    c = ceilings["values"].get(cid)
+    cid = ceiling_id(unit, dtype) if ceilings and unit else None
+    c = ceilings["values"].get(cid) if cid else None
     return (CEILING_LABELS.get(cid, cid), c["value"]) if c else None
 
 
 def roofline_rows(ladder: dict, ceilings: dict | None) -> list[dict]:
-    """Per timed step: FLOPs (the results file's), minimum bytes, FLOP per byte, TFLOP/s, the HBM
-    roof at that intensity (hbm_read × FLOP/byte), the compute ceiling of its unit, the lower of the
-    two (the roof) and the step's share of it. Empty without an hbm_read ceiling."""
+    """Per timed step its place under the roof, the lower of HBM × FLOP/byte and its unit's ceiling; [] without
+    an hbm_read ceiling."""
     hbm = (ceilings or {}).get("values", {}).get("hbm_read")
     flops = ladder.get("flops")
     if not hbm or not flops:
         return []
     out = []
-    for s in ladder["steps"]:
-        if not _timed(s):
-            continue
+    for s in filter(timed, ladder["steps"]):
         nbytes = minimum_bytes(ladder["shape"], s["id"])
         ai = flops / nbytes
         memory_roof = ai * hbm["value"]  # TB/s × FLOP/byte = TFLOP/s
@@ -296,16 +237,7 @@ def roofline_table(ladder: dict, ceilings: dict | None) -> list[str]:
 
 # ---- plots (matplotlib is imported only here) ---------------------------------------------------
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 CEILING_STYLES = ({"color": "tab:orange", "linestyle": "-."}, {"color": "tab:purple", "linestyle": (0, (1, 1))})
-
-
 BACKEND_STYLES = {"torch_flash": {"color": "black", "marker": "s", "linestyle": "--"},
                   "torch_cudnn": {"color": "tab:red", "marker": "^", "linestyle": "--"},
                   "torch_efficient": {"color": "gray", "marker": "v", "linestyle": ":"},
@@ -314,18 +246,15 @@ BACKEND_STYLES = {"torch_flash": {"color": "black", "marker": "s", "linestyle": 
 
 
 def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
-    """TFLOP/s against seqlen: one panel per (dtype, head_dim, causal), one line per step and backend (FA4
-    too where the file has it), and the tensor-core ceilings of the panel's dtype when a ceilings file is
-    given."""
-    plt = _pyplot()
-    rows = [r for r in compare["rows"] if _timed(r)]
+    """TFLOP/s against seqlen: a panel per (dtype, head_dim, causal), a line per implementation, the ceilings."""
+    plt = pyplot()
+    rows = [r for r in compare["rows"] if timed(r)]
     panels = sorted({(r["dtype"], -r["head_dim"], bool(r["causal"])) for r in rows})
     if not panels:
         raise ValueError("no timed rows to plot")
     dtypes = sorted({p[0] for p in panels}, key=lambda t: (t != "fp16", t))  # fp16 on top
     combos = sorted({(p[1], p[2]) for p in panels})
-    fig, axes = plt.subplots(len(dtypes), len(combos), figsize=(4.2 * len(combos), 3.6 * len(dtypes)),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(len(dtypes), len(combos), squeeze=False, sharey=True)  # sized once the legend is known
     step_ids = [s["id"] for s in compare.get("steps", [])]
     impls = step_ids + list(BACKENDS)
     cmap = plt.get_cmap("viridis")
@@ -368,14 +297,17 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
     height = 3.6 * len(dtypes) + legend_in
     fig.set_size_inches(4.2 * len(combos), height)
     fig.tight_layout(rect=(0, legend_in / height, 1, 1 - 0.3 / height))
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save_figure(fig, path)
+
+
+def _title(ladder: dict, meta: dict) -> str:
+    return (f"{describe(ladder['shape'])} — {meta.get('environment', {}).get('gpu', meta.get('device', ''))}, "
+            f"{meta.get('date', '')[:10]}, {meta.get('commit', '')}")
 
 
 def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = None) -> None:
-    """A bar per step (TFLOP/s, log scale) at the ladder shape, PyTorch flash, cuDNN and FA4 as lines, and
-    the tensor-core ceilings of the shape's dtype when a ceilings file is given."""
-    plt = _pyplot()
+    """A bar per step (TFLOP/s, log scale) at the ladder shape; the backends and the ceilings as lines."""
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter
     cols = [c for c in ladder_columns(ladder) if "ms" in c]
     if not cols:
@@ -388,7 +320,7 @@ def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = No
                     ha="center", va="bottom", fontsize=8)
     for impl in ("torch_flash", "torch_cudnn", "fa4"):
         r = ladder["backends"].get(impl)
-        if _timed(r):
+        if timed(r):
             ax.axhline(r["tflops"], color=BACKEND_STYLES[impl]["color"], linestyle="--", linewidth=1,
                        label=f"{label(impl, meta)}: {r['tflops']:.0f}")
     peaks = tensor_ceilings(ceilings, ladder["shape"]["dtype"])
@@ -398,21 +330,16 @@ def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = No
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     lowest = min(c["tflops"] for c in cols)
     highest = max([c["tflops"] for c in cols] + [p[1] for p in peaks]
-                  + [r["tflops"] for r in ladder["backends"].values() if _timed(r)])
+                  + [r["tflops"] for r in ladder["backends"].values() if timed(r)])
     ax.set_ylim(lowest / 2, highest * 8)  # room for the legend above the highest line
     ax.set_xticks(list(xs))
     ax.set_xticklabels([c["id"] for c in cols], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("TFLOP/s (log scale)")
-    env = meta.get("environment", {})
-    s = ladder["shape"]
-    ax.set_title(f"b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}"
-                 f"{' causal' if s['causal'] else ''} — {env.get('gpu', meta.get('device', ''))}, "
-                 f"{meta.get('date', '')[:10]}, {meta.get('commit', '')}", fontsize=9)
+    ax.set_title(_title(ladder, meta), fontsize=9)
     ax.legend(fontsize=8, loc="upper left", frameon=False)
     ax.grid(True, axis="y", which="major", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def label_heights(ys: list[float], gap: float) -> list[float]:
@@ -433,9 +360,8 @@ def _run_bottom(run: list[float], gap: float) -> float:
 
 
 def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = None) -> None:
-    """Log-log roofline: the HBM roof and the compute ceilings of the ceilings file, and every timed
-    step at its FLOP per byte (minimum_bytes), numbered, with a legend of the numbers."""
-    plt = _pyplot()
+    """Log-log roofline: the roofs of the ceilings file, every timed step at its FLOP per byte, labelled."""
+    plt = pyplot()
     rows = roofline_rows(ladder, ceilings)
     if not rows:
         raise ValueError("no hbm_read ceiling or no timed step: nothing to draw a roofline with")
@@ -473,30 +399,24 @@ def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = 
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7.5, loc="upper left", frameon=False)
-    env = meta.get("environment", {})
-    s = ladder["shape"]
-    ax.set_title(f"Roofline: b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}"
-                 f"{' causal' if s['causal'] else ''} — {env.get('gpu', meta.get('device', ''))}, "
-                 f"{meta.get('date', '')[:10]}, {meta.get('commit', '')}; ceilings {ceilings.get('source', '')}",
-                 fontsize=8.5)
+    ax.set_title(f"Roofline: {_title(ladder, meta)}; ceilings {ceilings.get('source', '')}", fontsize=8.5)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
+    save_figure(fig, path, bbox_inches="tight")
 
 
 # ---- command line ------------------------------------------------------------------------------
 
-def repo_relative(path: Path) -> str:
+def relative(path: Path, base: Path = REPO) -> str:
+    """path from base (the repository, or the README that links it), with forward slashes."""
     try:
-        return os.path.relpath(Path(path).resolve(), REPO).replace(os.sep, "/")
+        return os.path.relpath(Path(path).resolve(), base).replace(os.sep, "/")
     except ValueError:
         return str(path)
 
 
 def choose_ceilings(explicit: str | None, results: Path, gpu: str) -> dict | None:
-    """The ceilings file to use (--ceilings, else the newest ceilings-*.json in --results), loaded, if it
-    was measured on the results' GPU; else None, having said why on stderr. Raises CeilingsError for a
-    --ceilings file that cannot be used."""
+    """--ceilings, else the newest ceilings-*.json, loaded if measured on the results' GPU, else None (said on
+    stderr); CeilingsError for a --ceilings file that cannot be used."""
     path = Path(explicit) if explicit else newest(results, "ceilings-*.json")
     if path is None:
         print(f"plot.py: no ceilings-*.json in {results} (flash_steps_ceilings measures them on a GPU); "
@@ -517,21 +437,21 @@ def choose_ceilings(explicit: str | None, results: Path, gpu: str) -> dict | Non
         return None
     for cid, reason in sorted(ceilings["left_out"].items()):
         print(f"plot.py: {path.name} has no {cid} ceiling: {reason}", file=sys.stderr)
-    ceilings["source"] = repo_relative(path)
+    ceilings["source"] = relative(path)
     return ceilings
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--results", default=str(REPO / "bench" / "results"), help="where the input files are")
+    ap = parser(__doc__)
+    ap.add_argument("--results", default=str(RESULTS), help="where the input files are")
     ap.add_argument("--compare", help="compare_torch JSON (default: the newest compare_torch-<date>.json, not --decode's)")
     ap.add_argument("--runner", help="flash-steps --json output (default: the newest runner-*.json)")
     ap.add_argument("--ceilings", help="flash_steps_ceilings JSON (default: the newest ceilings-*.json)")
     ap.add_argument("--out-dir", help="where the PNGs go (default: --results)")
     ap.add_argument("--readme", default=str(REPO / "README.md"), help="the file whose results markers are rewritten")
     ap.add_argument("--no-readme", action="store_true", help="leave the README alone")
-    ap.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib needed); links the PNGs already in --out-dir")
+    ap.add_argument("--no-plots", action="store_true",
+                    help="tables only (no matplotlib needed); links the PNGs already in --out-dir")
     ap.add_argument("--table-only", action="store_true", help="print the table and change nothing")
     args = ap.parse_args(argv)
 
@@ -563,12 +483,6 @@ def main(argv=None) -> int:
         print(f"plot.py: --ceilings {e}", file=sys.stderr)
         return 1
 
-    def rel(p: Path) -> str:  # as the README links it
-        try:
-            return os.path.relpath(p.resolve(), readme.resolve().parent).replace(os.sep, "/")
-        except ValueError:
-            return str(p)
-
     images = []
     names = ("ladder.png", "roofline.png", "sweep.png")  # in the README's order
     if args.no_plots:  # link the plots already drawn from these files, where they are
@@ -587,8 +501,8 @@ def main(argv=None) -> int:
                 continue
             images.append(path)
             print(f"plot.py: wrote {path}", file=sys.stderr)
-    table = ladder_table(ladder, meta, repo_relative(source), runner if compare is not None else None,
-                         tuple(rel(p) for p in images), ceilings)
+    table = ladder_table(ladder, meta, relative(source), runner if compare is not None else None,
+                         tuple(relative(p, readme.resolve().parent) for p in images), ceilings)
     print(table, end="")
     if args.table_only or args.no_readme:
         return 0

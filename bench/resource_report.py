@@ -1,29 +1,10 @@
 #!/usr/bin/env python3
-"""The resources of every step's kernels, as a markdown table: what the compiler gave each kernel,
-and, from a GPU run, the occupancy of the launches each step makes.
-
-    cmake --build build --target resource_report          writes build/resource_report.md
-    python3 bench/resource_report.py --step 01_naive=build/steps/.../step.cu.o [--step ...]
-        [--runtime FILE] [--cuobjdump PATH] [--out FILE] [--notes notes/README.md]
-
-From the object files, for every kernel, with `cuobjdump --dump-resource-usage` (registers per
-thread, static shared memory, stack frame) and `cuobjdump -sass` (local-memory loads and stores,
-LDL/STL: the instructions a spill or a local array turns into). No GPU needed.
-
-Occupancy depends on what only the launch knows (the block size and the dynamic shared memory the
-step's plan chose for a problem on a device), so it comes from the GPU: `flash-steps resources
---json` asks the CUDA runtime, for every kernel each step launches (Plan::kernels), how many blocks
-an SM holds. Give that file with --runtime (or in $FLASH_STEPS_RESOURCES_JSON, which the CMake
-target passes on; bench/run_all.sh writes it first) and the table gains threads per block, dynamic
-shared memory, blocks per SM and occupancy for the kernels launched at that problem; without it the
-table says, once, how to get them.
-
-cuobjdump's SHARED includes the 1 KiB that sm_80 and later reserve per block whenever a kernel uses
-shared memory; the table shows the kernel's own static shared memory (SHARED - 1 KiB).
+"""The resources of every step's kernels as a markdown table (cuobjdump; occupancy from a GPU run's
+`flash-steps resources --json`): `cmake --build build --target resource_report`, or `python3
+bench/resource_report.py --step DIR=OBJ[:OBJ...] [--runtime FILE]`. Where each column comes from: bench/README.md.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -31,31 +12,30 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fs_results import MarkerError, load_json, update_between_markers
+from fs_results import MarkerError, load_json, parser, update_between_markers
 
 BEGIN = "<!-- resources:begin -->"
 END = "<!-- resources:end -->"
 RESERVED_SMEM = 1024  # per block, sm_80 and later
 RUNTIME_ENV = "FLASH_STEPS_RESOURCES_JSON"
+LAUNCH_FIELDS = ("threads", "dynamic_smem", "blocks_per_sm", "warps_per_sm", "max_warps_per_sm", "occupancy")
+# The runtime's columns: each launch's value once, in launch order.
+RUNTIME_COLUMNS = (lambda x: str(x["threads"]), lambda x: str(x["dynamic_smem"]), lambda x: str(x["blocks_per_sm"]),
+                   lambda x: f"{100 * x['occupancy']:.0f} % ({x['warps_per_sm']} of {x['max_warps_per_sm']} warps)")
 
 
 # ---- parsing cuobjdump -------------------------------------------------------------------------
 
 def parse_resource_usage(text: str) -> list[dict]:
     """`cuobjdump --dump-resource-usage`: one dict per (arch, kernel) with REG, STACK, SHARED, LOCAL."""
-    out, arch = [], None
-    func = None
+    out, arch, func = [], None, None
     for line in text.splitlines():
         s = line.strip()
-        m = re.match(r"arch = sm_(\d+)", s)
-        if m:
+        if m := re.match(r"arch = sm_(\d+)", s):
             arch = int(m.group(1))
-            continue
-        m = re.match(r"Function (\S+):$", s)
-        if m:
+        elif m := re.match(r"Function (\S+):$", s):
             func = m.group(1)
-            continue
-        if func and s.startswith("REG:"):
+        elif func and s.startswith("REG:"):
             fields = dict(re.findall(r"([A-Z]+(?:\[\d+\])?):(\d+)", s))
             out.append({"arch": arch, "kernel": func, "registers": int(fields.get("REG", 0)),
                         "stack": int(fields.get("STACK", 0)), "shared": int(fields.get("SHARED", 0)),
@@ -68,19 +48,13 @@ def parse_sass_local(text: str) -> dict[tuple, dict]:
     """`cuobjdump -sass`: {(arch, kernel): {"ldl": n, "stl": n}}: local-memory loads and stores."""
     out, arch, func = {}, None, None
     for line in text.splitlines():
-        m = re.search(r"code for sm_(\d+)", line)
-        if m:
+        if m := re.search(r"code for sm_(\d+)", line):
             arch = int(m.group(1))
-            continue
-        m = re.match(r"\s*Function : (\S+)", line)
-        if m:
+        elif m := re.match(r"\s*Function : (\S+)", line):
             func = (arch, m.group(1))
             out[func] = {"ldl": 0, "stl": 0}
-            continue
-        if func:
-            m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?(LDL|STL)\b", line)
-            if m:
-                out[func][m.group(1).lower()] += 1
+        elif func and (m := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?(LDL|STL)\b", line)):
+            out[func][m.group(1).lower()] += 1
     return out
 
 
@@ -137,9 +111,8 @@ def collect(tool: str, steps: list[tuple[str, list[str]]]) -> tuple[list[dict], 
                 sass = None
                 warnings.append(f"no SASS for {Path(obj).name} ({e}); LDL/STL not counted")
             for u in usage:
-                local = sass.get((u["arch"], u["kernel"])) if sass is not None else None
-                rows.append(dict(u, step=step, object=obj, ldl=local["ldl"] if local else None,
-                                 stl=local["stl"] if local else None))
+                local = (sass or {}).get((u["arch"], u["kernel"])) or {}
+                rows.append(dict(u, step=step, object=obj, ldl=local.get("ldl"), stl=local.get("stl")))
     names = demangle(sorted({r["kernel"] for r in rows}))
     for r in rows:
         r["name"] = short_name(names[r["kernel"]])
@@ -148,10 +121,9 @@ def collect(tool: str, steps: list[tuple[str, list[str]]]) -> tuple[list[dict], 
 
 
 def merge_runtime(rows: list[dict], runtime: dict) -> list[str]:
-    """Adds to each row the launches `flash-steps resources --json` reported for its kernel (same step
-    directory, same mangled name, the runtime's architecture): r["launches"] = [{"step", "threads",
-    "dynamic_smem", "blocks_per_sm", "warps_per_sm", "max_warps_per_sm", "occupancy"}, ...]. Returns
-    notes on what did not fit: steps that refused or failed, kernels launched but not in the objects."""
+    """r["launches"]: the launches `flash-steps resources --json` reported for each row's kernel (same step
+    directory, mangled name and architecture), each once, with LAUNCH_FIELDS and "step". Returns notes on
+    what did not fit: steps that refused or failed, kernels launched but not in the objects."""
     notes = []
     arch = runtime.get("compute_capability")
     by_kernel = {(r["step"], r["kernel"]): r for r in rows if arch is None or r["arch"] == arch}
@@ -169,8 +141,7 @@ def merge_runtime(rows: list[dict], runtime: dict) -> list[str]:
                 notes.append(f"`{s['id']}` launches `{short_name(k.get('name') or k.get('mangled') or '?')}`, "
                              "which is not in the object files given")
                 continue
-            launch = {key: k.get(key) for key in ("threads", "dynamic_smem", "blocks_per_sm", "warps_per_sm",
-                                                  "max_warps_per_sm", "occupancy")}
+            launch = {key: k.get(key) for key in LAUNCH_FIELDS}
             if launch not in [{key: x.get(key) for key in launch} for x in row["launches"]]:
                 row["launches"].append(dict(launch, step=s["id"]))
     return notes
@@ -181,20 +152,6 @@ def describe_problem(p: dict) -> str:
             + (f"/{p.get('seqlen_k')}" if p.get("seqlen_k") != p.get("seqlen_q") else "")
             + f", {p.get('heads_q')} heads, head_dim {p.get('head_dim')}, {p.get('dtype')}"
             + (", causal" if p.get("causal") else ""))
-
-
-def _cell(launches: list[dict], fmt) -> str:
-    """The launches' values of one column, each once, in launch order; – when there is none."""
-    values = []
-    for x in launches:
-        v = fmt(x)
-        if v not in values:
-            values.append(v)
-    return " / ".join(values) if values else "–"
-
-
-def _occupancy(x: dict) -> str:
-    return f"{100 * x['occupancy']:.0f} % ({x['warps_per_sm']} of {x['max_warps_per_sm']} warps)"
 
 
 def markdown(rows: list[dict], warnings: list[str], source: str, runtime: dict | None = None,
@@ -211,9 +168,8 @@ def markdown(rows: list[dict], warnings: list[str], source: str, runtime: dict |
         line = (f"| `{r['step']}` | `{r['name']}` | sm_{r['arch']} | {r['registers']} | {static} | "
                 f"{r['stack']} | {local} |")
         if runtime is not None:
-            ls = r.get("launches", [])
-            line += (f" {_cell(ls, lambda x: str(x['threads']))} | {_cell(ls, lambda x: str(x['dynamic_smem']))} |"
-                     f" {_cell(ls, lambda x: str(x['blocks_per_sm']))} | {_cell(ls, _occupancy)} |")
+            line += "".join(f" {' / '.join(dict.fromkeys(map(fmt, r.get('launches', [])))) or '–'} |"
+                            for fmt in RUNTIME_COLUMNS)
         lines.append(line)
     lines += ["",
               "Registers, static shared memory and stack frame: `cuobjdump --dump-resource-usage` (static shared "
@@ -238,8 +194,7 @@ def markdown(rows: list[dict], warnings: list[str], source: str, runtime: dict |
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = parser(__doc__)
     ap.add_argument("--step", action="append", default=[], metavar="DIR=OBJ[:OBJ...]",
                     help="a step directory and its object files (repeatable)")
     ap.add_argument("--cuobjdump", default="", help="cuobjdump to use (default: the one on PATH)")
@@ -254,31 +209,25 @@ def main(argv=None) -> int:
         print("resource_report.py: cuobjdump not found (it comes with the CUDA toolkit; pass --cuobjdump PATH)",
               file=sys.stderr)
         return 1
-    steps = []
-    for spec in args.step:
-        name, _, objs = spec.partition("=")
-        files = [o for o in objs.split(":") if o]
+    steps = [(name, [o for o in objs.split(":") if o]) for name, _, objs in (s.partition("=") for s in args.step)]
+    for spec, (name, files) in zip(args.step, steps):
         if not name or not files:
             print(f"resource_report.py: --step expects DIR=OBJ[:OBJ...], got '{spec}'", file=sys.stderr)
             return 2
-        steps.append((name, files))
     if not steps:
         print("resource_report.py: no --step given", file=sys.stderr)
         return 2
-    runtime, runtime_notes = None, []
+    runtime = None
     if args.runtime:
         try:
             runtime = load_json(args.runtime)
+            if not isinstance(runtime, dict) or runtime.get("tool") != "flash-steps resources":
+                raise ValueError("not the output of `flash-steps resources --json`")
         except (OSError, ValueError) as e:
             print(f"resource_report.py: --runtime {args.runtime}: {e}", file=sys.stderr)
             return 1
-        if not isinstance(runtime, dict) or runtime.get("tool") != "flash-steps resources":
-            print(f"resource_report.py: --runtime {args.runtime} is not the output of `flash-steps resources --json`",
-                  file=sys.stderr)
-            return 1
     rows, warnings = collect(tool, steps)
-    if runtime is not None:
-        runtime_notes = merge_runtime(rows, runtime)
+    runtime_notes = merge_runtime(rows, runtime) if runtime is not None else []
     version = re.search(r"release ([\d.]+)", subprocess.run([tool, "--version"], capture_output=True, text=True).stdout)
     table = markdown(rows, warnings, f"cuobjdump {version.group(1)}" if version else "cuobjdump", runtime,
                      runtime_notes)

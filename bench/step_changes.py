@@ -1,20 +1,9 @@
 #!/usr/bin/env python3
-"""The table "What each step changes" in notes/README.md, generated from the step directories.
-
-    python3 bench/step_changes.py                print the table
-    python3 bench/step_changes.py --write        rewrite it in notes/README.md between its markers
-    python3 bench/step_changes.py --check        exit 1, with a diff, when notes/README.md's table is stale
-
-For every two consecutive step directories (steps/NN_*, sorted by name) the files are paired by
-name and compared line by line (difflib; a file on one side only counts whole), as
-`diff -ru steps/<earlier> steps/<later>` shows them. Each row lists the files that changed with the
-lines added and removed, and the lesson of every step registered from the later directory, asked
-of the library (fs_step_dir, fs_step_lesson): libflash_steps.so from --lib, else $FLASH_STEPS_LIB,
-else build/libflash_steps.so. ctest runs --check, so a table that no longer matches the steps fails.
+"""The table "What each step changes" in notes/README.md, from the step directories: `python3
+bench/step_changes.py` prints it, `--write` rewrites it, `--check` fails when it is stale (bench/README.md).
 """
 from __future__ import annotations
 
-import argparse
 import difflib
 import sys
 from pathlib import Path
@@ -60,18 +49,13 @@ def compare_dirs(earlier: Path, later: Path) -> list[dict]:
 
 def lessons_by_dir(lib_path: Path) -> dict[str, list[tuple[str, str]]]:
     """{directory: [(step id, lesson), ...]} from the library's registry."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+    sys.path.insert(0, str(fs_results.REPO / "python"))
     import flash_steps  # the ctypes binding of common/flash_steps.h
 
     out: dict[str, list[tuple[str, str]]] = {}
     for s in flash_steps.load_library(lib_path).steps():
         out.setdefault(s.dir, []).append((s.id, s.lesson))
     return out
-
-
-def cell(text: str) -> str:
-    """Text for a markdown table cell: a '|' would end the cell."""
-    return text.replace("|", "\\|")
 
 
 def table(steps: Path, lessons: dict[str, list[tuple[str, str]]]) -> str:
@@ -85,8 +69,8 @@ def table(steps: Path, lessons: dict[str, list[tuple[str, str]]]) -> str:
         listed = ", ".join(f"`{f['name']}`{'' if f['status'] == 'changed' else ' (' + f['status'] + ')'} "
                            f"+{f['added']} −{f['removed']}" for f in files) or "none"
         added, removed = sum(f["added"] for f in files), sum(f["removed"] for f in files)
-        said = "<br>".join(f"`{sid}`: {cell(lesson)}" for sid, lesson in lessons.get(later.name, [])) \
-            or "(no step registered from this directory)"
+        said = "<br>".join(f"`{sid}`: " + lesson.replace("|", "\\|")  # a '|' would end the cell
+                           for sid, lesson in lessons.get(later.name, [])) or "(no step registered from this directory)"
         lines.append(f"| `{earlier.name}` → `{later.name}` | {listed} | +{added} −{removed} | {said} |")
     lines += ["", "Lines added and removed from one directory to the next (files paired by name and compared line "
               "by line; a file on one side only counts whole): what `diff -ru steps/<from> steps/<to>` shows. "
@@ -95,8 +79,7 @@ def table(steps: Path, lessons: dict[str, list[tuple[str, str]]]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = fs_results.parser(__doc__)
     ap.add_argument("--lib", help="libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so)")
     ap.add_argument("--steps", default=str(fs_results.REPO / "steps"), help="the steps directory")
     ap.add_argument("--notes", default=str(fs_results.REPO / "notes" / "README.md"),

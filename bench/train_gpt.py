@@ -1,55 +1,12 @@
 #!/usr/bin/env python3
-"""A small GPT trained with flash_steps.attention and with PyTorch SDPA, from the same seed, the same
-initial weights and the same batches: the loss curves must agree as closely as those of two correct
-SDPA backends agree with each other, and every run must learn.
-
-    python3 bench/train_gpt.py                 4 layers, d_model 512, 8 heads of 64, seqlen 512,
-                                               batch 32, 300 steps, bf16; four runs, about a minute
-    python3 bench/train_gpt.py --head-dim 128  4 heads of 128
-    python3 bench/train_gpt.py --quick         a smoke run: 2 layers, d_model 128, seqlen 256, 120 steps
-
-The data: a synthetic language made here from the seed (class Language), no download. Text is a
-Markov chain over TEXT_TOKENS tokens, each with a few likely successors. Now and then an anchor
-token appears (one of ANCHORS). The first time an anchor appears in a sequence, SEGMENT tokens of
-fresh Markov text follow it; every later time, the same SEGMENT tokens follow it again, copied.
-Predicting a copied token costs nothing to a model that finds the anchor's first occurrence, up to
-the whole sequence back, and reads what followed it; a model without that long-range attention pays
-the Markov price for it. Every token's true probability given its prefix is known to the generator,
-so the loss the best possible model reaches on this very data (the entropy floor) is printed, beside
-the Markov floor (the same, with every copied token charged what it cost when first drawn: what a
-model without long-range recall can hope for) and the unigram entropy (a model with no context).
-
-The runs, all from one initial state dict and one list of batches:
-    flash_steps     flash_steps.attention(q, k, v, causal=True) on (B, S, H, D) tensors
-    sdpa_flash      F.scaled_dot_product_attention on (B, H, S, D) views, is_causal=True, with
-                    sdpa_kernel(FLASH_ATTENTION): the reference
-    sdpa_cudnn,     the same with the cuDNN and the memory-efficient backends: two more correct
-    sdpa_efficient  kernels, whose distance from the reference is the spread the test allows
-bf16 autocast (bf16 has fp32's exponent range, so no loss scaling: a GradScaler could skip a step in
-one run and not in another, which would part the curves for a reason that is not attention), AdamW,
-a linear warm-up and a cosine decay, gradients clipped at 1.0, no dropout.
-
-Why a spread and not a fixed tolerance: two correct attention kernels round differently (other
-accumulation orders, other ways of storing P and dS), and training amplifies any difference: after a
-few hundred steps the weights of the two runs differ and so do their losses, by an amount that only
-a run can tell. So the script measures it: the curves are cut into windows of --window steps, and in
-each window the mean |loss(flash_steps) - loss(sdpa_flash)| must be at most
-    --k x (the largest mean |loss(R) - loss(sdpa_flash)| over the other SDPA backends R) + --eps.
-A bug in a kernel (a wrong mask, scale or gradient) parts the curves by tenths of a nat, far above
-that. Before the first update the runs share their weights, so their first gradients differ by
-rounding alone: for every parameter, |g(flash_steps) - g(sdpa_flash)| / |g(sdpa_flash)| must be at
-most max(--k x the same for the other backends, --grad-floor). And every run must learn: the mean
-loss of its last window at most halfway from the first loss to the entropy floor.
-
-Results: bench/results/train_gpt-<UTC date>.json (the configuration, the floors, every run's
-per-step losses and losses on copied tokens, timings, the first-step gradient differences, the
-verdict, the GPU, versions, date and commit) and train_gpt-<date>.png (loss against step, and the
-differences against the allowed band). PASS or FAIL is printed last; the exit status is 1 on FAIL.
-The library: libflash_steps.so from --lib, else $FLASH_STEPS_LIB, else build/libflash_steps.so.
+"""A small GPT trained with flash_steps.attention and with PyTorch SDPA from the same seed, weights and batches:
+`python3 bench/train_gpt.py [--quick] [--head-dim 128]`. PASS when, in every window of --window steps, the
+mean |loss(flash_steps) - loss(sdpa_flash)| is at most --k x the spread of the other SDPA backends + --eps, the
+first gradients differ by at most max(--k x theirs, --grad-floor), and every run ends at least halfway from its
+first loss to the entropy floor of the synthetic data. Details: bench/README.md.
 """
 from __future__ import annotations
 
-import argparse
 import bisect
 import copy
 import datetime
@@ -64,7 +21,6 @@ from pathlib import Path
 
 import fs_results
 
-REPO = fs_results.REPO
 TEST_RUN, REFERENCE_RUN = "flash_steps", "sdpa_flash"
 SDPA_BACKENDS = fs_results.SDPA_BACKENDS
 TEXT, DEFINE, RECALL = 0, 1, 2  # the generator's modes
@@ -234,14 +190,16 @@ def verdict(losses: dict, window: int, k: float, eps: float, entropy_floor: floa
     reference run and at least one other run (the spread); grad_diffs: {run: {parameter: relative
     difference of its first gradient from the reference's}} for the test run and the others.
     Returns {"pass", "reasons", "windows": [...], "learned": {...}, "grads": {...}}."""
+    def failed(reasons):
+        return {"pass": False, "reasons": reasons, "windows": [], "learned": {}, "grads": {}}
+
     reasons = []
     spread_runs = [r for r in losses if r not in (test, reference)]
-    for name in (test, reference):
-        if name not in losses:
-            return {"pass": False, "reasons": [f"no {name} run"], "windows": [], "learned": {}, "grads": {}}
+    missing = [name for name in (test, reference) if name not in losses]
+    if missing:
+        return failed([f"no {missing[0]} run"])
     if not spread_runs:
-        return {"pass": False, "reasons": ["no second SDPA backend ran, so there is no spread to compare with"],
-                "windows": [], "learned": {}, "grads": {}}
+        return failed(["no second SDPA backend ran, so there is no spread to compare with"])
     n = len(losses[reference])
     for name, curve in losses.items():
         if len(curve) != n:
@@ -249,17 +207,15 @@ def verdict(losses: dict, window: int, k: float, eps: float, entropy_floor: floa
         elif not all(math.isfinite(x) for x in curve):
             reasons.append(f"{name}: a loss is not finite (step {next(i for i, x in enumerate(curve) if not math.isfinite(x))})")
     if reasons:
-        return {"pass": False, "reasons": reasons, "windows": [], "learned": {}, "grads": {}}
+        return failed(reasons)
 
     ref = losses[reference]
     rows = []
     for lo, hi in windows(n, window):
         diff = mean([abs(a - b) for a, b in zip(losses[test][lo:hi], ref[lo:hi])])
         spread = max(mean([abs(a - b) for a, b in zip(losses[r][lo:hi], ref[lo:hi])]) for r in spread_runs)
-        allowed = k * spread + eps
-        rows.append({"start": lo, "end": hi, "diff": diff, "spread": spread, "allowed": allowed,
-                     "ok": diff <= allowed})
-    for w in rows:
+        rows.append(w := {"start": lo, "end": hi, "diff": diff, "spread": spread, "allowed": k * spread + eps})
+        w["ok"] = diff <= w["allowed"]
         if not w["ok"]:
             reasons.append(f"steps {w['start']}-{w['end'] - 1}: mean |{test} - {reference}| = {w['diff']:.4f} > "
                            f"{k:g} x spread {w['spread']:.4f} + {eps:g} = {w['allowed']:.4f}")
@@ -498,10 +454,7 @@ def plot(result: dict, path: Path) -> None:
     """Two panels: loss against step for every run (solid: all tokens, dashed: copied tokens) with the
     floors; and, on a log scale, |loss - loss(reference)| of every run with the per-window means and
     the allowed band of the verdict."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = fs_results.pyplot()
     runs = {n: r for n, r in result["runs"].items() if r["status"] == "ok"}
     reference, fl, v = result["config"]["reference"], result["floors"], result["verdict"]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
@@ -542,8 +495,7 @@ def plot(result: dict, path: Path) -> None:
     fig.suptitle(f"train_gpt: {'PASS' if v['pass'] else 'FAIL'}, {env.get('gpu', '')} {result.get('commit', '')}",
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    fs_results.save_figure(fig, path)
 
 
 def summary(result: dict) -> str:
@@ -578,11 +530,8 @@ DEFAULTS = {"steps": (300, 120), "batch": (32, 16), "seqlen": (512, 256), "layer
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--lib", help="path of libflash_steps.so (default: $FLASH_STEPS_LIB, else build/libflash_steps.so)")
-    ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"), help="where the JSON and PNG go")
-    ap.add_argument("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
+    ap = fs_results.parser(__doc__)
+    fs_results.add_run_arguments(ap, "JSON and PNG")
     ap.add_argument("--quick", action="store_true", help="a smoke run, the (quick) defaults below")
     for name, kind, help_text in (("steps", int, None), ("batch", int, "sequences per step"), ("seqlen", int, None),
                                   ("layers", int, None), ("d-model", int, None),
@@ -644,12 +593,13 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("train_gpt: PyTorch sees no CUDA device", file=sys.stderr)
         return 1
-    sys.path.insert(0, str(REPO / "python"))
+    package = fs_results.REPO / "python"
+    sys.path.insert(0, str(package))
     try:
         import flash_steps
         flash_steps.attention  # noqa: B018  (the one function used)
     except Exception as e:  # a missing package or library, or one that fails to load: said, not a traceback
-        print(f"train_gpt: cannot use flash_steps.attention from {REPO / 'python'} ({type(e).__name__}: {e}); "
+        print(f"train_gpt: cannot use flash_steps.attention from {package} ({type(e).__name__}: {e}); "
               "build the library (cmake --build build) or pass --lib", file=sys.stderr)
         return 1
     cfg = config_of(args)
