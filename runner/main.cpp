@@ -101,8 +101,7 @@ struct Session<fs::Problem> {
   const double flops = fs::attention_flops(p);
 
   std::string shape() const { return fs::describe(p) + ", " + fixed(flops / 1e9, 1) + " GFLOP"; }
-  double reference_cost() const { return fs::reference_cpu_cost(p); }
-  std::string reference_note() const { return ""; }
+  std::string reference() const { return reference_name(fs::reference_cpu_cost(p)); }
   void rate(Row& r) const { r.rate = fs::tflops(flops, r.ms); }
   void measure(Row& r, const fs::Step& s, const fs::Plan& plan) { check_and_time(*this, r, s, p, plan, w.tensors()); }
   void add_baseline(std::vector<Row>& rows) {
@@ -162,8 +161,7 @@ struct Session<fs::DecodeProblem> {
   std::string shape() const {
     return fs::describe(p) + (o.ragged ? ", ragged lengths" : "") + ", " + fixed(gb, 3) + " GB of K and V";
   }
-  double reference_cost() const { return fs::reference_cpu_cost(p, w.lengths()); }
-  std::string reference_note() const { return ""; }
+  std::string reference() const { return reference_name(fs::reference_cpu_cost(p, w.lengths())); }
   void rate(Row& r) const {
     r.rate = r.ms > 0 ? gb / (r.ms * 1e-3) : 0;
     r.hbm_pct = o.hbm_tbs > 0 ? 100 * r.rate / (o.hbm_tbs * 1e3) : 0;
@@ -225,25 +223,25 @@ struct Session<fs::BackwardProblem> {
   fs::GpuReference gpu = {};
   fs::BackwardReferences ref = {};
   const double flops = fs::backward_flops(p);
+  const std::string reference_kind = reference_name(fs::reference_cpu_cost(p));
 
   std::string shape() const { return fs::describe(p) + ", " + fixed(flops / 1e9, 1) + " GFLOP"; }
-  double reference_cost() const { return fs::reference_cpu_cost(p); }
-  std::string reference_note() const {
-    return std::string(", exact and with O, P and dS rounded to ") + fs::dtype_name(p.attention.dtype);
+  std::string reference() const {
+    return reference_kind + ", exact and with O, P and dS rounded to " + fs::dtype_name(p.attention.dtype);
   }
   void rate(Row& r) const { r.rate = fs::tflops(flops, r.ms); }
   void measure(Row& r, const fs::Step& s, const fs::Plan& plan) { check_and_time(*this, r, s, p, plan, w.tensors()); }
   void add_baseline(std::vector<Row>&) {}
   std::string title() const {
     return fs::describe(p) + " | " + fixed(flops / 1e9, 1) + " GFLOP (2.5 x forward) | " + timing_note(o) +
-           " | dQ dK dV = max |err| / bound (" + reference_name(reference_cost()) + " reference; <= 1 passes)";
+           " | dQ dK dV = max |err| / bound (" + reference_kind + " reference; <= 1 passes)";
   }
   std::string json() const {
     return ",\n  \"problem\": " +
            problem_json(p.attention, ", \"softmax_scale\": " + num(p.attention.softmax_scale) +
                                              ", \"deterministic\": " + boolean(p.deterministic) +
                                              ", \"flops\": " + num(flops)) +
-           ",\n  \"reference\": " + quoted(reference_name(reference_cost()));
+           ",\n  \"reference\": " + quoted(reference_kind);
   }
   static std::vector<Cell> tags(const Row&) { return {}; }
   static std::vector<Cell> cells(const Row& r) {
@@ -327,7 +325,7 @@ int run_pass(const fs::RunnerOptions& o) {
   S session{p, o};
   std::cerr << (*S::mode == 'd' ? "decoding problem: " : "problem: ") << session.shape() << "; timing: median of "
             << o.iters << " launches" << (o.flush_l2 ? ", L2 flushed before each" : "") << "\nreference: "
-            << reference_name(session.reference_cost()) << session.reference_note() << "...\n";
+            << session.reference() << "...\n";
   session.ref = fs::make_reference(session.w, session.gpu);
 
   std::vector<Row> rows;
@@ -421,12 +419,7 @@ int resources(const fs::RunnerOptions& o, const Problem& p, const fs::Problem& s
     }
   }
   const std::string pass = *Session<Problem>::mode ? Session<Problem>::mode : "forward";
-  fs::print_resources(std::cout, steps, o.format, fs::describe(dev), date,
-                      fs::describe(shape) + (pass == "forward" ? "" : ", " + pass + " pass") +
-                          " | per kernel each step launches: registers and local memory per thread, "
-                          "shared memory per block, occupancy = resident warps per SM / the SM's limit",
-                      ",\n  \"compute_capability\": " + std::to_string(dev.compute_capability) +
-                          ",\n  \"problem\": " + problem_json(shape, "") + ",\n  \"pass\": " + quoted(pass));
+  fs::print_resources(std::cout, steps, o.format, dev, date, shape, pass);
   const auto error = [](const fs::StepResources& r) { return r.status == "error"; };
   return std::none_of(steps.begin(), steps.end(), error) ? 0 : 1;
 }

@@ -152,13 +152,17 @@ struct StepResources {
   std::vector<KernelResources> kernels = {};
 };
 
-// `title` heads the table; `fields` (JSON members: the device's compute capability, the problem, the
-// pass) follow the device in JSON.
+// The report of `flash-steps resources` on `dev` for the problem `shape` in `pass` ("forward", "backward").
 inline void print_resources(std::ostream& out, const std::vector<StepResources>& steps, OutputFormat format,
-                            const std::string& device, const std::string& date, const std::string& title,
-                            const std::string& fields) {
-  print_head(out, format, "flash-steps resources", "", device, date, title);
-  if (format == OutputFormat::json) out << fields << ",\n  \"steps\": [\n";
+                            const DeviceInfo& dev, const std::string& date, const Problem& shape,
+                            const std::string& pass) {
+  print_head(out, format, "flash-steps resources", "", describe(dev), date,
+             describe(shape) + (pass == "forward" ? "" : ", " + pass + " pass") +
+                 " | per kernel each step launches: registers and local memory per thread, shared memory per "
+                 "block, occupancy = resident warps per SM / the SM's limit");
+  if (format == OutputFormat::json)
+    out << ",\n  \"compute_capability\": " << dev.compute_capability << ",\n  \"problem\": " << problem_json(shape, "")
+        << ",\n  \"pass\": " << quoted(pass) << ",\n  \"steps\": [\n";
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepResources& s = steps[i];
     if (format == OutputFormat::json) {

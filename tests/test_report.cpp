@@ -85,22 +85,35 @@ TEST_CASE("report: flash-steps resources as a table and JSON", "[report]") {
   const std::vector<fs::StepResources> steps{{.step = &step, .kernels = {k}},
                                              {.step = &step, .status = "refused", .reason = "needs sm_90"},
                                              {.step = &step}};
-  auto print = [&](fs::OutputFormat format) {
+  fs::DeviceInfo dev;
+  dev.name = "GPU";
+  dev.compute_capability = 90;
+  const std::string device = fs::describe(dev);
+  const fs::Problem shape = fs::make_problem(2, 1024, 1000, 8, 2, 64, fs::DType::bf16, true);
+  auto print = [&](fs::OutputFormat format, const std::string& pass) {
     std::ostringstream out;
-    fs::print_resources(out, steps, format, "GPU", "DATE", "TITLE", ",\n  \"pass\": \"forward\"");
+    fs::print_resources(out, steps, format, dev, "DATE", shape, pass);
     return out.str();
   };
+  const std::string title = " | per kernel each step launches: registers and local memory per thread, shared memory "
+                            "per block, occupancy = resident warps per SM / the SM's limit\n";
   const std::string head = "\n== " + step.id + ": " + step.lesson + "\n";
-  CHECK(print(fs::OutputFormat::table) ==
-        "flash-steps " + kCommit + " | GPU | DATE\nTITLE\n" + head +
+  CHECK(print(fs::OutputFormat::table, "forward") ==
+        "flash-steps " + kCommit + " | " + device + " | DATE\nb2 h8/2 sq1024 sk1000 d64 bf16 causal" + title + head +
             "    regs   local static smem    dyn smem  threads    blocks  blocks/SM  occupancy  kernel\n"
             "      40       8           0        1024      128      4096          8       50 %  "
             "attention_kernel<__half>\n" +
             head + "   refused: needs sm_90\n" + head + "   this step lists no kernels (Plan::kernels is empty)\n");
   const std::string id = "{\"id\": \"" + step.id + "\", \"dir\": \"" + step.dir + "\", ";
-  CHECK(print(fs::OutputFormat::json) ==
-        "{\n  \"tool\": \"flash-steps resources\",\n  \"commit\": \"" + kCommit +
-            "\",\n  \"date\": \"DATE\",\n  \"device\": \"GPU\",\n  \"pass\": \"forward\",\n  \"steps\": [\n    " + id +
+  CHECK(print(fs::OutputFormat::table, "backward").rfind(
+            "flash-steps " + kCommit + " | " + device + " | DATE\nb2 h8/2 sq1024 sk1000 d64 bf16 causal, backward pass" +
+                title,
+            0) == 0);
+  CHECK(print(fs::OutputFormat::json, "backward") ==
+        "{\n  \"tool\": \"flash-steps resources\",\n  \"commit\": \"" + kCommit + "\",\n  \"date\": \"DATE\",\n"
+            "  \"device\": \"" + device + "\",\n  \"compute_capability\": 90,\n  \"problem\": {\"batch\": 2, "
+            "\"seqlen_q\": 1024, \"seqlen_k\": 1000, \"heads_q\": 8, \"heads_kv\": 2, \"head_dim\": 64, "
+            "\"dtype\": \"bf16\", \"causal\": true},\n  \"pass\": \"backward\",\n  \"steps\": [\n    " + id +
             "\"status\": \"ok\", \"reason\": \"\", \"kernels\": [\n"
             "      {\"name\": \"void fs::step01::attention_kernel<__half>(fs_problem, __half const*)\", "
             "\"mangled\": \"_Z1k\", \"registers\": 40, \"static_smem\": 0, \"local_bytes\": 8, \"dynamic_smem\": 1024, "
