@@ -348,7 +348,7 @@ int run_pass(const fs::RunnerOptions& o) {
     rows.push_back(r);
   }
   try {
-    session.add_baseline(rows);
+    if (o.baseline) session.add_baseline(rows);
   } catch (const fs::Error& e) {
     rows.push_back(Row{.id = "cublas", .lesson = kBaselineLesson, .status = "ERROR", .reason = e.what()});
   }
