@@ -58,8 +58,8 @@ void judge(Row& r, const std::vector<fs::GradComparison>& grads) {
 }
 
 // Every pass: the check against the reference (outputs poisoned first), then the timing and the rate.
-template <typename Session>
-void check_and_time(Session& session, Row& r, const Launch& launch) {
+template <typename S>
+void check_and_time(S& session, Row& r, const Launch& launch) {
   const fs::RunnerOptions& o = session.o;
   judge(r, fs::launch_and_compare(launch, session.w, session.ref));
   r.ms = fs::time_launches(launch, {o.warmup, o.iters, o.flush_l2}).median_ms;
@@ -67,9 +67,8 @@ void check_and_time(Session& session, Row& r, const Launch& launch) {
 }
 
 // The same for a step's plan on the pass's tensors.
-template <typename Session, typename Problem, typename Tensors>
-void check_and_time(Session& session, Row& r, const fs::Step& s, const Problem& p, const fs::Plan& plan,
-                    const Tensors& t) {
+template <typename S, typename Problem, typename Tensors>
+void check_and_time(S& session, Row& r, const fs::Step& s, const Problem& p, const fs::Plan& plan, const Tensors& t) {
   const fs::Prepared prepared(s, p, plan);
   check_and_time(session, r, [&](cudaStream_t st) { prepared.launch(t, st); });
 }
