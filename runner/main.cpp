@@ -5,70 +5,26 @@
 //
 // A run is written once (run_pass) for every pass; Session<Problem> holds what is a pass's own: the
 // problem from the flags, its workload and references, how a step is checked and timed, its columns.
+// The reports (table, JSON, CSV) are runner/report.h's.
 #include <algorithm>
 #include <ctime>
 #include <functional>
 #include <iomanip>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "backward/check.h"
 #include "decode/check.h"
-#include "forward/check.h"
 #include "harness/timing.h"
-#include "runner/cli.h"
-#include "runner/resources.h"
+#include "runner/report.h"  // the row model and the reports; the forward and backward checks, cli.h, resources.h
 #include "version.h"
 
 namespace {
 
+using fs::boolean, fs::Cell, fs::fixed, fs::id_width, fs::num, fs::problem_json, fs::quoted, fs::Row;
 using Launch = std::function<void(cudaStream_t)>;
 
-// One row of a table: a step (or the baseline), its status and what its pass measured.
-struct Row {
-  std::string id = "", lesson = "";
-  std::string status = "";  // PASS, FAIL, REFUSED, ERROR
-  std::string reason = "";  // why it was refused, or the error
-  std::string entry = "";   // decoding: "decode" (the step's decoding entry) or "forward"
-  double ms = 0, rate = 0;  // rate: TFLOP/s, or GB/s of K and V read when decoding
-  double x_step01 = 0, x_prev = 0, hbm_pct = 0;
-  int splits = 0;
-  fs::Comparison cmp = {};                     // forward, decoding: O and LSE
-  std::vector<fs::GradComparison> grads = {};  // backward: dQ, dK, dV
-  bool timed() const { return status == "PASS" || status == "FAIL"; }
-};
-
-// One value of a timed row: its key and value in JSON and CSV and, where the table shows it, its
-// column's header, width and text.
-struct Cell {
-  std::string key, value, header = "", text = "";
-  int width = 0;
-};
-
-std::string fixed(double x, int digits) {
-  std::ostringstream m;
-  m << std::fixed << std::setprecision(digits) << x;
-  return m.str();
-}
-std::string num(double x) {
-  std::ostringstream m;
-  m << x;
-  return m.str();
-}
-std::string sci(double x) {
-  std::ostringstream m;
-  m << std::scientific << std::setprecision(2) << x;
-  return m.str();
-}
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) out += c == '\n' ? std::string("\\n") : c == '"' || c == '\\' ? std::string("\\") + c : std::string(1, c);
-  return out + "\"";
-}
-const char* boolean(bool b) { return b ? "true" : "false"; }
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -78,22 +34,6 @@ std::string utc_now() {
 std::string timing_note(const fs::RunnerOptions& o) {
   return "median of " + std::to_string(o.iters) + " launches" + (o.flush_l2 ? ", L2 flushed" : "");
 }
-
-// The attention problem's fields in JSON, then the pass's own.
-std::string problem_json(const fs::Problem& p, const std::string& more) {
-  return "{\"batch\": " + num(p.batch) + ", \"seqlen_q\": " + num(p.seqlen_q) + ", \"seqlen_k\": " + num(p.seqlen_k) +
-         ", \"heads_q\": " + num(p.heads_q) + ", \"heads_kv\": " + num(p.heads_kv) + ", \"head_dim\": " +
-         num(p.head_dim) + ", \"dtype\": \"" + fs::dtype_name(p.dtype) + "\", \"causal\": " + boolean(p.causal) + more +
-         "}";
-}
-
-// Width of the id column: the longest step id plus two spaces.
-int id_width() {
-  size_t w = std::string("cublas").size();
-  for (const fs::Step& s : fs::steps()) w = std::max(w, s.id.size());
-  return int(w) + 2;
-}
-
 std::string reference_name(double cost) { return cost <= fs::kCpuReferenceMaxCost ? "fp64 CPU" : "fp32 GPU (cuBLAS)"; }
 
 const char* const kBaselineLesson =
@@ -104,17 +44,38 @@ const char* const kBaselineLesson =
 template <typename Problem>
 struct Session;
 
-// Forward and decoding: the check of O and LSE (outputs poisoned first), then the timing.
-template <typename Workload>
-void check_and_time(Row& r, const Launch& launch, Workload& w, const fs::Reference& ref, const fs::RunnerOptions& o) {
-  r.cmp = fs::launch_and_compare(launch, w, ref);
-  r.status = r.cmp.pass() ? "PASS" : "FAIL";
-  if (!r.cmp.pass()) r.reason = r.cmp.summary();
+// A row's verdict: O and LSE (forward, decoding), or each gradient (backward).
+void judge(Row& r, const fs::Comparison& cmp) {
+  r.cmp = cmp;
+  r.status = cmp.pass() ? "PASS" : "FAIL";
+  if (!cmp.pass()) r.reason = cmp.summary();
+}
+void judge(Row& r, const std::vector<fs::GradComparison>& grads) {
+  r.grads = grads;
+  r.status = "PASS";
+  for (const fs::GradComparison& g : grads)
+    if (!g.pass()) r.status = "FAIL", r.reason += (r.reason.empty() ? "" : "; ") + g.summary();
+}
+
+// Every pass: the check against the reference (outputs poisoned first), then the timing and the rate.
+template <typename S>
+void check_and_time(S& session, Row& r, const Launch& launch) {
+  const fs::RunnerOptions& o = session.o;
+  judge(r, fs::launch_and_compare(launch, session.w, session.ref));
   r.ms = fs::time_launches(launch, {o.warmup, o.iters, o.flush_l2}).median_ms;
+  session.rate(r);
+}
+
+// The same for a step's plan on the pass's tensors.
+template <typename S, typename Problem, typename Tensors>
+void check_and_time(S& session, Row& r, const fs::Step& s, const Problem& p, const fs::Plan& plan, const Tensors& t) {
+  const fs::Prepared prepared(s, p, plan);
+  check_and_time(session, r, [&](cudaStream_t st) { prepared.launch(t, st); });
 }
 
 std::vector<Cell> error_cells(const Row& r) {
-  return {{"max_abs_err", num(r.cmp.max_abs_err), "max err", sci(r.cmp.max_abs_err), 11},
+  const double e = r.cmp.max_abs_err;
+  return {{"max_abs_err", num(e), "max err", num(e, std::scientific, std::setprecision(2)), 11},
           {"rel_fro_err", num(r.cmp.rel_fro_err)},
           {"max_lse_err", num(r.cmp.max_lse_err)}};
 }
@@ -139,33 +100,19 @@ struct Session<fs::Problem> {
   const double flops = fs::attention_flops(p);
 
   std::string shape() const { return fs::describe(p) + ", " + fixed(flops / 1e9, 1) + " GFLOP"; }
-  double reference_cost() const { return fs::reference_cpu_cost(p); }
-  void make_reference() { ref = fs::make_reference(w, gpu); }
-  void measure(Row& r, const Launch& launch) {
-    check_and_time(r, launch, w, ref, o);
-    r.rate = fs::tflops(flops, r.ms);
-  }
-  void measure(Row& r, const fs::Step& s, const fs::Plan& plan) {
-    const fs::Prepared prepared(s, p, plan);
-    const fs::Tensors t = w.tensors();
-    measure(r, [&](cudaStream_t st) { prepared.launch(t, st); });
-  }
+  std::string reference() const { return reference_name(fs::reference_cpu_cost(p)); }
+  void rate(Row& r) const { r.rate = fs::tflops(flops, r.ms); }
+  void measure(Row& r, const fs::Step& s, const fs::Plan& plan) { check_and_time(*this, r, s, p, plan, w.tensors()); }
   void add_baseline(std::vector<Row>& rows) {
     Row r{.id = "cublas", .lesson = kBaselineLesson};
     const fs::Tensors t = w.tensors();
-    measure(r, [&](cudaStream_t st) { gpu.run(p, t, nullptr, st); });
+    check_and_time(*this, r, [&](cudaStream_t st) { gpu.run(p, t, nullptr, st); });
     rows.push_back(r);
-  }
-  static void finish(std::vector<Row>& rows) {  // "x 01" and "x prev" by the ladder's one rule (fs::speedups)
-    std::vector<std::string> ids;
-    std::vector<double> ms;
-    for (const Row& r : rows) ids.push_back(r.id), ms.push_back(r.timed() ? r.ms : 0.0);
-    const std::vector<fs::Speedup> x = fs::speedups(ids, ms);
-    for (size_t i = 0; i < rows.size(); ++i) rows[i].x_step01 = x[i].x_step01, rows[i].x_prev = x[i].x_prev;
   }
   std::string title() const { return shape() + " | " + timing_note(o) + " | x = speed-up (time ratio)"; }
   std::string json() const {
-    return ",\n  \"problem\": " + problem_json(p, ", \"softmax_scale\": " + num(p.softmax_scale) + ", \"flops\": " + num(flops));
+    return ",\n  \"problem\": " +
+           problem_json(p, ", \"softmax_scale\": " + num(p.softmax_scale) + ", \"flops\": " + num(flops));
   }
   static std::vector<Cell> tags(const Row&) { return {}; }
   static std::vector<Cell> cells(const Row& r) {
@@ -213,34 +160,28 @@ struct Session<fs::DecodeProblem> {
   std::string shape() const {
     return fs::describe(p) + (o.ragged ? ", ragged lengths" : "") + ", " + fixed(gb, 3) + " GB of K and V";
   }
-  double reference_cost() const { return fs::reference_cpu_cost(p, w.lengths()); }
-  void make_reference() { ref = fs::make_reference(w, gpu); }
-  void measure(Row& r, const Launch& launch) {
-    check_and_time(r, launch, w, ref, o);
+  std::string reference() const { return reference_name(fs::reference_cpu_cost(p, w.lengths())); }
+  void rate(Row& r) const {
     r.rate = r.ms > 0 ? gb / (r.ms * 1e-3) : 0;
     r.hbm_pct = o.hbm_tbs > 0 ? 100 * r.rate / (o.hbm_tbs * 1e3) : 0;
   }
-  void measure(Row& r, const fs::Step& s, const fs::Plan& plan) {
+  // The forward entry's view of the decoding tensors.
+  fs::Tensors forward_tensors() const {
     const fs::DecodeTensors t = w.tensors();
-    const fs::Tensors ft{t.q, t.k_cache, t.v_cache, t.o, t.lse};  // the forward entry's view of them
+    return {t.q, t.k_cache, t.v_cache, t.o, t.lse};
+  }
+  void measure(Row& r, const fs::Step& s, const fs::Plan& plan) {
     r.splits = plan.splits;
-    if (s.decode.present()) {
-      const fs::Prepared prepared(s, p, plan);
-      measure(r, [&](cudaStream_t st) { prepared.launch(t, st); });
-    } else {
-      const fs::Prepared prepared(s, p.attention, plan);
-      measure(r, [&](cudaStream_t st) { prepared.launch(ft, st); });
-    }
+    if (s.decode.present()) check_and_time(*this, r, s, p, plan, w.tensors());
+    else check_and_time(*this, r, s, p.attention, plan, forward_tensors());
   }
   void add_baseline(std::vector<Row>& rows) {
     if (!forward_refusal(p, o.ragged).empty()) return;
     Row r{.id = "cublas", .lesson = kBaselineLesson, .entry = "forward"};
-    const fs::DecodeTensors t = w.tensors();
-    const fs::Tensors ft{t.q, t.k_cache, t.v_cache, t.o, t.lse};
-    measure(r, [&](cudaStream_t st) { gpu.run(p.attention, ft, nullptr, st); });
+    const fs::Tensors t = forward_tensors();
+    check_and_time(*this, r, [&](cudaStream_t st) { gpu.run(p.attention, t, nullptr, st); });
     rows.push_back(r);
   }
-  static void finish(std::vector<Row>&) {}
   std::string title() const {
     return shape() + " | " + timing_note(o) + " | GB/s = bytes of K and V read / time" +
            (o.hbm_tbs > 0 ? " | % HBM of " + fixed(o.hbm_tbs, 2) + " TB/s (--hbm-tbs)" : "");
@@ -248,8 +189,8 @@ struct Session<fs::DecodeProblem> {
   std::string json() const {
     return ",\n  \"problem\": " +
            problem_json(p.attention, ", \"page_size\": " + num(p.page_size) + ", \"ragged\": " + boolean(o.ragged) +
-                                         ", \"num_splits\": " + num(p.num_splits) + ", \"checked\": " +
-                                         boolean(p.checked) + ", \"kv_bytes\": " + num(w.kv_bytes())) +
+                                             ", \"num_splits\": " + num(p.num_splits) + ", \"checked\": " +
+                                             boolean(p.checked) + ", \"kv_bytes\": " + num(w.kv_bytes())) +
            ",\n  \"hbm_tbs\": " + num(o.hbm_tbs);
   }
   static std::vector<Cell> tags(const Row& r) { return {{"entry", r.entry}}; }
@@ -281,35 +222,25 @@ struct Session<fs::BackwardProblem> {
   fs::GpuReference gpu = {};
   fs::BackwardReferences ref = {};
   const double flops = fs::backward_flops(p);
+  const std::string reference_kind = reference_name(fs::reference_cpu_cost(p));
 
   std::string shape() const { return fs::describe(p) + ", " + fixed(flops / 1e9, 1) + " GFLOP"; }
-  double reference_cost() const { return fs::reference_cpu_cost(p); }
-  void make_reference() {
-    std::cerr << "exact and with O, P and dS rounded to " << fs::dtype_name(p.attention.dtype) << "...\n";
-    ref = fs::make_reference(w, gpu);
+  std::string reference() const {
+    return reference_kind + ", exact and with O, P and dS rounded to " + fs::dtype_name(p.attention.dtype);
   }
-  void measure(Row& r, const fs::Step& s, const fs::Plan& plan) {
-    const fs::Prepared prepared(s, p, plan);
-    const fs::BackwardTensors t = w.tensors();
-    const Launch launch = [&](cudaStream_t st) { prepared.launch(t, st); };
-    r.grads = fs::launch_and_compare(launch, w, ref);
-    r.status = "PASS";
-    for (const fs::GradComparison& g : r.grads)
-      if (!g.pass()) r.status = "FAIL", r.reason += (r.reason.empty() ? "" : "; ") + g.summary();
-    r.ms = fs::time_launches(launch, {o.warmup, o.iters, o.flush_l2}).median_ms;
-    r.rate = fs::tflops(flops, r.ms);
-  }
+  void rate(Row& r) const { r.rate = fs::tflops(flops, r.ms); }
+  void measure(Row& r, const fs::Step& s, const fs::Plan& plan) { check_and_time(*this, r, s, p, plan, w.tensors()); }
   void add_baseline(std::vector<Row>&) {}
-  static void finish(std::vector<Row>&) {}
   std::string title() const {
     return fs::describe(p) + " | " + fixed(flops / 1e9, 1) + " GFLOP (2.5 x forward) | " + timing_note(o) +
-           " | dQ dK dV = max |err| / bound (" + reference_name(reference_cost()) + " reference; <= 1 passes)";
+           " | dQ dK dV = max |err| / bound (" + reference_kind + " reference; <= 1 passes)";
   }
   std::string json() const {
     return ",\n  \"problem\": " +
-           problem_json(p.attention, ", \"softmax_scale\": " + num(p.attention.softmax_scale) + ", \"deterministic\": " +
-                                         boolean(p.deterministic) + ", \"flops\": " + num(flops)) +
-           ",\n  \"reference\": " + quoted(reference_name(reference_cost()));
+           problem_json(p.attention, ", \"softmax_scale\": " + num(p.attention.softmax_scale) +
+                                             ", \"deterministic\": " + boolean(p.deterministic) +
+                                             ", \"flops\": " + num(flops)) +
+           ",\n  \"reference\": " + quoted(reference_kind);
   }
   static std::vector<Cell> tags(const Row&) { return {}; }
   static std::vector<Cell> cells(const Row& r) {
@@ -333,9 +264,14 @@ struct Session<fs::BackwardProblem> {
 
 // ---- the run, written once -------------------------------------------------------------------------
 
-// The steps --step names, else every step the pass's run takes. Returns 0, or 2 after naming an unknown id.
-int select_steps(const fs::RunnerOptions& o, std::vector<const fs::Step*>& selected,
-                 const std::function<bool(const fs::Step&)>& by_default) {
+// The problem validated, then the steps --step names, else every step the pass's run takes. Returns 0,
+// or 2 after naming what is wrong.
+template <typename Problem>
+int select_steps(const fs::RunnerOptions& o, const Problem& p, std::vector<const fs::Step*>& selected) {
+  if (const std::string why = fs::validate(p); !why.empty()) {
+    std::cerr << "flash-steps: " << why << "\n";
+    return 2;
+  }
   for (const std::string& id : o.steps) {
     const fs::Step* s = fs::find_step(id);
     if (!s) {
@@ -346,7 +282,7 @@ int select_steps(const fs::RunnerOptions& o, std::vector<const fs::Step*>& selec
   }
   if (o.steps.empty())
     for (const fs::Step& s : fs::steps())
-      if (by_default(s)) selected.push_back(&s);
+      if (Session<Problem>::runs(s)) selected.push_back(&s);
   return 0;
 }
 
@@ -359,63 +295,6 @@ int need_gpu() {
   return 1;
 }
 
-template <typename Problem>
-void print(const Session<Problem>& session, const std::vector<Row>& rows, const fs::RunnerOptions& o,
-           const fs::DeviceInfo& dev, const std::string& date) {
-  using S = Session<Problem>;
-  Row blank;  // its cells name the columns
-  for (const char* name : {"dQ", "dK", "dV"}) blank.grads.push_back(fs::GradComparison{.name = name});
-  const std::vector<Cell> columns = S::cells(blank);
-  if (o.format == fs::OutputFormat::json) {
-    std::cout << "{\n  \"tool\": \"flash-steps\",\n" << (*S::mode ? "  \"mode\": " + quoted(S::mode) + ",\n" : "")
-              << "  \"commit\": \"" << FLASH_STEPS_COMMIT << "\",\n  \"date\": \"" << date << "\",\n  \"device\": "
-              << quoted(fs::describe(dev)) << session.json() << ",\n  \"timing\": {\"iters\": " << o.iters
-              << ", \"warmup\": " << o.warmup << ", \"l2_flush\": " << boolean(o.flush_l2)
-              << ", \"statistic\": \"median\"},\n  \"rows\": [\n";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      std::cout << "    {\"id\": " << quoted(r.id) << ", \"status\": " << quoted(r.status);
-      for (const Cell& c : S::tags(r)) std::cout << ", \"" << c.key << "\": " << quoted(c.value);
-      std::cout << ", \"lesson\": " << quoted(r.lesson) << ", \"reason\": " << quoted(r.reason);
-      if (r.timed())
-        for (const Cell& c : S::cells(r)) std::cout << ", \"" << c.key << "\": " << c.value;
-      std::cout << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
-    }
-    std::cout << "  ]\n}\n";
-  } else if (o.format == fs::OutputFormat::csv) {
-    std::cout << "id,status";
-    for (const Cell& c : S::tags(blank)) std::cout << "," << c.key;
-    for (const Cell& c : columns) std::cout << "," << c.key;
-    std::cout << ",reason\n";
-    for (const Row& r : rows) {
-      std::cout << r.id << "," << r.status;
-      for (const Cell& c : S::tags(r)) std::cout << "," << c.value;
-      if (r.timed())
-        for (const Cell& c : S::cells(r)) std::cout << "," << c.value;
-      else
-        std::cout << std::string(columns.size(), ',');
-      std::string reason = r.reason;
-      std::replace_if(reason.begin(), reason.end(), [](char c) { return c == ',' || c == '\n'; }, ';');
-      std::cout << "," << reason << "\n";
-    }
-  } else {
-    std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
-              << session.title() << "\n\n"
-              << std::left << std::setw(id_width()) << "step" << std::setw(10) << "result" << std::right;
-    for (const Cell& c : columns)
-      if (c.width) std::cout << std::setw(c.width) << c.header;
-    std::cout << "  " << std::left << "lesson\n";
-    for (const Row& r : rows) {
-      std::cout << std::left << std::setw(id_width()) << r.id << std::setw(10) << r.status << std::right;
-      const std::vector<Cell> cells = S::cells(r);
-      for (size_t i = 0; i < columns.size(); ++i)
-        if (columns[i].width) std::cout << std::setw(columns[i].width) << (r.timed() ? cells[i].text : "-");
-      std::cout << "  " << (r.entry == "forward" ? "[forward entry] " : "") << r.lesson << "\n";
-      if (!r.reason.empty()) std::cout << std::string(size_t(id_width()), ' ') << r.reason << "\n";
-    }
-  }
-}
-
 // The problem the flags describe, in the pass of Problem: validated; the steps selected and their
 // refusals that need no device, before any GPU is looked at (a run that would check nothing fails);
 // then the workload, the references, each step checked and timed, and the table. Exit status: 0 when
@@ -425,12 +304,8 @@ template <typename Problem>
 int run_pass(const fs::RunnerOptions& o) {
   using S = Session<Problem>;
   const Problem p = S::problem(o);
-  if (const std::string why = fs::validate(p); !why.empty()) {
-    std::cerr << "flash-steps: " << why << "\n";
-    return 2;
-  }
   std::vector<const fs::Step*> selected;
-  if (const int status = select_steps(o, selected, S::runs)) return status;
+  if (const int status = select_steps(o, p, selected)) return status;
   if (selected.empty()) {
     std::cerr << "flash-steps: no registered step has a " << S::mode << " pass; nothing was checked\n";
     return 1;
@@ -449,8 +324,8 @@ int run_pass(const fs::RunnerOptions& o) {
   S session{p, o};
   std::cerr << (*S::mode == 'd' ? "decoding problem: " : "problem: ") << session.shape() << "; timing: median of "
             << o.iters << " launches" << (o.flush_l2 ? ", L2 flushed before each" : "") << "\nreference: "
-            << reference_name(session.reference_cost()) << (*S::mode == 'b' ? ", " : "...\n");
-  session.make_reference();
+            << session.reference() << "...\n";
+  session.ref = fs::make_reference(session.w, session.gpu);
 
   std::vector<Row> rows;
   for (size_t k = 0; k < selected.size(); ++k) {
@@ -472,12 +347,17 @@ int run_pass(const fs::RunnerOptions& o) {
     rows.push_back(r);
   }
   try {
-    session.add_baseline(rows);
+    if (o.baseline) session.add_baseline(rows);
   } catch (const fs::Error& e) {
     rows.push_back(Row{.id = "cublas", .lesson = kBaselineLesson, .status = "ERROR", .reason = e.what()});
   }
-  S::finish(rows);
-  print(session, rows, o, dev, date);
+  // "x 01" and "x prev" by the ladder's one rule (fs::speedups); the forward table shows them.
+  std::vector<std::string> ids;
+  std::vector<double> ms;
+  for (const Row& r : rows) ids.push_back(r.id), ms.push_back(r.timed() ? r.ms : 0.0);
+  const std::vector<fs::Speedup> x = fs::speedups(ids, ms);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i].x_step01 = x[i].x_step01, rows[i].x_prev = x[i].x_prev;
+  fs::print_run<S>(std::cout, rows, o, fs::describe(dev), date, session.title(), session.json());
   if (std::all_of(rows.begin(), rows.begin() + std::ptrdiff_t(selected.size()),
                   [](const Row& r) { return r.status == "REFUSED"; })) {
     std::cerr << "flash-steps: every selected step refused " << fs::describe(p) << " on this GPU; nothing was checked\n";
@@ -521,70 +401,26 @@ int explain_steps(const fs::RunnerOptions& o) {
 // many blocks an SM holds at the plan's block size and dynamic shared memory.
 template <typename Problem>
 int resources(const fs::RunnerOptions& o, const Problem& p, const fs::Problem& shape) {
-  if (const std::string why = fs::validate(p); !why.empty()) {
-    std::cerr << "flash-steps: " << why << "\n";
-    return 2;
-  }
   std::vector<const fs::Step*> selected;
-  if (const int status = select_steps(o, selected, Session<Problem>::runs)) return status;
+  if (const int status = select_steps(o, p, selected)) return status;
   if (const int status = need_gpu()) return status;
   const fs::DeviceInfo dev = fs::current_device();
-  const std::string pass = *Session<Problem>::mode ? Session<Problem>::mode : "forward", date = utc_now();
-  const bool json = o.format == fs::OutputFormat::json;
-  if (json)
-    std::cout << "{\n  \"tool\": \"flash-steps resources\",\n  \"commit\": \"" << FLASH_STEPS_COMMIT
-              << "\",\n  \"date\": \"" << date << "\",\n  \"device\": " << quoted(fs::describe(dev))
-              << ",\n  \"compute_capability\": " << dev.compute_capability << ",\n  \"problem\": "
-              << problem_json(shape, "") << ",\n  \"pass\": " << quoted(pass) << ",\n  \"steps\": [\n";
-  else
-    std::cout << "flash-steps " << FLASH_STEPS_COMMIT << " | " << fs::describe(dev) << " | " << date << "\n"
-              << fs::describe(shape) << (pass == "forward" ? "" : ", " + pass + " pass")
-              << " | per kernel each step launches: registers and local memory per thread, "
-              << "shared memory per block, occupancy = resident warps per SM / the SM's limit\n";
-  bool ok = true;
-  for (size_t i = 0; i < selected.size(); ++i) {
-    const fs::Step& s = *selected[i];
-    std::string status = "ok", reason;
-    std::vector<fs::KernelResources> kernels;
+  const std::string date = utc_now();
+  std::vector<fs::StepResources> steps;
+  for (const fs::Step* s : selected) {
+    fs::StepResources& r = steps.emplace_back(fs::StepResources{.step = s});
     try {
-      const fs::Plan plan = fs::plan(s, p, dev);
-      if (!plan.accepted()) status = "refused", reason = plan.refusal;
-      for (const fs::KernelLaunch& k : plan.kernels) kernels.push_back(fs::kernel_resources(k));
+      const fs::Plan plan = fs::plan(*s, p, dev);
+      if (!plan.accepted()) r.status = "refused", r.reason = plan.refusal;
+      for (const fs::KernelLaunch& k : plan.kernels) r.kernels.push_back(fs::kernel_resources(k));
     } catch (const fs::Error& e) {
-      status = "error", reason = e.what(), kernels.clear(), ok = false;
+      r.status = "error", r.reason = e.what(), r.kernels.clear();
     }
-    if (json) {
-      std::cout << "    {\"id\": " << quoted(s.id) << ", \"dir\": " << quoted(s.dir) << ", \"status\": "
-                << quoted(status) << ", \"reason\": " << quoted(reason) << ", \"kernels\": [";
-      for (size_t j = 0; j < kernels.size(); ++j) {
-        const fs::KernelResources& k = kernels[j];
-        std::cout << (j ? ",\n" : "\n") << "      {\"name\": " << quoted(k.name) << ", \"mangled\": "
-                  << quoted(k.mangled) << ", \"registers\": " << k.registers << ", \"static_smem\": " << k.static_smem
-                  << ", \"local_bytes\": " << k.local_bytes << ", \"dynamic_smem\": " << k.dynamic_smem
-                  << ", \"threads\": " << k.threads << ", \"blocks\": " << k.blocks << ", \"blocks_per_sm\": "
-                  << k.blocks_per_sm << ", \"warps_per_sm\": " << k.warps_per_sm << ", \"max_warps_per_sm\": "
-                  << k.max_warps_per_sm << ", \"occupancy\": " << k.occupancy() << "}";
-      }
-      std::cout << (kernels.empty() ? "]}" : "\n    ]}") << (i + 1 < selected.size() ? "," : "") << "\n";
-      continue;
-    }
-    std::cout << "\n== " << s.id << ": " << s.lesson << "\n";
-    if (status != "ok" || kernels.empty()) {
-      std::cout << "   " << (status != "ok" ? status + ": " + reason : "this step lists no kernels (Plan::kernels is empty)")
-                << "\n";
-      continue;
-    }
-    std::cout << std::right << std::setw(8) << "regs" << std::setw(8) << "local" << std::setw(12) << "static smem"
-              << std::setw(12) << "dyn smem" << std::setw(9) << "threads" << std::setw(10) << "blocks" << std::setw(11)
-              << "blocks/SM" << std::setw(11) << "occupancy" << "  kernel\n";
-    for (const fs::KernelResources& k : kernels)
-      std::cout << std::setw(8) << k.registers << std::setw(8) << k.local_bytes << std::setw(12) << k.static_smem
-                << std::setw(12) << k.dynamic_smem << std::setw(9) << k.threads << std::setw(10) << k.blocks
-                << std::setw(11) << k.blocks_per_sm << std::setw(11) << fixed(100 * k.occupancy(), 0) + " %" << "  "
-                << fs::short_kernel_name(k.name) << "\n";
   }
-  if (json) std::cout << "  ]\n}\n";
-  return ok ? 0 : 1;
+  const std::string pass = *Session<Problem>::mode ? Session<Problem>::mode : "forward";
+  fs::print_resources(std::cout, steps, o.format, dev, date, shape, pass);
+  const auto error = [](const fs::StepResources& r) { return r.status == "error"; };
+  return std::none_of(steps.begin(), steps.end(), error) ? 0 : 1;
 }
 
 }  // namespace
