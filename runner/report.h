@@ -47,6 +47,8 @@ std::string num(double x, Manipulators... m) {
   (out << ... << m) << x;
   return out.str();
 }
+// Integers (sizes, counts) as integers: 1048576, not 1.04858e+06.
+inline std::string num(int64_t x) { return std::to_string(x); }
 inline std::string fixed(double x, int digits) { return num(x, std::fixed, std::setprecision(digits)); }
 inline std::string quoted(const std::string& s) {
   std::string out = "\"";

@@ -122,3 +122,11 @@ TEST_CASE("report: flash-steps resources as a table and JSON", "[report]") {
             id + "\"status\": \"refused\", \"reason\": \"needs sm_90\", \"kernels\": []},\n    " + id +
             "\"status\": \"ok\", \"reason\": \"\", \"kernels\": []}\n  ]\n}\n");
 }
+
+TEST_CASE("the runner's JSON writes sizes as integers", "[report]") {
+  fs::Problem p = fs::make_problem(1, 1048576, 2097152, 8, 8, 128, fs::DType::bf16, true);
+  CHECK(fs::problem_json(p, "") ==
+        "{\"batch\": 1, \"seqlen_q\": 1048576, \"seqlen_k\": 2097152, \"heads_q\": 8, \"heads_kv\": 8, \"head_dim\": 128, "
+        "\"dtype\": \"bf16\", \"causal\": true}");
+  CHECK(fs::num(0.25) == "0.25");
+}
