@@ -44,6 +44,18 @@ const char* const kBaselineLesson =
 template <typename Problem>
 struct Session;
 
+// What a pass's session does the chain's way (the decoding session hides both with its own): the
+// refusals that need no device, then the plan on the device.
+template <typename Problem>
+struct ChainSession {
+  static std::string static_refusal(const fs::Step& s, const Problem& p, const fs::RunnerOptions&) {
+    return fs::static_refusal(s, p);
+  }
+  static fs::Plan plan(const fs::Step& s, const Problem& p, const fs::DeviceInfo& dev) {
+    return fs::plan_on_device(s, p, dev);
+  }
+};
+
 // A row's verdict: O and LSE (forward, decoding), or each gradient (backward).
 void judge(Row& r, const fs::Comparison& cmp) {
   r.cmp = cmp;
@@ -81,16 +93,10 @@ std::vector<Cell> error_cells(const Row& r) {
 }
 
 template <>
-struct Session<fs::Problem> {
+struct Session<fs::Problem> : ChainSession<fs::Problem> {
   static constexpr const char* mode = "";
   static fs::Problem problem(const fs::RunnerOptions& o) { return fs::problem_from(o); }
   static bool runs(const fs::Step& s) { return s.forward.present(); }
-  static std::string static_refusal(const fs::Step& s, const fs::Problem& p, const fs::RunnerOptions&) {
-    return fs::static_refusal(s, p);
-  }
-  static fs::Plan plan(const fs::Step& s, const fs::Problem& p, const fs::DeviceInfo& dev) {
-    return fs::plan_on_device(s, p, dev);
-  }
 
   const fs::Problem p;
   const fs::RunnerOptions& o;
@@ -137,7 +143,7 @@ std::string forward_refusal(const fs::DecodeProblem& p, bool ragged) {
 // Decoding: steps with a decoding entry run it; the others their forward entry where the problem is a
 // forward one (a contiguous cache, no --ragged), on the same tensors.
 template <>
-struct Session<fs::DecodeProblem> {
+struct Session<fs::DecodeProblem> : ChainSession<fs::DecodeProblem> {  // its own static_refusal and plan
   static constexpr const char* mode = "decode";
   static fs::DecodeProblem problem(const fs::RunnerOptions& o) { return fs::decode_problem_from(o); }
   static bool runs(const fs::Step& s) { return s.forward.present(); }
@@ -205,16 +211,10 @@ struct Session<fs::DecodeProblem> {
 };
 
 template <>
-struct Session<fs::BackwardProblem> {
+struct Session<fs::BackwardProblem> : ChainSession<fs::BackwardProblem> {
   static constexpr const char* mode = "backward";
   static fs::BackwardProblem problem(const fs::RunnerOptions& o) { return fs::backward_problem_from(o); }
   static bool runs(const fs::Step& s) { return s.backward.present(); }
-  static std::string static_refusal(const fs::Step& s, const fs::BackwardProblem& p, const fs::RunnerOptions&) {
-    return fs::static_refusal(s, p);
-  }
-  static fs::Plan plan(const fs::Step& s, const fs::BackwardProblem& p, const fs::DeviceInfo& dev) {
-    return fs::plan_on_device(s, p, dev);
-  }
 
   const fs::BackwardProblem p;
   const fs::RunnerOptions& o;
@@ -321,7 +321,7 @@ int run_pass(const fs::RunnerOptions& o) {
   const fs::DeviceInfo dev = fs::current_device();
   const std::string date = utc_now();
   std::cerr << "flash-steps " << FLASH_STEPS_COMMIT << " on " << fs::describe(dev) << ", " << date << "\n";
-  S session{p, o};
+  S session{{}, p, o};  // {}: the ChainSession base
   std::cerr << (*S::mode == 'd' ? "decoding problem: " : "problem: ") << session.shape() << "; timing: median of "
             << o.iters << " launches" << (o.flush_l2 ? ", L2 flushed before each" : "") << "\nreference: "
             << session.reference() << "...\n";
