@@ -20,6 +20,7 @@
 #include "common/forward/check.h"
 #include "common/forward/rules.h"
 #include "common/harness/gpu.h"
+#include "stub_step.h"
 
 namespace {
 
@@ -304,10 +305,7 @@ TEST_CASE("registry: a decoding entry needs all four functions", "[decode][regis
   fs::Step s{.id = "90_test",
              .name = "test",
              .lesson = "a test step",
-             .forward = {[](const fs::Problem&) { return std::string(); },
-                         [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
-                         [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
-                         [](const fs::Problem&, const fs::DeviceInfo&) { return true; }}};
+             .forward = accept_everything_entry()};
   s.decode.limits = [](const fs::DecodeProblem&) { return std::string(); };
   CHECK_THROWS_AS(r.add(s), fs::Error);
   s.decode = {};

@@ -11,6 +11,7 @@
 #include "common/forward/check.h"
 #include "common/harness/tensors.h"
 #include "common/harness/timing.h"
+#include "stub_step.h"
 
 namespace {
 
@@ -62,10 +63,7 @@ TEST_CASE("poisoned outputs that a step never writes fail the check", "[harness]
   const fs::Step lazy{.id = "90_lazy",
                       .name = "lazy",
                       .lesson = "writes nothing",
-                      .forward = {[](const fs::Problem&) { return std::string(); },
-                                  [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
-                                  [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
-                                  [](const fs::Problem&, const fs::DeviceInfo&) { return true; }}};
+                      .forward = accept_everything_entry()};
   const fs::Problem p = fs::make_problem(1, 16, 16, 1, 1, 64, fs::DType::fp16, false);
   fs::Workload w(p, 3);
   const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());

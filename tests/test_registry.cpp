@@ -7,6 +7,7 @@
 #include "common/backward/rules.h"
 #include "common/decode/rules.h"
 #include "common/forward/rules.h"
+#include "stub_step.h"
 
 namespace {
 fs::DeviceInfo fake_device(int cc, size_t free_bytes) {
@@ -45,10 +46,7 @@ TEST_CASE("registry: adding a broken or duplicate step is refused", "[registry]"
   fs::Step s{.id = "90_test",
              .name = "test",
              .lesson = "a test step",
-             .forward = {[](const fs::Problem&) { return std::string(); },
-                         [](const fs::Problem&, const fs::DeviceInfo&) { return fs::Plan{}; },
-                         [](const fs::Problem&, const fs::Tensors&, const fs::Plan&, void*, cudaStream_t) {},
-                         [](const fs::Problem&, const fs::DeviceInfo&) { return true; }}};
+             .forward = accept_everything_entry()};
   r.add(s);
   CHECK_THROWS_AS(r.add(s), fs::Error);
   fs::Step no_launch = s;
