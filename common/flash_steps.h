@@ -17,8 +17,11 @@
  * tensor holds and spans (its strided view's extent) at most 2^58 elements, so that every size derived
  * from it fits in 64 bits. A larger problem is refused with a sentence naming the values, never wrapped.
  *
- * Aliasing: Q, K and V may alias each other and themselves (a batch or head stride of 0 broadcasts; a
- * packed QKV buffer is three views of one allocation). O must not overlap itself: sorted by stride,
+ * Aliasing: Q, K and V may alias each other and themselves: a batch stride of 0 broadcasts one batch
+ * entry to every batch (as PyTorch's expand() does), and a packed QKV buffer is three views of one
+ * allocation. A row or head stride is at least head_dim wherever that dimension has more than one
+ * entry, so a tensor expanded over heads (head stride 0) is refused: pass its one head as GQA/MQA
+ * (heads_kv < heads_q) instead. O must not overlap itself: sorted by stride,
  * each dimension of O must start past the span of the dimensions below it. O and LSE must not share
  * memory with Q, K, V or each other; that is not checked.
  * LSE (optional, may be NULL) is fp32, contiguous (batch, heads_q, seqlen_q), natural log:
@@ -158,10 +161,12 @@ FS_API fs_status fs_run_decode(const char* step_id, const fs_decode_problem* p, 
                                const void* v_cache, const int32_t* block_table, const int32_t* cache_seqlens,
                                void* o, float* lse, void* workspace, uint64_t workspace_bytes, void* stream);
 
-/* Bytes of K and V a decoding problem must read: sum over b of cache_seqlens[b]·heads_kv·head_dim·2
- * for K and as many for V (2-byte elements). `lengths` is a host array of `batch` lengths, or NULL
- * for seqlen_k each. 0 for a NULL problem. */
-FS_API double fs_decode_kv_bytes(const fs_decode_problem* p, const int32_t* lengths);
+/* Bytes of K and V a decoding problem must read, in *bytes: sum over b of cache_seqlens[b]·heads_kv·
+ * head_dim·2 for K and as many for V (2-byte elements). `lengths` is a host array of num_lengths =
+ * batch lengths, each in [0, seqlen_k], or NULL (num_lengths 0) for seqlen_k each. FS_ERR_INVALID for
+ * a NULL p or bytes, a problem fs_decode_check's rules refuse, or lengths that break these. */
+FS_API fs_status fs_decode_kv_bytes(const fs_decode_problem* p, const int32_t* lengths, int64_t num_lengths,
+                                    double* bytes);
 
 /* ---- The backward pass: dQ, dK, dV from the forward's O and LSE (steps/11_backward) ------------
  *

@@ -1,7 +1,6 @@
 #include "runner/cli.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -9,6 +8,7 @@
 #include <random>
 #include <regex>
 #include <sstream>
+#include <string_view>
 
 #include "backward/rules.h"
 #include "decode/rules.h"
@@ -22,7 +22,10 @@ struct Rule {
   std::string expects = "";
   int64_t lo = 0, hi = 0, multiple = 1;  // integer: in [lo, hi], a multiple of `multiple`
 };
-const Rule kSwitch{Rule::none}, kDecimal{Rule::decimal, "a finite number greater than 0"};
+// A decimal is read as a float, as softmax_scale is: the C ABI takes every positive finite float, the
+// subnormal ones included, so the flag does too.
+const Rule kSwitch{Rule::none},
+    kDecimal{Rule::decimal, "a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float)"};
 Rule integer(int64_t lo, int64_t hi, int64_t multiple = 1, std::string expects = "") {
   const auto s = [](int64_t v) { return std::to_string(v); };
   if (expects.empty() && multiple == 1) expects = "an integer between " + s(lo) + " and " + s(hi);
@@ -40,12 +43,12 @@ bool read_integer(const Rule& rule, const std::string& text, int64_t& n) {
 }
 
 // A plain decimal number: digits with at most one '.', and an optional exponent (e.g. 0.125, 1e-3).
-// No sign, no space, no hexadecimal, no "inf" or "nan"; a finite float greater than 0.
+// No sign, no space, no hexadecimal, no "inf" or "nan"; its nearest float finite and greater than 0
+// (strtof's ERANGE for a subnormal result is no refusal; 0 or inf, from a value beyond, is).
 bool read_decimal(const std::string& text, float& x) {
   static const std::regex plain("([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?");
-  errno = 0;
   x = std::regex_match(text, plain) ? std::strtof(text.c_str(), nullptr) : 0;  // 0: refused
-  return errno != ERANGE && std::isfinite(x) && x > 0;
+  return std::isfinite(x) && x > 0;
 }
 
 // kCommand: --help, -h and --list, which name the command. An option applies to run; a kResources one (the
@@ -145,6 +148,10 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
     if (f->scope == kCommand) command_word = flag;
     else given.push_back(f);
   }
+  const auto named = [&given](std::string_view name) {
+    return std::any_of(given.begin(), given.end(), [&](const Flag* f) { return f->name == name; });
+  };
+  if (named("--json") && named("--csv")) return fail("--json and --csv ask for two output formats; give one");
   for (const Flag* f : given)  // the command is known once every argument is read
     if (!applies(f->scope, o.command))
       return fail(std::string(f->name) + " does not apply to '" + command_word +
@@ -159,6 +166,15 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
   // --seqlen-q and --seqlen-k win over --seqlen whatever the order; decoding: one new token unless told.
   o.seqlen_q = p.seqlen_q.value_or(p.seqlen.value_or(o.decode ? 1 : o.seqlen_q));
   o.seqlen_k = p.seqlen_k.value_or(p.seqlen.value_or(o.seqlen_k));
+  // The paged cache the flags make (decode_problem_from) has batch · ceil(seqlen_k / page_size) pages,
+  // named by int32 block-table entries: said with the flags, which have no num_pages.
+  if (o.page_size > 0) {
+    const int64_t pages = o.batch * std::max<int64_t>(1, o.seqlen_k / o.page_size + (o.seqlen_k % o.page_size != 0));
+    if (pages > INT32_MAX)  // no overflow: batch < 2^31, pages per sequence < 2^28
+      return fail("--batch " + std::to_string(o.batch) + " sequences of --seqlen-k " + std::to_string(o.seqlen_k) +
+                  " keys in pages of --page-size " + std::to_string(o.page_size) + " make " + std::to_string(pages) +
+                  " pages; the cache may hold at most " + std::to_string(INT32_MAX) + " (block table entries are int32)");
+  }
   return {o, ""};
 }
 

@@ -7,6 +7,9 @@
 // problem from the flags, its workload and references, how a step is checked and timed, its columns.
 // The reports (table, JSON, CSV) are runner/report.h's.
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <functional>
 #include <iomanip>
@@ -384,15 +387,28 @@ int list_steps() {
   return 0;
 }
 
-// `flash-steps explain` (or `banks`): every selected step's explanation (Step::explain), no GPU needed.
+// `flash-steps explain` (or `banks`): every selected step's explanation (Step::explain), no GPU needed;
+// the selected steps without one are named at the end. An id that is no step's: exit 2.
 int explain_steps(const fs::RunnerOptions& o) {
+  for (const std::string& id : o.steps)
+    if (!fs::find_step(id)) {
+      std::cerr << "flash-steps: no step has id '" << id << "' (see flash-steps --list)\n";
+      return 2;
+    }
+  std::string without;  // the selected steps with no model to explain
   for (const fs::Step& s : fs::steps()) {
     if (!o.steps.empty() && std::find(o.steps.begin(), o.steps.end(), s.id) == o.steps.end()) continue;
-    if (!s.explain) continue;
+    if (!s.explain) {
+      without += (without.empty() ? "" : ", ") + s.id;
+      continue;
+    }
     std::cout << "== " << s.id << ": " << s.lesson << "\n\n";
     s.explain(std::cout);
     std::cout << "\n";
   }
+  if (!without.empty())
+    std::cout << "no model to explain: " << without
+              << " (explain covers the steps whose shared-memory index math has a bank model)\n";
   return 0;
 }
 
@@ -423,15 +439,8 @@ int resources(const fs::RunnerOptions& o, const Problem& p, const fs::Problem& s
   return std::none_of(steps.begin(), steps.end(), error) ? 0 : 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const fs::ParsedArgs a = fs::parse_runner_args(std::vector<std::string>(argv + 1, argv + argc));
-  if (!a.error.empty()) {
-    std::cerr << "flash-steps: " << a.error << "\n";
-    return 2;
-  }
-  const fs::RunnerOptions& o = a.options;
+// The command the options name, its exit status.
+int command(const fs::RunnerOptions& o) {
   try {
     if (o.command == "help") {
       std::cout << fs::runner_usage();
@@ -449,4 +458,23 @@ int main(int argc, char** argv) {
     std::cerr << "flash-steps: " << e.what() << "\n";
     return 1;
   }
+}
+
+// The command's status once its output reached stdout; 1 after saying why when it did not (a full
+// disk, a closed stdout): a report that was lost is no success.
+int written(int status) {
+  if (std::cout.flush() && std::fflush(stdout) == 0 && !std::ferror(stdout)) return status;
+  std::cerr << "flash-steps: the output could not be written to stdout (" << std::strerror(errno) << ")\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const fs::ParsedArgs a = fs::parse_runner_args(std::vector<std::string>(argv + 1, argv + argc));
+  if (!a.error.empty()) {
+    std::cerr << "flash-steps: " << a.error << "\n";
+    return 2;
+  }
+  return written(command(a.options));
 }

@@ -264,13 +264,13 @@ TEST_CASE("backward: FLOPs are 2.5 times the forward's, and the bound is 2 ref_e
   CHECK(fs_backward_bound(2, 0.1, 1.0, &bound) == FS_ERR_INVALID);
   CHECK(std::string(fs_last_error()) == "dtype is 2; it must be FS_FP16 (0) or FS_BF16 (1)");
   CHECK(fs_backward_bound(FS_FP16, -0.5, 1.0, &bound) == FS_ERR_INVALID);
-  CHECK(std::string(fs_last_error()) == "ref_err is -0.500000; it must be finite and >= 0");
+  CHECK(std::string(fs_last_error()) == "ref_err is -0.5; it must be finite and >= 0");
   CHECK(fs_backward_bound(FS_FP16, nan, 1.0, &bound) == FS_ERR_INVALID);
   CHECK(std::string(fs_last_error()).rfind("ref_err is ", 0) == 0);
   CHECK(fs_backward_bound(FS_FP16, 0.1, inf, &bound) == FS_ERR_INVALID);
   CHECK(std::string(fs_last_error()) == "max_abs_exact is inf; it must be finite and >= 0");
   CHECK(fs_backward_bound(FS_FP16, 0.1, -1.0, &bound) == FS_ERR_INVALID);
-  CHECK(std::string(fs_last_error()) == "max_abs_exact is -1.000000; it must be finite and >= 0");
+  CHECK(std::string(fs_last_error()) == "max_abs_exact is -1; it must be finite and >= 0");
   CHECK(bound == 7);  // nothing written on a refusal
   CHECK(fs_backward_bound(FS_FP16, 0.1, 1.0, nullptr) == FS_ERR_INVALID);
   CHECK(std::string(fs_last_error()) == "bound is a null pointer");

@@ -77,9 +77,9 @@ TEST_CASE("cli: mistakes give one clear message", "[cli]") {
       {{"--head-dim="}, "--head-dim expects a multiple of 8 from 8 to 256, got ''"},
       {{"--iters", "-1"}, "--iters expects an integer between 1 and 100000, got '-1'"},
       {{"--dtype", "fp32"}, "--dtype expects fp16 or bf16, got 'fp32'"},
-      {{"--scale", "0"}, "--scale expects a finite number greater than 0, got '0'"},
-      {{"--scale", "nan"}, "--scale expects a finite number greater than 0, got 'nan'"},
-      {{"--scale", "inf"}, "--scale expects a finite number greater than 0, got 'inf'"},
+      {{"--scale", "0"}, "--scale expects a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float), got '0'"},
+      {{"--scale", "nan"}, "--scale expects a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float), got 'nan'"},
+      {{"--scale", "inf"}, "--scale expects a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float), got 'inf'"},
       {{"--causal=1"}, "--causal takes no value"},
       {{"--step", ","}, "--step expects a step id (see --list), got ','"},
       // Issue 11: numbers are digits only, and every message states the real rule.
@@ -92,11 +92,11 @@ TEST_CASE("cli: mistakes give one clear message", "[cli]") {
       {{"--head-dim", "0"}, "--head-dim expects a multiple of 8 from 8 to 256, got '0'"},
       {{"--head-dim", "12"}, "--head-dim expects a multiple of 8 from 8 to 256, got '12'"},
       {{"--head-dim", "264"}, "--head-dim expects a multiple of 8 from 8 to 256, got '264'"},
-      {{"--scale", " 0.5"}, "--scale expects a finite number greater than 0, got ' 0.5'"},
-      {{"--scale", "+0.5"}, "--scale expects a finite number greater than 0, got '+0.5'"},
-      {{"--scale", "0x1p-3"}, "--scale expects a finite number greater than 0, got '0x1p-3'"},
-      {{"--scale", "1e39"}, "--scale expects a finite number greater than 0, got '1e39'"},
-      {{"--scale", "."}, "--scale expects a finite number greater than 0, got '.'"},
+      {{"--scale", " 0.5"}, "--scale expects a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float), got ' 0.5'"},
+      {{"--scale", "+0.5"}, "--scale expects a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float), got '+0.5'"},
+      {{"--scale", "0x1p-3"}, "--scale expects a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float), got '0x1p-3'"},
+      {{"--scale", "1e39"}, "--scale expects a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float), got '1e39'"},
+      {{"--scale", "."}, "--scale expects a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float), got '.'"},
       // Problem and run options with a command they do not apply to: refused, not ignored.
       {{"--list", "--head-dim", "64"}, "--head-dim does not apply to '--list' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
       {{"list", "--causal"}, "--causal does not apply to 'list' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
@@ -111,7 +111,7 @@ TEST_CASE("cli: mistakes give one clear message", "[cli]") {
       {{"-h=1"}, "unknown argument '-h=1' (see --help)"},  // only --flags take a value after '='
       {{"help"}, "unknown argument 'help' (see --help)"},  // the command is --help or -h
       {{"--step", ",", "--bacth"}, "--step expects a step id (see --list), got ','"},  // the first mistake
-      {{"--scale", "1e-50"}, "--scale expects a finite number greater than 0, got '1e-50'"},
+      {{"--scale", "1e-50"}, "--scale expects a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float), got '1e-50'"},
   };
   for (const Case& c : cases) {
     const fs::ParsedArgs a = parse(c.args);
@@ -175,7 +175,7 @@ TEST_CASE("cli: decoding flags make a decoding problem", "[cli][decode]") {
       {{"--page-size", "-16"}, "--page-size expects 0 (a contiguous cache) or a multiple of 16, got '-16'"},
       {{"--splits", "129"}, "--splits expects an integer between 0 and 128, got '129'"},
       {{"--ragged=1"}, "--ragged takes no value"},
-      {{"--hbm-tbs", "0"}, "--hbm-tbs expects a finite number greater than 0, got '0'"},
+      {{"--hbm-tbs", "0"}, "--hbm-tbs expects a plain decimal number from 1e-45 to 3.4028235e+38 (positive and finite as a float), got '0'"},
       {{"--hbm-tbs", "4.6"}, "--hbm-tbs applies to decoding problems (--decode, --page-size, --ragged, --splits, --checked)"},
       {{"resources", "--page-size", "16"}, "--page-size does not apply to 'resources' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
   };

@@ -78,7 +78,7 @@ TEST_CASE("decode: make_decode_problem fills a contiguous or a paged cache", "[d
   const fs::DecodeProblem back = fs::decode_of(f);
   CHECK(std::memcmp(&back, &c, sizeof back) == 0);
   CHECK(fs::decode_kv_bytes(c, {}) == 2.0 * 2 * 1000 * 8 * 128 * 2);
-  CHECK(fs::decode_kv_bytes(c, {10, 0}) == 2.0 * 10 * 8 * 128 * 2);
+  CHECK(fs::decode_kv_bytes(c, std::vector<int32_t>{10, 0}) == 2.0 * 10 * 8 * 128 * 2);
 }
 
 TEST_CASE("decode: validate names the value and the limit", "[decode]") {
@@ -255,10 +255,13 @@ TEST_CASE("decode: the C ABI refuses bad decoding problems before touching the G
   fs_decode_problem_init(&p, 2, 1, 4096, 32, 8, 128, FS_FP16, 0, 64);
   CHECK(p.page_size == 64);
   CHECK(p.max_pages_per_seq == 64);
-  CHECK(fs_decode_kv_bytes(&p, nullptr) == 2.0 * 2 * 4096 * 8 * 128 * 2);
+  double kv = 0;
+  CHECK(fs_decode_kv_bytes(&p, nullptr, 0, &kv) == FS_OK);
+  CHECK(kv == 2.0 * 2 * 4096 * 8 * 128 * 2);
   const int32_t lengths[2] = {1, 3};
-  CHECK(fs_decode_kv_bytes(&p, lengths) == 2.0 * 4 * 8 * 128 * 2);
-  CHECK(fs_decode_kv_bytes(nullptr, lengths) == 0.0);
+  CHECK(fs_decode_kv_bytes(&p, lengths, 2, &kv) == FS_OK);
+  CHECK(kv == 2.0 * 4 * 8 * 128 * 2);
+  CHECK(fs_decode_kv_bytes(nullptr, lengths, 2, &kv) == FS_ERR_INVALID);
 
   fs_decode_problem bad = p;
   bad.page_size = 40;

@@ -170,7 +170,13 @@ TEST_CASE("workspace: a plan's workspace is refused, in a sentence, when it is m
   CHECK(fs::validate_workspace(plan, nullptr, 4096, "fs_workspace_size") ==
         "the workspace is a null pointer; this problem needs 4096 bytes of workspace (see fs_workspace_size)");
   CHECK(fs::validate_workspace(plan, mem, 4095, "fs_workspace_size") == "the workspace is 4095 bytes; this problem needs 4096 (see fs_workspace_size)");
-  CHECK(fs::validate_workspace(plan, mem + 8, 4096, "fs_workspace_size").find("is not 16-byte aligned") != std::string::npos);
+  // The part that needs no plan: the pointer against its size, and its alignment, whatever the plan needs.
+  CHECK(fs::validate_workspace_pointer(mem, 4096).empty());
+  CHECK(fs::validate_workspace_pointer(nullptr, 0).empty());
+  CHECK(fs::validate_workspace_pointer(nullptr, 4096) ==
+        "the workspace is a null pointer with workspace_bytes 4096; pass a buffer of that many bytes, or NULL with 0");
+  CHECK(fs::validate_workspace_pointer(mem + 8, 4096).find("is not 16-byte aligned (address mod 16 = 8)") != std::string::npos);
+  CHECK(fs::validate_workspace_pointer(mem + 8, 0).find("is not 16-byte aligned (address mod 16 = 8)") != std::string::npos);
   // fs::run refuses before anything is launched (no GPU needed to see it).
   const fs::Step* s = fs::find_step("01_naive");
   REQUIRE(s != nullptr);

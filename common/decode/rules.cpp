@@ -9,7 +9,8 @@ DecodeProblem make_decode_problem(int64_t batch, int64_t seqlen_q, int64_t seqle
   DecodeProblem p = decode_of(make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal));
   if (page_size != 0) {
     p.page_size = page_size;
-    p.max_pages_per_seq = page_size > 0 && seqlen_k > 0 ? (seqlen_k + page_size - 1) / page_size : 1;
+    // ceil(seqlen_k / page_size), without the overflow of seqlen_k + page_size - 1 near INT64_MAX
+    p.max_pages_per_seq = page_size > 0 && seqlen_k > 0 ? seqlen_k / page_size + (seqlen_k % page_size != 0) : 1;
     const auto pages = checked_mul(batch, p.max_pages_per_seq);
     p.num_pages = pages ? *pages : -1;  // validate() names the sizes that overflow
     p.block_table_stride = p.max_pages_per_seq;
@@ -80,8 +81,7 @@ std::string validate_tensors(const DecodeProblem& p, const DecodeTensors& t) {
   return why;
 }
 
-std::string validate_data(const DecodeProblem& p, const std::vector<int32_t>& lengths,
-                          const std::vector<int32_t>& block_table) {
+std::string validate_lengths(const DecodeProblem& p, std::span<const int32_t> lengths) {
   const int64_t batch = p.attention.batch, seqlen_k = p.attention.seqlen_k;
   if (!lengths.empty() && int64_t(lengths.size()) != batch)
     return sentence("there are ", lengths.size(), " lengths for batch ", batch);
@@ -89,7 +89,13 @@ std::string validate_data(const DecodeProblem& p, const std::vector<int32_t>& le
     if (lengths[size_t(b)] < 0 || lengths[size_t(b)] > seqlen_k)
       return sentence("cache_seqlens[", b, "] is ", lengths[size_t(b)], "; it must be between 0 and seqlen_k (",
                       seqlen_k, "), the capacity of a sequence");
-  if (!is_paged(p)) return "";
+  return "";
+}
+
+std::string validate_data(const DecodeProblem& p, const std::vector<int32_t>& lengths,
+                          const std::vector<int32_t>& block_table) {
+  const int64_t batch = p.attention.batch, seqlen_k = p.attention.seqlen_k;
+  if (std::string why = validate_lengths(p, lengths); !why.empty() || !is_paged(p)) return why;
   if (int64_t(block_table.size()) < (batch - 1) * p.block_table_stride + p.max_pages_per_seq)
     return sentence("the block table has ", block_table.size(), " entries; batch ", batch, " rows of stride ",
                     p.block_table_stride, " need ", (batch - 1) * p.block_table_stride + p.max_pages_per_seq);
@@ -103,7 +109,7 @@ std::string validate_data(const DecodeProblem& p, const std::vector<int32_t>& le
   return "";
 }
 
-double decode_kv_bytes(const DecodeProblem& p, const std::vector<int32_t>& lengths) {
+double decode_kv_bytes(const DecodeProblem& p, std::span<const int32_t> lengths) {
   const Problem& f = p.attention;
   double keys = lengths.empty() ? double(f.batch) * double(f.seqlen_k) : 0.0;
   for (const int32_t len : lengths) keys += double(len);

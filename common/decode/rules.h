@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,9 +32,11 @@ std::string validate(const DecodeProblem& p);
 // 4-byte aligned.
 std::string validate_tensors(const DecodeProblem& p, const DecodeTensors& t);
 
-// "" when host copies of the device data keep the contract: `lengths` (batch values, or empty for
+// "" when host copies of the device data keep the contract: `lengths` (batch values, or none for
 // seqlen_k each) in [0, seqlen_k]; for a paged cache, `block_table` (batch rows of
-// block_table_stride) names a page in [0, num_pages) for every page a sequence uses.
+// block_table_stride) names a page in [0, num_pages) for every page a sequence uses. The problem
+// passed validate().
+std::string validate_lengths(const DecodeProblem& p, std::span<const int32_t> lengths);
 std::string validate_data(const DecodeProblem& p, const std::vector<int32_t>& lengths,
                           const std::vector<int32_t>& block_table);
 
@@ -42,8 +45,8 @@ std::string validate_data(const DecodeProblem& p, const std::vector<int32_t>& le
 // (kDecodeCheckBytes of device memory); `stream` is then synchronized.
 std::string validate_device_data(const DecodeProblem& p, const DecodeTensors& t, void* record, cudaStream_t stream);
 
-// fs_decode_kv_bytes (empty `lengths`: seqlen_k each): what the decoding tables divide by the time.
-double decode_kv_bytes(const DecodeProblem& p, const std::vector<int32_t>& lengths);
+// fs_decode_kv_bytes (no `lengths`: seqlen_k each): what the decoding tables divide by the time.
+double decode_kv_bytes(const DecodeProblem& p, std::span<const int32_t> lengths);
 
 // "b8 h32/8 sq1 sk32768 d128 fp16 paged64 checked" (and "causal", "splits4" when set).
 std::string describe(const DecodeProblem& p);

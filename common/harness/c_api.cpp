@@ -134,6 +134,7 @@ fs_status run(const char* step_id, const Problem* p, const fs::PassTensors<Probl
   return with_step(step_id, p, [&](const fs::Step& step, const Problem& prob) {
     std::string why = fs::static_refusal(step, prob);  // before touching the GPU
     if (why.empty()) why = fs::validate_tensors(prob, t);
+    if (why.empty()) why = fs::validate_workspace_pointer(workspace, size_t(workspace_bytes));
     if (!why.empty()) return fail(FS_ERR_INVALID, why);
     const fs::Plan plan = fs::plan_on_device(step, prob, fs::current_device());
     why = plan.refusal;
@@ -170,9 +171,7 @@ fs_status check_dtype(int32_t dtype) {
 }
 
 fs_status check_nonnegative(const char* name, double x) {
-  return std::isfinite(x) && x >= 0 ? FS_OK
-                                    : fail(FS_ERR_INVALID, std::string(name) + " is " + std::to_string(x) +
-                                                               "; it must be finite and >= 0");
+  return std::isfinite(x) && x >= 0 ? FS_OK : fail(FS_ERR_INVALID, fs::sentence(name, " is ", x, "; it must be finite and >= 0"));
 }
 
 }  // namespace
@@ -239,11 +238,20 @@ FS_API fs_status fs_run_decode(const char* step_id, const fs_decode_problem* p, 
   return run(step_id, p, fs::DecodeTensors{q, k_cache, v_cache, block_table, cache_seqlens, o, lse}, workspace,
              workspace_bytes, stream);
 }
-FS_API double fs_decode_kv_bytes(const fs_decode_problem* p, const int32_t* lengths) {
-  if (!p || p->attention.batch < 0) return 0.0;
-  return guard(0.0, [&] {
-    return fs::decode_kv_bytes(
-        *p, lengths ? std::vector<int32_t>(lengths, lengths + p->attention.batch) : std::vector<int32_t>());
+FS_API fs_status fs_decode_kv_bytes(const fs_decode_problem* p, const int32_t* lengths, int64_t num_lengths,
+                                    double* bytes) {
+  return guarded([&] {
+    if (!p || !bytes) return fail(FS_ERR_INVALID, "p and bytes must not be null pointers");
+    std::string why = fs::validate(*p);
+    if (why.empty() && !lengths && num_lengths != 0)
+      why = fs::sentence("num_lengths is ", num_lengths, " with no lengths (NULL); it must be 0");
+    if (why.empty() && lengths && num_lengths != p->attention.batch)
+      why = fs::sentence("num_lengths is ", num_lengths, "; it must be batch (", p->attention.batch, ")");
+    const std::span<const int32_t> given(lengths, lengths ? size_t(num_lengths) : 0);
+    if (why.empty()) why = fs::validate_lengths(*p, given);
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    *bytes = fs::decode_kv_bytes(*p, given);
+    return FS_OK;
   });
 }
 

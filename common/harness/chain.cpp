@@ -71,6 +71,13 @@ std::string check_architecture(const Step& step, const DeviceInfo& dev) {
   return "";
 }
 
+std::string validate_workspace_pointer(const void* workspace, size_t workspace_bytes) {
+  if (workspace == nullptr && workspace_bytes > 0)
+    return sentence("the workspace is a null pointer with workspace_bytes ", workspace_bytes,
+                    "; pass a buffer of that many bytes, or NULL with 0");
+  return validate_pointers({{"the workspace", workspace, false}});
+}
+
 std::string validate_workspace(const Plan& plan, const void* workspace, size_t workspace_bytes,
                                const char* size_function) {
   if (plan.workspace_bytes == 0) return "";
@@ -80,8 +87,6 @@ std::string validate_workspace(const Plan& plan, const void* workspace, size_t w
   if (workspace_bytes < plan.workspace_bytes)
     return sentence("the workspace is ", workspace_bytes, " bytes; this problem needs ", plan.workspace_bytes, " (see ",
                     size_function, ")");
-  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
-    return sentence("the workspace pointer ", workspace, " is not 16-byte aligned");
   return "";
 }
 
@@ -121,6 +126,7 @@ void run(const Step& step, const Problem& p, const Plan& plan, const PassTensors
   std::string why = plan.refusal;
   if (why.empty() && !Pass<Problem>::entry(step).present()) why = Pass<Problem>::missing(step);  // another step's plan
   if (why.empty()) why = validate_tensors(p, t);
+  if (why.empty()) why = validate_workspace_pointer(workspace, workspace_bytes);
   if (why.empty()) why = validate_workspace(plan, workspace, workspace_bytes, Pass<Problem>::workspace_function);
   if (!why.empty()) throw Error("step " + step.id + " refused " + describe(p) + ": " + why);
   launch(step, p, plan, t, workspace, stream);

@@ -36,8 +36,11 @@ const Step* find_step(std::string_view id);
 // architecture-specific step, exactly its architecture.
 std::string check_architecture(const Step& step, const DeviceInfo& dev);
 
-// "" when the workspace can serve `plan`: null only when none is needed, at least plan.workspace_bytes,
-// 16-byte aligned. `size_function` is the C function the sentence points to.
+// The workspace rule in two parts. Without a plan (no device): "" when the pointer and its size
+// agree (null only with 0 bytes) and a pointer is 16-byte aligned, whatever the plan will need.
+std::string validate_workspace_pointer(const void* workspace, size_t workspace_bytes);
+// With the plan: "" when the workspace holds plan.workspace_bytes (null only when that is 0).
+// `size_function` is the C function the sentence points to.
 std::string validate_workspace(const Plan& plan, const void* workspace, size_t workspace_bytes,
                                const char* size_function);
 
@@ -64,7 +67,7 @@ template <typename Problem>
 void launch(const Step& step, const Problem& p, const Plan& plan, const PassTensors<Problem>& t, void* workspace,
             cudaStream_t stream);
 
-// Checks the plan, the pointers and the workspace, then launch(). Throws fs::Error naming the step and
+// Checks the plan, the pointers and the workspace (both parts), then launch(). Throws fs::Error naming the step and
 // the problem when one is refused.
 template <typename Problem>
 void run(const Step& step, const Problem& p, const Plan& plan, const PassTensors<Problem>& t, void* workspace,

@@ -29,11 +29,15 @@ std::string validate_strides(const View& v) {
       return sentence(v.name, "'s ", d.what, " stride is ", d.stride, " elements; it must be a multiple of ",
                       kHeadDimMultiple, " so that every row starts 16-byte aligned");
   }
-  // Rows of one head must not overlap the head_dim of the next row or head.
+  // Rows of one head must not overlap the head_dim of the next row or head. A K or V expanded over
+  // heads (head stride 0) is GQA/MQA given another way: only a batch stride of 0 broadcasts.
   for (const auto& [what, count, stride] : {std::tuple{"row", v.rows, s.row}, std::tuple{"head", v.heads, s.head}})
     if (count > 1 && stride < v.head_dim)
       return sentence(v.name, "'s ", what, " stride ", stride, " is smaller than head_dim ", v.head_dim, "; ", what,
-                      "s would overlap (the last dimension must be contiguous)");
+                      "s would overlap (the last dimension must be contiguous)",
+                      stride == 0 && what[0] == 'h' && v.pair[0] == 'K'
+                          ? ". Only a batch stride of 0 broadcasts: pass the one K/V head as MQA (heads_kv 1)"
+                          : "");
   return "";
 }
 

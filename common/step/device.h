@@ -3,11 +3,13 @@
 
 #include <cuda_runtime.h>
 
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace fs {
 
@@ -27,12 +29,25 @@ struct OutOfMemory : Error {
   size_t bytes;
 };
 
-// A refusal or an error message from its pieces, each printed as an ostream prints it:
+// One piece of a sentence as an ostream prints it, except a float or double: the shortest digits
+// that read back as the same value (0.1f is "0.1", not "0.100000001"; 2.1472796e+26f and a bound of
+// 2.147279...e+26 print apart), where an ostream's 6 significant digits may print two values alike.
+template <typename T>
+void put(std::ostream& m, const T& x) {
+  if constexpr (std::is_floating_point_v<T>) {
+    char digits[32];
+    m.write(digits, std::to_chars(digits, digits + sizeof digits, x).ptr - digits);
+  } else {
+    m << x;
+  }
+}
+
+// A refusal or an error message from its pieces (put):
 //   sentence("batch is ", p.batch, "; it must be at least 1")
 template <typename... Parts>
 std::string sentence(const Parts&... parts) {
   std::ostringstream m;
-  (m << ... << parts);
+  (put(m, parts), ...);
   return m.str();
 }
 
