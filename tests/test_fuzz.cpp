@@ -2,14 +2,19 @@
 // INT32/INT64 limits, negatives, NaN and infinite scales, odd strides, output strides that overlap.
 // The invariant: a problem that validate() accepts has every size representable (checked here with
 // 128-bit arithmetic, independently of common/step/overflow.h) and an output that never overlaps itself;
-// so does a backward problem that validate() accepts, for dO and its gradients dQ, dK, dV;
-// every refusal is a sentence. CI runs this file in the AddressSanitizer + UBSan build too, where any
-// overflow or bad access aborts the run (FLASH_STEPS_SANITIZE, .ci/run).
+// so does a backward problem that validate() accepts, for dO and its gradients dQ, dK, dV, and a
+// decoding problem for its cache and block table; every refusal is a sentence. CI runs this file in
+// the AddressSanitizer + UBSan build too, where any overflow or bad access aborts the run
+// (FLASH_STEPS_SANITIZE, .ci/run). Each test prints one summary line, which tests/README.md quotes:
+// report() checks that it does, so the README's figures are the tests' own.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <sstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -18,6 +23,7 @@
 #include "catch.h"
 #include "common/backward/rules.h"
 #include "common/decode/rules.h"
+#include "common/flash_steps.h"
 #include "common/forward/rules.h"
 #include "runner/cli.h"
 
@@ -178,6 +184,60 @@ void check_accepted(const fs::Problem& p, int64_t& enumerated) {
   }
 }
 
+// A decoding problem: a drawn forward problem's sizes, dtype, scale and Q/O strides, and a cache that is
+// contiguous or paged (fs_decode_problem_init's, then fields drawn at the edges), num_splits, checked.
+fs::DecodeProblem draw_decode_problem(Draw& d) {
+  bool strides_drawn = false;
+  const fs::Problem f = draw_problem(d, strides_drawn);
+  const int64_t page = d.coin(3) ? 0 : d.coin(4) ? d.extreme() : 16 * int64_t(d.next() % 8 + 1);
+  const int64_t seqlen_k = d.coin(10) ? d.extreme() : f.seqlen_k;
+  fs::DecodeProblem p = fs::make_decode_problem(f.batch, f.seqlen_q, seqlen_k, f.heads_q, f.heads_kv, f.head_dim,
+                                                fs::DType::fp16, false, page);
+  p.attention.dtype = f.dtype, p.attention.causal = f.causal, p.attention.softmax_scale = f.softmax_scale;
+  p.attention.q = f.q, p.attention.o = f.o;
+  if (d.coin(4)) p.attention.k = p.attention.v = draw_strides(d, p.attention.k, f.head_dim);
+  p.num_splits = d.coin(6) ? int32_t(d.extreme()) : int32_t(d.next() % 130);
+  if (d.coin(10)) p.checked = d.coin(2) ? 1 : int32_t(d.extreme());
+  for (int64_t* field : {&p.num_pages, &p.max_pages_per_seq, &p.block_table_stride})
+    if (d.coin(8)) *field = d.extreme();
+  return p;
+}
+
+// The invariant of an accepted decoding problem, in 128 bits: its fields in their ranges, and the
+// cache (as a (batch, seqlen_k, ...) or a (num_pages, page_size, ...) view) and the block table
+// representable; what a kernel reads of them lies within.
+void check_accepted(const fs::DecodeProblem& p, int64_t& enumerated) {
+  const fs::Problem& f = p.attention;
+  REQUIRE((p.num_splits >= 0 && p.num_splits <= 128 && (p.checked == 0 || p.checked == 1)));
+  fs::Problem shared = f;  // Q, O and the shared sizes, as check_accepted judges a forward problem
+  if (fs::is_paged(p)) shared.seqlen_k = 0, shared.k = shared.v = fs::contiguous_strides(0, f.heads_kv, f.head_dim);
+  check_accepted(shared, enumerated);
+  if (!fs::is_paged(p)) {
+    REQUIRE((p.num_pages == 0 && p.max_pages_per_seq == 0 && p.block_table_stride == 0));
+    REQUIRE(f.seqlen_k <= INT32_MAX);
+    return;
+  }
+  REQUIRE((p.page_size >= 16 && p.page_size % 16 == 0 && p.page_size <= INT32_MAX));
+  REQUIRE((p.num_pages >= 1 && p.num_pages <= INT32_MAX));
+  REQUIRE((p.max_pages_per_seq >= 1 && p.block_table_stride >= p.max_pages_per_seq));
+  REQUIRE(i128(f.batch) * p.block_table_stride <= kMaxElements);
+  REQUIRE(i128(f.seqlen_k) <= i128(p.max_pages_per_seq) * p.page_size);  // every key has a page
+  for (const fs::Strides* s : {&f.k, &f.v}) {
+    REQUIRE(s->dim == 1);
+    REQUIRE(i128(p.num_pages) * p.page_size * f.heads_kv * f.head_dim <= kMaxElements);
+    REQUIRE(extent128(*s, p.num_pages, p.page_size, f.heads_kv, f.head_dim) <= kMaxElements);
+  }
+}
+
+// The summary line of a fuzz test: printed, then looked for in tests/README.md, which quotes it.
+void report(const std::ostringstream& line) {
+  std::cout << line.str() << "\n";
+  std::ifstream readme(FLASH_STEPS_SOURCE_DIR "/tests/README.md");
+  const std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
+  INFO("tests/README.md must quote this line, as the test prints it: " << line.str());
+  CHECK(text.find(line.str()) != std::string::npos);
+}
+
 fs::DeviceInfo fake_h100() {
   fs::DeviceInfo d;
   d.name = "fake";
@@ -223,9 +283,11 @@ TEST_CASE("fuzz: every accepted problem has representable sizes and a non-overla
       }
     }
   }
-  std::cout << "fuzz: " << kProblems << " problems drawn: " << accepted << " accepted (invariants hold; " << enumerated
-            << " outputs enumerated element by element), " << refused << " refused by validate() with a sentence; "
-            << planned << " step plans, " << step_refusals << " of them refusals with a sentence\n";
+  std::ostringstream line;
+  line << "fuzz: " << kProblems << " problems drawn: " << accepted << " accepted (invariants hold; " << enumerated
+       << " outputs enumerated element by element), " << refused << " refused by validate() with a sentence; "
+       << planned << " step plans, " << step_refusals << " of them refusals with a sentence";
+  report(line);
   CHECK(accepted > kProblems / 10);
   CHECK(refused > kProblems / 10);
   CHECK(enumerated > 1000);
@@ -274,11 +336,57 @@ TEST_CASE("fuzz: every accepted backward problem has representable gradients tha
       }
     }
   }
-  std::cout << "fuzz: " << kProblems << " backward problems drawn: " << accepted << " accepted (" << enumerated
-            << " gradients enumerated element by element), " << refused << " refused by validate()\n";
+  std::ostringstream line;
+  line << "fuzz: " << kProblems << " backward problems drawn: " << accepted << " accepted (" << enumerated
+       << " gradients enumerated element by element), " << refused << " refused by validate()";
+  report(line);
   CHECK(accepted > kProblems / 20);  // fewer than forward problems: four more views may break a rule
   CHECK(refused > kProblems / 10);
   CHECK(enumerated > 1000);
+}
+
+TEST_CASE("fuzz: every accepted decoding problem has a representable cache and block table", "[fuzz][decode]") {
+  constexpr int kProblems = 100000;
+  Draw d(20261201);
+  const fs::DeviceInfo dev = fake_h100();
+  int64_t accepted = 0, paged = 0, refused = 0, enumerated = 0, planned = 0, step_refusals = 0;
+  for (int n = 0; n < kProblems; ++n) {
+    const fs::DecodeProblem p = draw_decode_problem(d);
+    const std::string why = fs::validate(p);
+    double bytes = -1;
+    if (!why.empty()) {
+      INFO(why);
+      REQUIRE(why.size() > 15);
+      REQUIRE(fs_decode_kv_bytes(&p, nullptr, 0, &bytes) == FS_ERR_INVALID);  // the helper applies the same rules
+      ++refused;
+      continue;
+    }
+    ++accepted;
+    paged += fs::is_paged(p) ? 1 : 0;
+    CAPTURE(fs::describe(p), p.num_pages, p.max_pages_per_seq, p.block_table_stride, p.attention.k.batch,
+            p.attention.k.row, p.attention.k.head);
+    check_accepted(p, enumerated);
+    REQUIRE(fs_decode_kv_bytes(&p, nullptr, 0, &bytes) == FS_OK);
+    REQUIRE((std::isfinite(bytes) && bytes >= 0));
+    for (const fs::Step& s : fs::steps()) {
+      if (!s.decode.present()) continue;
+      const fs::Plan plan = fs::plan(s, p, dev);
+      ++planned;
+      if (!plan.accepted()) {
+        REQUIRE(plan.refusal.size() > 15);
+        ++step_refusals;
+      }
+    }
+  }
+  std::ostringstream line;
+  line << "fuzz: " << kProblems << " decoding problems drawn: " << accepted << " accepted (" << paged
+       << " of them paged; invariants hold, " << enumerated << " outputs enumerated element by element), " << refused
+       << " refused by validate() with a sentence; " << planned << " decoding plans, " << step_refusals
+       << " of them refusals with a sentence";
+  report(line);
+  CHECK(accepted > kProblems / 20);
+  CHECK(paged > accepted / 10);
+  CHECK(refused > kProblems / 10);
 }
 
 TEST_CASE("fuzz: random command lines are parsed or refused with a sentence", "[fuzz]") {
@@ -286,14 +394,15 @@ TEST_CASE("fuzz: random command lines are parsed or refused with a sentence", "[
   const std::vector<std::string> flags = {
       "--batch", "--seqlen", "--seqlen-q", "--seqlen-k", "--heads", "--kv-heads", "--head-dim", "--dtype", "--causal",
       "--scale", "--iters", "--warmup", "--seed", "--no-flush", "--no-baseline", "--json", "--csv", "--step",
-      "--list", "--help", "-h", "list", "run", "banks", "explain", "resources", "--bacth", "-", "--", "=", ""};
+      "--list", "--help", "-h", "list", "run", "banks", "explain", "resources", "--bacth", "-", "--", "=", "",
+      "--decode", "--page-size", "--ragged", "--splits", "--checked", "--hbm-tbs", "--backward", "--deterministic"};
   const std::vector<std::string> values = {
       "", " ", "0", "1", "-1", "+1", " 12", "12 ", "007", "8", "40", "64", "256", "264", "2147483647", "2147483648",
       "4294967296", "9223372036854775807", "9223372036854775808", "99999999999999999999", "0x10", "1e3", "nan", "inf",
       "-inf", "0.5", ".5", "5.", "1e-50", "1e39", "3.4e38", "fp16", "bf16", "fp32", "01_naive", "03_smem_tiling,07_flash_attention2",
-      ",", "=", "--batch", "1,2", "\t8"};
+      ",", "=", "--batch", "1,2", "\t8", "16", "48", "128", "129", "1e-45", "4.64"};
   Draw d(77);
-  int64_t parsed = 0, refused = 0, valid_problems = 0;
+  int64_t parsed = 0, refused = 0, valid_problems = 0, decode_runs = 0, backward_runs = 0;
   for (int n = 0; n < kCommandLines; ++n) {
     std::vector<std::string> args;
     const int count = int(d.next() % 9);
@@ -331,11 +440,32 @@ TEST_CASE("fuzz: random command lines are parsed or refused with a sentence", "[
       REQUIRE(o.causal == defaults.causal);
       if (o.command != "explain" && o.command != "banks") REQUIRE(o.steps.empty());
     }
-    const std::string why = fs::validate(fs::problem_from(o));
+    // The decoding and backward modes: their flags within their rules, one kind of run, and the
+    // problem they make refused (if at all) for what a flag gave: the CLI has no num_pages.
+    REQUIRE((o.splits >= 0 && o.splits <= 128 && o.page_size >= 0 && o.page_size % 16 == 0));
+    REQUIRE(!(o.decode && o.backward));
+    if (o.hbm_tbs != 0) REQUIRE((o.decode && std::isfinite(o.hbm_tbs) && o.hbm_tbs > 0));
+    std::string why;
+    if (o.decode) {
+      const fs::DecodeProblem p = fs::decode_problem_from(o);
+      why = fs::validate(p);
+      INFO(why);
+      REQUIRE(why.find("num_pages") == std::string::npos);
+      if (why.empty() && o.ragged && o.batch <= 4096) REQUIRE(fs::validate_lengths(p, fs::decode_lengths_from(o)).empty());
+      decode_runs += 1;
+    } else if (o.backward) {
+      why = fs::validate(fs::backward_problem_from(o));
+      backward_runs += 1;
+    } else {
+      why = fs::validate(fs::problem_from(o));
+    }
     valid_problems += why.empty() ? 1 : 0;
   }
-  std::cout << "fuzz: " << kCommandLines << " command lines drawn: " << parsed << " parsed (" << valid_problems
-            << " of them valid problems), " << refused << " refused with a message\n";
+  std::ostringstream line;
+  line << "fuzz: " << kCommandLines << " command lines drawn: " << parsed << " parsed (" << decode_runs
+       << " decoding and " << backward_runs << " backward runs; " << valid_problems << " valid problems), " << refused
+       << " refused with a message";
+  report(line);
   CHECK(parsed > 100);
   CHECK(refused > kCommandLines / 2);
 }

@@ -124,12 +124,18 @@ std::vector<BackwardCase> backward_cases() {
   add(1, 777, 2048, 8, 8, 64, fs::DType::bf16, true);
   add(2, 0, 64, 4, 2, 64, fs::DType::fp16, false);
   add(2, 37, 0, 4, 2, 64, fs::DType::bf16, true);
+  // K and V broadcast over the batch (batch stride 0): each batch's dK and dV are its own.
+  for (int64_t d : {64, 128}) {
+    add(3, 65, 129, 4, 2, d, d == 64 ? fs::DType::bf16 : fs::DType::fp16, true);
+    for (size_t i = cases.size() - 2; i < cases.size(); ++i) cases[i].problem.attention.k.batch = cases[i].problem.attention.v.batch = 0;
+  }
   return cases;
 }
 
 std::string describe(const BackwardCase& c) {
   std::ostringstream m;
-  m << fs::describe(c.problem) << (c.layout == fs::Layout::packed_qkv ? " packed QKV" : "") << (c.padded ? " padded dO/dQ" : "");
+  m << fs::describe(c.problem) << (c.layout == fs::Layout::packed_qkv ? " packed QKV" : "") << (c.padded ? " padded dO/dQ" : "")
+    << (c.problem.attention.k.batch == 0 ? " K/V broadcast over the batch" : "");
   return m.str();
 }
 

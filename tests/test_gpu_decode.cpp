@@ -73,6 +73,12 @@ std::vector<DecodeCase> decode_cases() {
     p.num_pages += 5;  // a larger pool than the sequences use
     cases.push_back({p, ragged(3, 400, 9), 2999});
   }
+  // One contiguous cache for every sequence: K and V broadcast over the batch (batch stride 0).
+  {
+    fs::DecodeProblem p = fs::make_decode_problem(3, 2, 300, 8, 2, 64, fs::DType::fp16, true, 0);
+    p.attention.k.batch = p.attention.v.batch = 0;
+    cases.push_back({p, {300, 7, 129}, 2998});
+  }
   return cases;
 }
 

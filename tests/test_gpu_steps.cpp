@@ -64,6 +64,12 @@ std::vector<Case> edge_cases() {
   add(64, 17, 100, 1, 1, 128, fs::DType::bf16, false);
   for (int64_t d : {40, 64, 128})
     for (bool causal : {false, true}) add(2, 129, 129, 4, 2, d, fs::DType::fp16, causal, fs::Layout::packed_qkv);
+  // K and V broadcast over the batch (batch stride 0, as expand() gives them): flash_steps.h's aliasing rule.
+  for (int64_t d : {64, 128})
+    for (bool causal : {false, true}) {
+      add(3, 65, 129, 4, 2, d, d == 64 ? fs::DType::bf16 : fs::DType::fp16, causal);
+      cases.back().problem.k.batch = cases.back().problem.v.batch = 0;
+    }
   return cases;
 }
 
@@ -84,7 +90,8 @@ void check_all_steps(const Case& c) {
   fs::Reference ref;
   for (const fs::Step& s : fs::steps()) {
     if (!s.forward.present() || !fs::test::step_selected(s.id)) continue;
-    INFO("step " << s.id << " on " << fs::describe(w.problem()) << (c.layout == fs::Layout::packed_qkv ? " packed QKV" : ""));
+    INFO("step " << s.id << " on " << fs::describe(w.problem()) << (c.layout == fs::Layout::packed_qkv ? " packed QKV" : "")
+                 << (w.problem().k.batch == 0 ? " K/V broadcast over the batch" : ""));
     const fs::Plan plan = fs::plan(s, w.problem(), dev);
     if (!plan.accepted()) {
       INFO("refusal: " << plan.refusal);
