@@ -7,6 +7,7 @@ problem's type. A non-zero fs_status is raised as a FlashStepsError with the lib
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 from collections import namedtuple
 from dataclasses import dataclass
@@ -50,6 +51,25 @@ def refuse(function: str, message: str) -> InvalidArgument:
     """The FS_ERR_INVALID of a check made in Python (function: the entry point that refuses)."""
     return InvalidArgument(FS_ERR_INVALID, function, message)
 
+INT32, INT64 = (-2 ** 31, 2 ** 31 - 1), (-2 ** 63, 2 ** 63 - 1)  # the ranges of int32_t and int64_t
+
+def integer(function: str, name: str, value, low: int, high: int, rule: str = "") -> int:
+    """value as an int from low to high, else InvalidArgument: an int or what stands for one (operator.index: a
+    numpy integer), not a bool, a float or a str. Checked before ctypes sees it, which would wrap 2**64 + 2 to 2
+    (as int() would make 1.9 a 1 and '7' a 7)."""
+    try:
+        checked = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        checked = None
+    if checked is None or not low <= checked <= high:
+        raise refuse(function, f"{name} is {value!r}; it must be {rule or f'an integer from {low} to {high}'}")
+    return checked
+
+def flag(function: str, name: str, value) -> int:
+    """A flag of the C ABI (causal, deterministic, checked): True, False, 0 or 1, as 0 or 1; anything else is
+    refused, as the C ABI refuses 2 (bool() would make 2 and 'no' a 1)."""
+    return int(value) if isinstance(value, bool) else integer(function, name, value, 0, 1, "True, False, 0 or 1")
+
 _I64, _I32, _INT, _DBL, _U64, _PTR, _STR = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int, ctypes.c_double,
                                              ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p)
 _P = ctypes.POINTER
@@ -69,6 +89,8 @@ class FsDecodeProblem(ctypes.Structure):
 class FsBackwardProblem(ctypes.Structure):
     _fields_ = ([("attention", FsProblem), ("deterministic", _I32)]
                 + [(name, FsStrides) for name in ("d_o", "dq", "dk", "dv")])
+
+SIZES = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")  # the sizes of every init function
 
 # One pass of the C ABI: its fs_pass code, struct, functions and the pointers its run takes (in order, before
 # the workspace). init_extra: the ctypes of the init function's arguments after (batch, ..., dtype, causal).
@@ -207,9 +229,11 @@ class Library:
 
     def _init(self, ps: Pass, sizes: tuple, dtype: str, causal: bool, extra: tuple = (), strides: dict | None = None):
         """The pass's init function (contiguous, scale 1/sqrt(head_dim)), then the strides given,
-        {"q": (batch, row, head, dim), ...}: each a field of the problem or of its embedded attention."""
+        {"q": (batch, row, head, dim), ...}: each a field of the problem or of its embedded attention. The
+        sizes must be int64s and causal a flag (ctypes would wrap them)."""
         p = ps.struct()
-        self._fn(ps.init)(ctypes.byref(p), *sizes, DTYPE_CODES[dtype], int(causal), *extra)
+        sizes = [integer(ps.init, name, x, *INT64) for name, x in zip(SIZES, sizes)]
+        self._fn(ps.init)(ctypes.byref(p), *sizes, DTYPE_CODES[dtype], flag(ps.init, "causal", causal), *extra)
         for name, s in (strides or {}).items():
             setattr(p if hasattr(p, name) else p.attention, name, FsStrides(*s))
         return p
@@ -223,13 +247,13 @@ class Library:
                        page_size: int = 0) -> FsDecodeProblem:
         """Contiguous Q and O; a contiguous (page_size 0) or paged cache."""
         return self._init(PASSES[1], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
-                          (page_size,))
+                          (integer(PASSES[1].init, "page_size", page_size, *INT64),))
 
     def backward_problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
                          deterministic: bool = False, strides: dict | None = None) -> FsBackwardProblem:
         """strides: of "q", "k", "v", "o", "d_o", "dq", "dk", "dv"."""
         return self._init(PASSES[2], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
-                          (int(deterministic),), strides)
+                          (flag(PASSES[2].init, "deterministic", deterministic),), strides)
 
     def check(self, step_id: str, p) -> None:
         """Raises when the step cannot run p (of any pass) on the current device."""

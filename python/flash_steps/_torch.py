@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
-from ._capi import (DTYPE_CODES, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument, Library,
-                    library, pass_of, refuse)
+from ._capi import (DTYPE_CODES, INT64, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument,
+                    Library, flag, integer, library, pass_of, refuse)
 
 TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # the name of a torch.dtype (torch.half's is float16)
+FLOAT32_MIN, FLOAT32_MAX = 2.0 ** -149, (2 - 2.0 ** -23) * 2.0 ** 127  # the smallest positive and largest float32
+MAX_SPLITS = 128  # num_splits: 0 (the step's heuristic) or 1 ... 128 (kMaxSplits, common/decode/problem.h)
 
 def shape_of(t) -> tuple[int, ...]:
     return tuple(int(x) for x in t.shape)
@@ -62,14 +65,30 @@ def check_lse(function: str, lse, q) -> None:
     if strides_of(lse) != (hq * sq, sq, 1):
         raise refuse(function, f"LSE has strides {strides_of(lse)}; it must be contiguous, {(hq * sq, sq, 1)}")
 
-def attention_problem(function: str, dtype: str, q, k, v, o, seqlen_k: int, causal: bool, scale) -> FsProblem:
-    """The fs_problem of checked tensors; scale: 1/sqrt(head_dim) when None, else finite and > 0."""
-    b, sq, hq, d = shape_of(q)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if not math.isfinite(scale) or scale <= 0:
+def softmax_scale(function: str, scale, head_dim: int) -> float:
+    """scale as softmax_scale, a float32: 1/sqrt(head_dim) when None (1 for a head_dim below 1, which the library
+    refuses), else a real number (an int or a float, not a bool or a str), finite, > 0 and within the positive
+    float32s, which 1e-50 (0) and 1e39 (inf) are not; the library then applies its own bound of the dtype."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise refuse(function, f"scale is {scale!r}; it must be a real number (an int or a float) or None")
+    if not 0 < scale < math.inf:  # not float(scale) first: 10**400 is an int that no float holds
         raise refuse(function, f"scale is {scale}; it must be finite and > 0")
+    if scale < FLOAT32_MIN:
+        raise refuse(function, f"scale is {scale}; it must be at least {FLOAT32_MIN}, the smallest positive float32 "
+                     "(softmax_scale is a float32)")
+    if scale > FLOAT32_MAX:
+        raise refuse(function, f"scale is {scale}; it must be at most {FLOAT32_MAX}, the largest float32 "
+                     "(softmax_scale is a float32)")
+    return float(scale)
+
+def attention_problem(function: str, dtype: str, q, k, v, o, seqlen_k: int, causal: bool, scale) -> FsProblem:
+    """The fs_problem of checked tensors (scale: see softmax_scale)."""
+    b, sq, hq, d = shape_of(q)
     return FsProblem(batch=b, seqlen_q=sq, seqlen_k=seqlen_k, heads_q=hq, heads_kv=shape_of(k)[2], head_dim=d,
-                     dtype=DTYPE_CODES[dtype], causal=int(bool(causal)), softmax_scale=scale,
+                     dtype=DTYPE_CODES[dtype], causal=flag(function, "causal", causal),
+                     softmax_scale=softmax_scale(function, scale, d),
                      q=FsStrides(*strides_of(q)), k=FsStrides(*strides_of(k)), v=FsStrides(*strides_of(v)),
                      o=FsStrides(*strides_of(o)))
 
@@ -94,7 +113,7 @@ def backward_problem(function: str, q, k, v, o, lse, d_o, dq, dk, dv, causal: bo
     for name, t, like_name, like in (("dO", d_o, "Q", q), ("dQ", dq, "Q", q), ("dK", dk, "K", k), ("dV", dv, "V", v)):
         check_same_shape(function, name, t, like_name, like)
     check_lse(function, lse, q)
-    return FsBackwardProblem(attention=forward, deterministic=int(bool(deterministic)),
+    return FsBackwardProblem(attention=forward, deterministic=flag(function, "deterministic", deterministic),
                              d_o=FsStrides(*strides_of(d_o)), dq=FsStrides(*strides_of(dq)),
                              dk=FsStrides(*strides_of(dk)), dv=FsStrides(*strides_of(dv)))
 
@@ -129,11 +148,15 @@ def decode_problem(function: str, q, k_cache, v_cache, o, cache_seqlens, block_t
         if shape_of(cache_seqlens) != (b,) or strides_of(cache_seqlens) != (1,):
             raise refuse(function, f"cache_seqlens is {shape_of(cache_seqlens)} with strides "
                          f"{strides_of(cache_seqlens)}; it must be a contiguous ({b},)")
-    seqlen_k = capacity if max_seqlen_k is None else int(max_seqlen_k)
-    if not 0 <= seqlen_k <= capacity:
-        raise refuse(function, f"max_seqlen_k is {seqlen_k}; it must be between 0 and the cache's capacity, {capacity}")
+    if max_seqlen_k is None:  # the capacity, an int64 when its sizes are (max_pages_per_seq * page_size may not be)
+        seqlen_k = integer(function, "the cache's capacity, max_seqlen_k's default,", capacity, *INT64)
+    else:
+        seqlen_k = integer(function, "max_seqlen_k", max_seqlen_k, 0, capacity,
+                           f"an integer between 0 and the cache's capacity, {capacity}")
     attention = attention_problem(function, dtype, q, k_cache, v_cache, o, seqlen_k, causal, scale)
-    return FsDecodeProblem(attention=attention, num_splits=int(num_splits), checked=int(bool(checked)),
+    splits = integer(function, "num_splits", num_splits, 0, MAX_SPLITS,
+                     f"0 (the step's heuristic) or an integer from 1 to {MAX_SPLITS}")
+    return FsDecodeProblem(attention=attention, num_splits=splits, checked=flag(function, "checked", checked),
                            page_size=page_size, num_pages=num_pages, max_pages_per_seq=max_pages,
                            block_table_stride=table_stride)
 

@@ -10,7 +10,13 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from fractions import Fraction
 from pathlib import Path
+
+try:
+    import numpy  # numpy scalars are numbers too, when numpy is there
+except ImportError:
+    numpy = None
 
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO / "python"))
@@ -179,6 +185,29 @@ class Library(unittest.TestCase):
         self.assertIn("null", e.exception.message)
         self.assertTrue(str(e.exception).startswith("fs_run(01_naive): "))
 
+    def test_init_sizes_and_flags_are_checked_before_ctypes(self):
+        # ctypes would wrap batch 2**64 + 2 to 2 and seqlen_k 2**63 to -2**63; the C ABI refuses causal 2
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.problem(2 ** 64 + 2, 512, 512, 16, 16, 128, "fp16", False)
+        self.assertEqual(e.exception.message, "batch is 18446744073709551618; it must be an integer from "
+                                              "-9223372036854775808 to 9223372036854775807")
+        self.assertEqual(e.exception.function, "fs_problem_init")
+        for call, want in ((lambda: self.lib.problem(2, 512, 2 ** 63, 16, 16, 128, "fp16", False),
+                            "seqlen_k is 9223372036854775808; it must be an integer from"),
+                           (lambda: self.lib.problem(2, 512, 512, 16, 16, 128.0, "fp16", False),
+                            "head_dim is 128.0; it must be an integer from"),
+                           (lambda: self.lib.problem(2, 512, 512, 16, 16, 128, "fp16", 2),
+                            "causal is 2; it must be True, False, 0 or 1"),
+                           (lambda: self.lib.decode_problem(2, 1, 64, 8, 8, 64, "fp16", False, 2 ** 64 + 16),
+                            "page_size is 18446744073709551632; it must be an integer from"),
+                           (lambda: self.lib.backward_problem(2, 64, 64, 8, 8, 64, "fp16", False, deterministic="no"),
+                            "deterministic is 'no'; it must be True, False, 0 or 1")):
+            with self.assertRaises(fs.InvalidArgument) as e:
+                call()
+            self.assertTrue(e.exception.message.startswith(want), e.exception.message)
+        p = self.lib.problem(True + 1, 512, 512, 16, 16, 128, "fp16", 1)
+        self.assertEqual((p.batch, p.causal), (2, 1))
+
     def test_decode_problem(self):
         p = self.lib.decode_problem(2, 1, 4096, 32, 8, 128, "fp16", False, 64)
         self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride), (64, 128, 64, 64))
@@ -319,10 +348,66 @@ class Arguments(unittest.TestCase):
         msg = self.refused(fs.forward_problem, q, self.kv, self.kv, self.q, False, None)
         self.assertEqual(msg, "Q's last dimension (head_dim) has stride 2; it must be 1 (contiguous)")
 
+    def forward(self, causal=False, scale=None):
+        return fs.forward_problem("test", self.q, self.kv, self.kv, self.q, causal, scale)
+
     def test_scale(self):
-        for bad in (0.0, -1.0, float("inf"), float("nan")):
-            self.assertIn("it must be finite and > 0",
-                          self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, bad))
+        for bad in (0.0, -1.0, float("inf"), float("nan"), -10 ** 400):
+            self.assertIn("it must be finite and > 0", self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q,
+                                                                    False, bad))
+        # a float32 holds neither: 1e-50 would be 0 and 1e39 inf, which the library would then refuse
+        self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, 1e-50),
+                         "scale is 1e-50; it must be at least 1.401298464324817e-45, the smallest positive float32 "
+                         "(softmax_scale is a float32)")
+        for big in (1e39, 10 ** 400):
+            self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, big),
+                             f"scale is {big}; it must be at most 3.4028234663852886e+38, the largest float32 "
+                             "(softmax_scale is a float32)")
+        for bad in ("abc", "0.5", True, b"1", [0.5], 1j):
+            self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, bad),
+                             f"scale is {bad!r}; it must be a real number (an int or a float) or None")
+        for good, want in ((1, 1.0), (0.5, 0.5), (Fraction(1, 4), 0.25), (2.0 ** -149, 2.0 ** -149),
+                           (3.4028234663852886e+38, 3.4028234663852886e+38)):
+            self.assertEqual(self.forward(scale=good).softmax_scale, want)
+        if numpy is not None:
+            self.assertEqual(self.forward(scale=numpy.float64(0.125)).softmax_scale, 0.125)
+            self.assertEqual(self.forward(scale=numpy.float32(0.5)).softmax_scale, 0.5)
+
+    def test_flags_are_bools_or_0_or_1(self):
+        # bool() would make every one of these a 1 (causal 'no' too); the C ABI refuses 2
+        for bad in (2, -1, "no", "", None, 1.0, 0.5):
+            self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, bad, None),
+                             f"causal is {bad!r}; it must be True, False, 0 or 1")
+        self.assertEqual([self.forward(causal=c).causal for c in (True, False, 1, 0)], [1, 0, 1, 0])
+        lse = FakeTensor((2, 8, 64), "torch.float32")
+        args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv, False, None]
+        self.assertEqual(self.refused(fs.backward_problem, *args, 2), "deterministic is 2; it must be True, False, 0 or 1")
+        self.assertEqual(fs.backward_problem("test", *args, 1).deterministic, 1)
+        q, cache = FakeTensor((4, 1, 32, 128)), FakeTensor((4, 4096, 8, 128))
+        self.assertEqual(self.refused(fs.decode_problem, q, cache, cache, q, None, None, False, None, None, 0, 2),
+                         "checked is 2; it must be True, False, 0 or 1")
+
+    def test_num_splits_and_max_seqlen_k_are_integers(self):
+        q, cache = FakeTensor((4, 1, 32, 128)), FakeTensor((4, 4096, 8, 128))
+
+        def decode(num_splits=0, max_seqlen_k=None):
+            return fs.decode_problem("test", q, cache, cache, q, None, None, False, None, max_seqlen_k, num_splits,
+                                     False)
+        # ctypes would make 2**32 + 1 a 1 and 2**32 a 0 (the heuristic), int() 1.9 a 1 and '7' a 7
+        for bad in (2 ** 32 + 1, 2 ** 32, 2 ** 64 + 7, -1, 129, 1.9, "7", True, None):
+            with self.assertRaises(fs.InvalidArgument) as e:
+                decode(num_splits=bad)
+            self.assertEqual(e.exception.message,
+                             f"num_splits is {bad!r}; it must be 0 (the step's heuristic) or an integer from 1 to 128")
+        self.assertEqual([decode(num_splits=n).num_splits for n in (0, 1, 128)], [0, 1, 128])
+        for bad in (2 ** 64 + 100, 100.0, "100", False):
+            with self.assertRaises(fs.InvalidArgument) as e:
+                decode(max_seqlen_k=bad)
+            self.assertEqual(e.exception.message,
+                             f"max_seqlen_k is {bad!r}; it must be an integer between 0 and the cache's capacity, 4096")
+        self.assertEqual(decode(max_seqlen_k=100).attention.seqlen_k, 100)
+        if numpy is not None:
+            self.assertEqual(decode(num_splits=numpy.int64(3), max_seqlen_k=numpy.int32(7)).num_splits, 3)
 
     def test_backward_arguments(self):
         lse = FakeTensor((2, 8, 64), "torch.float32")
@@ -355,7 +440,7 @@ class Arguments(unittest.TestCase):
         p = fs.decode_problem("test", q, pages, pages, q, lens, table, True, None, 2048, 3, True)
         self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride, p.attention.seqlen_k,
                           p.num_splits, p.checked, p.attention.causal), (64, 300, 70, 70, 2048, 3, 1, 1))
-        self.assertIn("max_seqlen_k is 5000; it must be between 0 and the cache's capacity, 4480",
+        self.assertIn("max_seqlen_k is 5000; it must be an integer between 0 and the cache's capacity, 4480",
                       self.refused(fs.decode_problem, q, pages, pages, q, lens, table, False, None, 5000, 0, False))
         self.assertIn("cache_seqlens is torch.int64",
                       self.refused(fs.decode_problem, q, cache, cache, q, FakeTensor((4,), "torch.int64"), None, False,
