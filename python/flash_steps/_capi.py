@@ -70,15 +70,28 @@ def flag(function: str, name: str, value) -> int:
     refused, as the C ABI refuses 2 (bool() would make 2 and 'no' a 1)."""
     return int(value) if isinstance(value, bool) else integer(function, name, value, 0, 1, "True, False, 0 or 1")
 
+def int64s(function: str, name: str, values, dims: tuple) -> tuple[int, ...]:
+    """values (a tensor's shape or strides) as one int64 per dimension of dims, else InvalidArgument."""
+    try:
+        entries = tuple(values)
+    except TypeError:
+        entries = ()
+    if len(entries) != len(dims):
+        raise refuse(function, f"{name} is {values!r}; it must have one entry per dimension ({', '.join(dims)})")
+    return tuple(integer(function, f"{dim} in {name} {entries}", x, *INT64) for dim, x in zip(dims, entries))
+
 _I64, _I32, _INT, _DBL, _U64, _PTR, _STR = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int, ctypes.c_double,
                                              ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p)
 _P = ctypes.POINTER
 
+SIZES = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")  # of fs_problem and every init function
+STRIDES = ("batch", "row", "head", "dim")
+
 class FsStrides(ctypes.Structure):
-    _fields_ = [(name, _I64) for name in ("batch", "row", "head", "dim")]
+    _fields_ = [(name, _I64) for name in STRIDES]
 
 class FsProblem(ctypes.Structure):
-    _fields_ = ([(name, _I64) for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")]
+    _fields_ = ([(name, _I64) for name in SIZES]
                 + [("dtype", _I32), ("causal", _I32), ("softmax_scale", ctypes.c_float)]
                 + [(name, FsStrides) for name in ("q", "k", "v", "o")])
 
@@ -90,19 +103,28 @@ class FsBackwardProblem(ctypes.Structure):
     _fields_ = ([("attention", FsProblem), ("deterministic", _I32)]
                 + [(name, FsStrides) for name in ("d_o", "dq", "dk", "dv")])
 
-SIZES = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")  # the sizes of every init function
-
-# One pass of the C ABI: its fs_pass code, struct, functions and the pointers its run takes (in order, before
-# the workspace). init_extra: the ctypes of the init function's arguments after (batch, ..., dtype, causal).
+# One pass of the C ABI: its fs_pass code, struct, functions and the pointers its run takes (Pointer, in order,
+# before the workspace). init_extra: the ctypes of the init function's arguments after (batch, ..., dtype, causal).
 Pass = namedtuple("Pass", "name code struct init init_extra check workspace_size run pointers")
+# One pointer of a run: its argument, its name in the sentences, its alignment, and when NULL is refused: when every
+# size that `needs` names is > 0 (q: seqlen_q, k: seqlen_k, p: page_size, a paged cache), never for "". The rules
+# of validate_tensors (common/forward, decode and backward/rules.cpp).
+Pointer = namedtuple("Pointer", "arg name align needs")
 
 PASSES = (
     Pass("forward", 0, FsProblem, "fs_problem_init", (), "fs_check", "fs_workspace_size", "fs_run",
-         ("q", "k", "v", "o", "lse")),
+         (Pointer("q", "Q", 16, "q"), Pointer("k", "K", 16, "qk"), Pointer("v", "V", 16, "qk"),
+          Pointer("o", "O", 16, "q"), Pointer("lse", "LSE", 4, ""))),
     Pass("decode", 1, FsDecodeProblem, "fs_decode_problem_init", (_I64,), "fs_decode_check", "fs_decode_workspace_size",
-         "fs_run_decode", ("q", "k_cache", "v_cache", "block_table", "cache_seqlens", "o", "lse")),
+         "fs_run_decode",
+         (Pointer("q", "Q", 16, "q"), Pointer("k_cache", "the K cache", 16, "qk"),
+          Pointer("v_cache", "the V cache", 16, "qk"), Pointer("block_table", "the block table", 4, "qkp"),
+          Pointer("cache_seqlens", "cache_seqlens", 4, ""), Pointer("o", "O", 16, "q"), Pointer("lse", "LSE", 4, ""))),
     Pass("backward", 2, FsBackwardProblem, "fs_backward_problem_init", (_I32,), "fs_backward_check",
-         "fs_backward_workspace_size", "fs_run_backward", ("q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv")),
+         "fs_backward_workspace_size", "fs_run_backward",
+         (Pointer("q", "Q", 16, "qk"), Pointer("k", "K", 16, "qk"), Pointer("v", "V", 16, "qk"),
+          Pointer("o", "O", 16, "qk"), Pointer("lse", "LSE", 4, "qk"), Pointer("d_o", "dO", 16, "qk"),
+          Pointer("dq", "dQ", 16, "q"), Pointer("dk", "dK", 16, "k"), Pointer("dv", "dV", 16, "k"))),
 )
 
 def pass_of(p) -> Pass:
@@ -111,6 +133,19 @@ def pass_of(p) -> Pass:
             return ps
     raise refuse("", f"{type(p).__name__} is no problem of flash_steps (one of "
                  + ", ".join(ps.struct.__name__ for ps in PASSES) + ")")
+
+def check_pointers(function: str, p, addresses: list) -> None:
+    """The C rules of a run's pointers (Pointer), checked in Python for a caller that asks fs_check or
+    fs_workspace_size, which read no pointer, before the run: `addresses` in the order of the pass's pointers,
+    None for one not checked."""
+    attention = getattr(p, "attention", p)
+    sizes = {"q": attention.seqlen_q, "k": attention.seqlen_k, "p": getattr(p, "page_size", 0)}
+    for x, address in zip(pass_of(p).pointers, addresses):
+        if address == 0 and x.needs and all(sizes[size] > 0 for size in x.needs):
+            raise refuse(function, f"{x.name} is a null pointer")
+        if address and address % x.align:
+            raise refuse(function, f"{x.name} pointer {address:#x} is not {x.align}-byte aligned (address mod "
+                         f"{x.align} = {address % x.align})")
 
 # name: (argtypes, restype) of every function of flash_steps.h; each pass's four from PASSES.
 SIGNATURES = {
@@ -235,6 +270,7 @@ class Library:
         sizes = [integer(ps.init, name, x, *INT64) for name, x in zip(SIZES, sizes)]
         self._fn(ps.init)(ctypes.byref(p), *sizes, DTYPE_CODES[dtype], flag(ps.init, "causal", causal), *extra)
         for name, s in (strides or {}).items():
+            s = int64s(ps.init, f"strides[{name!r}]", s, STRIDES)
             setattr(p if hasattr(p, name) else p.attention, name, FsStrides(*s))
         return p
 
@@ -268,7 +304,7 @@ class Library:
         ps = pass_of(p)
         if len(pointers) != len(ps.pointers):
             raise refuse(ps.run, f"{len(pointers)} pointers given; {ps.run} takes {len(ps.pointers)}: "
-                         + ", ".join(ps.pointers))
+                         + ", ".join(x.arg for x in ps.pointers))
         fn, sid, pp, where = self._fn(ps.run), step_id.encode(), ctypes.byref(p), f"{ps.run}({step_id})"
         args = [ctypes.c_void_p(x or None) for x in pointers + (workspace,)]
         args += [_U64(workspace_bytes), ctypes.c_void_p(stream or None)]

@@ -39,15 +39,20 @@ def run_python(code: str, pythonpath: Path, env_lib: str | None = None) -> subpr
 
 class Import(unittest.TestCase):
     def test_import_needs_no_torch(self):
-        # torch made unimportable: the package imports, lists its API, and says so only when a tensor
-        # function is called.
+        # torch made unimportable: the package imports, lists its API, refuses bad arguments, and says
+        # so only when a tensor function is called with good ones (here fake tensors).
         code = ("import sys; sys.modules['torch'] = None\n"
                 "import flash_steps\n"
                 "assert callable(flash_steps.attention) and callable(flash_steps.steps)\n"
-                "try:\n    flash_steps.forward(None, None, None)\nexcept ImportError:\n    print('no torch')\n")
+                "class T:\n    shape, dtype, device = (1, 1, 1, 8), 'torch.float16', 'cuda:0'\n"
+                "    stride, data_ptr = lambda self: (8, 8, 8, 1), lambda self: 256\n"
+                "try:\n    flash_steps.forward(None, None, None)\nexcept flash_steps.InvalidArgument as e:\n"
+                "    print(e.message)\n"
+                "try:\n    flash_steps.forward(T(), T(), T())\nexcept ImportError:\n    print('no torch')\n")
         out = run_python(code, REPO / "python")
         self.assertEqual(out.returncode, 0, out.stderr)
-        self.assertEqual(out.stdout.strip(), "no torch")
+        self.assertEqual(out.stdout.splitlines(), ["Q is None; it must be a tensor (with shape, stride(), dtype, device "
+                                                   "and data_ptr())", "no torch"])
 
 
 class Discovery(unittest.TestCase):
@@ -201,7 +206,11 @@ class Library(unittest.TestCase):
                            (lambda: self.lib.decode_problem(2, 1, 64, 8, 8, 64, "fp16", False, 2 ** 64 + 16),
                             "page_size is 18446744073709551632; it must be an integer from"),
                            (lambda: self.lib.backward_problem(2, 64, 64, 8, 8, 64, "fp16", False, deterministic="no"),
-                            "deterministic is 'no'; it must be True, False, 0 or 1")):
+                            "deterministic is 'no'; it must be True, False, 0 or 1"),
+                           (lambda: self.lib.problem(2, 64, 64, 8, 8, 64, "fp16", False, {"o": (1, 2, 3)}),
+                            "strides['o'] is (1, 2, 3); it must have one entry per dimension (batch, row, head, dim)"),
+                           (lambda: self.lib.problem(2, 64, 64, 8, 8, 64, "fp16", False, {"q": (0, 2 ** 64, 8, 1)}),
+                            "row in strides['q'] (0, 18446744073709551616, 8, 1) is 18446744073709551616; it must be")):
             with self.assertRaises(fs.InvalidArgument) as e:
                 call()
             self.assertTrue(e.exception.message.startswith(want), e.exception.message)
@@ -277,14 +286,17 @@ class Library(unittest.TestCase):
 
 
 class FakeTensor:
-    """What the checks read of a torch tensor: shape, stride(), dtype and device (by their names)."""
+    """What the checks read of a torch tensor: shape, stride(), dtype and device (by their names), data_ptr()."""
 
-    def __init__(self, shape, dtype="torch.float16", strides=None, device="cuda:0"):
-        self.shape, self.dtype, self.device = tuple(shape), dtype, device
+    def __init__(self, shape, dtype="torch.float16", strides=None, device="cuda:0", address=0x7F0000000000):
+        self.shape, self.dtype, self.device, self.address = tuple(shape), dtype, device, address
         self._strides = strides or tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
 
     def stride(self):
         return self._strides
+
+    def data_ptr(self):
+        return self.address
 
 
 class Arguments(unittest.TestCase):
@@ -312,7 +324,7 @@ class Arguments(unittest.TestCase):
 
     def test_wrong_dimensions(self):
         msg = self.refused(fs.forward_problem, FakeTensor((64, 8, 128)), self.kv, self.kv, self.q, False, None)
-        self.assertEqual(msg, "Q has 3 dimensions (shape (64, 8, 128)); it must have 4, (batch, seqlen, heads, head_dim)")
+        self.assertEqual(msg, "Q's shape is (64, 8, 128); it must have one entry per dimension (batch, seqlen, heads, head_dim)")
 
     def test_mixed_and_unsupported_dtypes(self):
         bf = FakeTensor((2, 96, 2, 128), "torch.bfloat16")
@@ -427,6 +439,127 @@ class Arguments(unittest.TestCase):
         bad = list(args)
         bad[5] = FakeTensor((2, 64, 8, 128), "torch.bfloat16")
         self.assertIn("dO is torch.bfloat16", self.refused(fs.backward_problem, *bad, False, None, False))
+
+    def test_a_tensor_is_read_once_every_entry_an_int64(self):
+        tensor = "; it must be a tensor (with shape, stride(), dtype, device and data_ptr())"
+        dims = "it must have one entry per dimension (batch, seqlen, heads, head_dim)"
+        int64 = "it must be an integer from -9223372036854775808 to 9223372036854775807"
+        big = FakeTensor((2 ** 64 + 2, 64, 8, 128), strides=(65536, 1024, 128, 1))  # ctypes would make the batch 2
+        for q, want in (
+                (None, "Q is None" + tensor), (5, "Q is 5" + tensor), ("q", "Q is 'q'" + tensor),
+                # a 5-entry stride() was a TypeError, a 3-entry one the library's "head_dim stride is 0"
+                (FakeTensor((2, 64, 8, 128), strides=(65536, 1024, 128, 1, 1)),
+                 f"Q's stride() is (65536, 1024, 128, 1, 1); {dims}"),
+                (FakeTensor((2, 64, 8, 128), strides=(65536, 1024, 128)), f"Q's stride() is (65536, 1024, 128); {dims}"),
+                (FakeTensor((2, 64, 8, 128), strides=5), f"Q's stride() is 5; {dims}"),
+                (big, f"batch in Q's shape (18446744073709551618, 64, 8, 128) is 18446744073709551618; {int64}"),
+                (FakeTensor((2, 64, 8, 128.0), strides=(65536, 1024, 128, 1)),
+                 f"head_dim in Q's shape (2, 64, 8, 128.0) is 128.0; {int64}"),
+                (FakeTensor((2, 64, True, 128), strides=(65536, 1024, 128, 1)),
+                 f"heads in Q's shape (2, 64, True, 128) is True; {int64}"),
+                (FakeTensor((2, 64, 8, 128), strides=(65536, 2 ** 63, 128, 1)),
+                 f"seqlen in Q's stride() (65536, 9223372036854775808, 128, 1) is 9223372036854775808; {int64}"),
+                (FakeTensor((2, 64, 8, 128), strides=(65536, "1024", 128, 1)),
+                 f"seqlen in Q's stride() (65536, '1024', 128, 1) is '1024'; {int64}")):
+            self.assertEqual(self.refused(fs.forward_problem, q, self.kv, self.kv, self.q, False, None), want)
+        for address in (-16, 2 ** 64, 16.0, "0x10", None):
+            self.assertEqual(self.refused(fs.forward_problem, FakeTensor((2, 64, 8, 128), address=address), self.kv,
+                                          self.kv, self.q, False, None),
+                             f"Q's data_ptr() is {address!r}; it must be an integer from 0 to 18446744073709551615")
+
+    def test_backward_needs_the_lse_and_every_tensor_its_dimensions(self):
+        lse = FakeTensor((2, 8, 64), "torch.float32")
+        args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv]
+        without = args[:4] + [None] + args[5:]
+        want = "lse is None; backward needs the forward's LSE, fp32 (batch, heads_q, seqlen_q)"  # was an AttributeError
+        self.assertEqual(self.refused(fs.backward_problem, *without, False, None, False), want)
+        with self.assertRaises(fs.InvalidArgument) as e:
+            fs.backward(*without[:6])  # refused before anything is allocated (fake tensors could not be)
+        self.assertEqual(e.exception.message, want)
+        self.assertEqual(e.exception.function, "flash_steps.backward")
+        bad = list(args)
+        bad[4] = FakeTensor((2, 8), "torch.float32")
+        self.assertEqual(self.refused(fs.backward_problem, *bad, False, None, False),
+                         "LSE's shape is (2, 8); it must have one entry per dimension (batch, heads_q, seqlen_q)")
+        p = fs.backward_problem("test", *args[:6], None, None, None, False, None, False)  # dQ, dK, dV: allocated
+        self.assertEqual([(s.batch, s.row, s.head, s.dim) for s in (p.dq, p.dk)],
+                         [(64 * 8 * 128, 8 * 128, 128, 1), (96 * 2 * 128, 2 * 128, 128, 1)])
+        q, cache, lens = FakeTensor((4, 1, 32, 128)), FakeTensor((4, 4096, 8, 128)), FakeTensor((4,), "torch.int32")
+        self.assertEqual(self.refused(fs.decode_problem, q, cache, cache, q, FakeTensor((4, 1), "torch.int32"), None,
+                                      False, None, None, 0, False),
+                         "cache_seqlens's shape is (4, 1); it must have one entry per dimension (batch)")
+        self.assertEqual(self.refused(fs.decode_problem, q, FakeTensor((300, 64, 8, 128)), FakeTensor((300, 64, 8, 128)),
+                                      q, lens, FakeTensor((4,), "torch.int32"), False, None, None, 0, False),
+                         "block_table's shape is (4,); it must have one entry per dimension (batch, max_pages_per_seq)")
+
+    def test_every_entry_point_refuses_before_allocating(self):
+        # fake tensors cannot be allocated like, nor launched: every refusal here comes before both
+        calls = (
+            (lambda: fs.forward(self.q, self.kv, self.kv, causal="yes"), "flash_steps.forward", "causal is 'yes'"),
+            (lambda: fs.forward(self.q, self.kv, self.kv, scale="abc"), "flash_steps.forward", "scale is 'abc'"),
+            (lambda: fs.forward(self.q, self.kv, self.kv, out=FakeTensor((2, 64, 8, 64))), "flash_steps.forward",
+             "O is (2, 64, 8, 64) but Q is (2, 64, 8, 128)"),
+            (lambda: fs.forward(self.q, self.kv, self.kv, lse=FakeTensor((2, 8, 64), "torch.float32", address=2)),
+             "flash_steps.forward", "LSE pointer 0x2 is not 4-byte aligned"),
+            (lambda: fs.forward(self.q, self.kv, self.kv, step=7), "flash_steps.forward", "step is 7"),
+            (lambda: fs.decode(self.q, self.kv, self.kv, num_splits=2 ** 32), "flash_steps.decode", "num_splits is 4294"),
+            (lambda: fs.decode(self.q, self.kv, self.kv, checked=2), "flash_steps.decode", "checked is 2"),
+            (lambda: fs.attention(self.q, self.kv, self.kv, causal=2), "flash_steps.attention", "causal is 2"),
+            (lambda: fs.attention(self.q, self.kv, self.kv, deterministic=2), "flash_steps.attention",
+             "deterministic is 2"),
+            (lambda: fs.attention(self.q, FakeTensor((2, 96, 3, 128)), FakeTensor((2, 96, 3, 128))),
+             "flash_steps.attention", "Q has 8 heads and K, V 3"),
+            (lambda: fs.attention(self.q, self.kv, self.kv, backward_step=b"11"), "flash_steps.attention",
+             "backward_step is b'11'"),
+            (lambda: fs.attention(self.q, self.kv, None), "flash_steps.attention", "V is None"))
+        for call, function, start in calls:
+            with self.assertRaises(fs.InvalidArgument) as e:
+                call()
+            self.assertEqual(e.exception.function, function)
+            self.assertTrue(e.exception.message.startswith(start), e.exception.message)
+
+    def test_pointers_by_the_c_rules(self):
+        # validate_tensors of common/*/rules.cpp, which fs_run applies but fs_check and fs_workspace_size
+        # (asked first) do not: null where there is work, 16-byte (LSE, cache_seqlens, the table: 4-byte) aligned
+        base = 0x7F0000000000
+
+        def at(t, address):
+            return FakeTensor(t.shape, t.dtype, t.stride(), address=address)
+        lse = FakeTensor((2, 8, 64), "torch.float32")
+        forward = [self.q, self.kv, self.kv, self.q]
+        for i, name in enumerate("QKVO"):
+            for address, want in ((0, f"{name} is a null pointer"),
+                                  (base + 8, f"{name} pointer 0x7f0000000008 is not 16-byte aligned (address mod 16 = 8)")):
+                args = list(forward)
+                args[i] = at(args[i], address)
+                self.assertEqual(self.refused(fs.forward_problem, *args, False, None, lse), want)
+        self.assertEqual(self.refused(fs.forward_problem, *forward, False, None, at(lse, base + 6)),
+                         "LSE pointer 0x7f0000000006 is not 4-byte aligned (address mod 4 = 2)")
+        fs.forward_problem("test", *forward, False, None, at(lse, 0))  # LSE may be NULL, or only 4-byte aligned
+        fs.forward_problem("test", *forward, False, None, at(lse, base + 4))
+        empty_kv = FakeTensor((2, 0, 2, 128))  # no key: K and V are not read
+        fs.forward_problem("test", self.q, at(empty_kv, 0), at(empty_kv, 0), self.q, False, None)
+        empty_q = FakeTensor((2, 0, 8, 128))  # no query: nothing at all is read or written
+        fs.forward_problem("test", at(empty_q, 0), at(self.kv, 0), self.kv, at(empty_q, 0), False, None)
+        # the backward: Q, K, V, O, LSE, dO only with both seqlens > 0, dQ with queries, dK and dV with keys
+        back = [self.q, empty_kv, empty_kv, self.q, lse, self.q, self.q, empty_kv, empty_kv]
+        no_keys = [at(t, 0) for t in back]
+        self.assertEqual(self.refused(fs.backward_problem, *no_keys, False, None, False), "dQ is a null pointer")
+        no_keys[6] = self.q  # dQ is written (zeros); the others may be NULL
+        fs.backward_problem("test", *no_keys, False, None, False)
+        work = [self.q, self.kv, self.kv, self.q, at(lse, 0), self.q, self.q, self.kv, self.kv]
+        self.assertEqual(self.refused(fs.backward_problem, *work, False, None, False), "LSE is a null pointer")
+        # decoding: the caches and a paged cache's table with keys to read; cache_seqlens and LSE 4-byte aligned
+        q, pages, table, lens = (FakeTensor((4, 1, 32, 128)), FakeTensor((300, 64, 8, 128)),
+                                 FakeTensor((4, 70), "torch.int32"), FakeTensor((4,), "torch.int32"))
+        for args, want in (((q, at(pages, base + 4), pages, q, lens, table),
+                            "the K cache pointer 0x7f0000000004 is not 16-byte aligned (address mod 16 = 4)"),
+                           ((q, pages, at(pages, 0), q, lens, table), "the V cache is a null pointer"),
+                           ((q, pages, pages, q, lens, at(table, 0)), "the block table is a null pointer"),
+                           ((q, pages, pages, q, at(lens, base + 1), table),
+                            "cache_seqlens pointer 0x7f0000000001 is not 4-byte aligned (address mod 4 = 1)")):
+            self.assertEqual(self.refused(fs.decode_problem, *args, False, None, None, 0, False), want)
+        fs.decode_problem("test", q, at(pages, 0), at(pages, 0), q, None, at(table, 0), False, None, 0, 0, False)
 
     def test_decode_arguments(self):
         q = FakeTensor((4, 1, 32, 128))
