@@ -19,6 +19,7 @@ from ._capi import (DTYPE_CODES, INT64, FsBackwardProblem, FsDecodeProblem, FsPr
 TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # the name of a torch.dtype (torch.half's is float16)
 FLOAT32_MIN, FLOAT32_MAX = 2.0 ** -149, (2 - 2.0 ** -23) * 2.0 ** 127  # the smallest positive and largest float32
 MAX_SPLITS = 128  # num_splits: 0 (the step's heuristic) or 1 ... 128 (kMaxSplits, common/decode/problem.h)
+PAGE_MULTIPLE = 16  # a page holds whole groups of 16 keys (kPageMultiple, common/decode/problem.h)
 
 BSHD = ("batch", "seqlen", "heads", "head_dim")  # the dimensions of Q, K, V, O, the caches and the gradients
 LSE_DIMS = ("batch", "heads_q", "seqlen_q")
@@ -190,6 +191,10 @@ def decode_problem(function: str, q, k_cache, v_cache, o, cache_seqlens, block_t
         if block_table.shape[0] != b or block_table.strides[1] != 1:
             raise refuse(function, f"block_table is {block_table.shape} with strides {block_table.strides}; it must be "
                          f"({b}, max_pages_per_seq) with contiguous rows")
+        if page_rows < PAGE_MULTIPLE or page_rows % PAGE_MULTIPLE:
+            raise refuse(function, f"the K cache is {k_cache.shape} with a block table: a paged cache (num_pages, "
+                         f"page_size, heads_kv, head_dim) of page_size {page_rows}; page_size must be a multiple of "
+                         f"{PAGE_MULTIPLE} from {PAGE_MULTIPLE}")
         page_size, num_pages, (_, max_pages), (table_stride, _) = page_rows, rows, block_table.shape, block_table.strides
         capacity = max_pages * page_size
     if cache_seqlens is not None:

@@ -561,6 +561,19 @@ class Arguments(unittest.TestCase):
             self.assertEqual(self.refused(fs.decode_problem, *args, False, None, None, 0, False), want)
         fs.decode_problem("test", q, at(pages, 0), at(pages, 0), q, None, at(table, 0), False, None, 0, 0, False)
 
+    def test_a_block_table_means_a_paged_cache(self):
+        # page_size 0 with a table made the library say "num_pages is 40 with a contiguous cache (page_size 0)"
+        q, table = FakeTensor((4, 1, 8, 64)), FakeTensor((4, 3), "torch.int32")
+        for page_size in (0, 8, 24, -16):
+            pages = FakeTensor((40, page_size, 2, 64), strides=(2048, 128, 64, 1))
+            self.assertEqual(self.refused(fs.decode_problem, q, pages, pages, q, None, table, False, None, None, 0, False),
+                             f"the K cache is (40, {page_size}, 2, 64) with a block table: a paged cache (num_pages, "
+                             f"page_size, heads_kv, head_dim) of page_size {page_size}; page_size must be a multiple of "
+                             "16 from 16")
+        pages = FakeTensor((40, 16, 2, 64))
+        p = fs.decode_problem("test", q, pages, pages, q, None, table, False, None, None, 0, False)
+        self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.attention.seqlen_k), (16, 40, 3, 48))
+
     def test_decode_arguments(self):
         q = FakeTensor((4, 1, 32, 128))
         cache = FakeTensor((4, 4096, 8, 128))
