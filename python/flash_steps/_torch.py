@@ -310,9 +310,13 @@ def decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal: bo
     return o, lse
 
 def readable(t: Arg) -> bool:
-    """Whether the C ABI reads t as it is: a last stride of 1, the others >= 0 and multiples of 8, a 16-byte
-    aligned pointer."""
-    return t.strides[-1] == 1 and all(s >= 0 and s % 8 == 0 for s in t.strides[:-1]) and t.address % 16 == 0
+    """Whether the C ABI reads t, a (batch, seqlen, heads, head_dim) view, as it is: the rules of validate_strides
+    (common/harness/views.cpp), a last stride of 1, the others >= 0 and multiples of 8, a row or head stride
+    below head_dim only over at most one row or head (only a batch stride of 0 broadcasts: a tensor expanded
+    over its heads is refused), and a 16-byte aligned pointer."""
+    (_, rows, heads, head_dim), (*outer, last) = t.shape, t.strides
+    return (last == 1 and all(s >= 0 and s % 8 == 0 for s in outer) and t.address % 16 == 0
+            and all(n <= 1 or s >= head_dim for n, s in ((rows, outer[1]), (heads, outer[2]))))
 
 def usable(t):
     """t when the C ABI can read it as it is (readable), else a contiguous copy."""

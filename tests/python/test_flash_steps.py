@@ -5,11 +5,14 @@ checks on fake tensors (objects with shape, stride(), dtype and device, as a tor
 import ctypes
 import math
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
+import types
 import unittest
+from unittest import mock
 from fractions import Fraction
 from pathlib import Path
 
@@ -190,6 +193,22 @@ class Library(unittest.TestCase):
         self.assertIn("null", e.exception.message)
         self.assertTrue(str(e.exception).startswith("fs_run(01_naive): "))
 
+    def test_usable_is_the_library_rule(self):
+        # the strides usable() passes on are those the library accepts (it refuses the others naming a stride;
+        # one it accepts may still be refused here for want of a device)
+        rng = random.Random(21)
+        for _ in range(300):
+            heads, seqlen = rng.choice([1, 2, 8]), rng.choice([1, 2, 64])
+            strides = tuple(rng.choice([0, 8, 64, 120, 128, 1024, 4100, 8192, -8]) for _ in range(3)) + (1,)
+            view = FakeTensor((2, seqlen, heads, 128), strides=strides)
+            p = self.lib.problem(2, 64, seqlen, 8, heads, 128, "fp16", False, {"k": strides})
+            try:
+                self.lib.check("01_naive", p)
+                refused = False
+            except fs.FlashStepsError as e:
+                refused = isinstance(e, fs.InvalidArgument) and "K's" in e.message and "stride" in e.message
+            self.assertEqual(passed_on(view), not refused, (strides, heads, seqlen))
+
     def test_init_sizes_and_flags_are_checked_before_ctypes(self):
         # ctypes would wrap batch 2**64 + 2 to 2 and seqlen_k 2**63 to -2**63; the C ABI refuses causal 2
         with self.assertRaises(fs.InvalidArgument) as e:
@@ -297,6 +316,15 @@ class FakeTensor:
 
     def data_ptr(self):
         return self.address
+
+
+def passed_on(t) -> bool:
+    """Whether flash_steps' usable() passes t on as it is, rather than copying it (torch stood in for)."""
+    t.clone = lambda memory_format: ("a copy", memory_format)
+    with mock.patch.object(fs._torch, "_torch", lambda: types.SimpleNamespace(contiguous_format="contiguous")):
+        got = fs._torch.usable(t)
+    assert got is t or got == ("a copy", "contiguous"), got
+    return got is t
 
 
 class Arguments(unittest.TestCase):
@@ -573,6 +601,18 @@ class Arguments(unittest.TestCase):
         pages = FakeTensor((40, 16, 2, 64))
         p = fs.decode_problem("test", q, pages, pages, q, None, table, False, None, None, 0, False)
         self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.attention.seqlen_k), (16, 40, 3, 48))
+
+    def test_usable_copies_what_the_c_abi_refuses(self):
+        # an expanded tensor over heads (head stride 0) was passed on, for the library to refuse
+        as_is = [(strides, heads, address) for strides, heads, address in (
+            ((8192, 128, 0, 1), 8, 0), ((1024, 0, 128, 1), 8, 0),  # expanded over heads, over rows
+            ((65536, 64, 8192, 1), 8, 0), ((8192, 1028, 128, 1), 8, 0), ((65536, 1024, 128, 2), 8, 0),
+            ((65536, 1024, 128, 1), 8, 8), ((65536, 1024, -128, 1), 8, 0),
+            ((0, 1024, 128, 1), 8, 0), ((8192, 128, 0, 1), 1, 0), ((65536, 1024, 128, 1), 8, 0))
+            if passed_on(FakeTensor((2, 64, heads, 128), strides=strides, address=0x7F0000000000 + address))]
+        self.assertEqual(as_is, [((0, 1024, 128, 1), 8, 0),  # a batch stride of 0 broadcasts
+                                 ((8192, 128, 0, 1), 1, 0),  # a head stride of 0 over one head
+                                 ((65536, 1024, 128, 1), 8, 0)])
 
     def test_decode_arguments(self):
         q = FakeTensor((4, 1, 32, 128))
