@@ -153,7 +153,7 @@ SIGNATURES = {
     **{f"fs_step_{what}": ([_INT], _STR) for what in ("id", "name", "lesson", "dir")},
     "fs_step_min_compute_capability": ([_INT], _INT), "fs_step_runs": ([_INT, _I32], _INT),
     "fs_problem_flops": ([_P(FsProblem)], _DBL), "fs_backward_flops": ([_P(FsBackwardProblem)], _DBL),
-    "fs_decode_kv_bytes": ([_P(FsDecodeProblem), _P(_I32)], _DBL),
+    "fs_decode_kv_bytes": ([_P(FsDecodeProblem), _P(_I32), _I64, _P(_DBL)], _INT),
     "fs_tolerance": ([_I32, _DBL] + [_P(_DBL)] * 3, _INT), "fs_backward_bound": ([_I32, _DBL, _DBL, _P(_DBL)], _INT),
     "fs_speedups": ([_INT, _P(_STR)] + [_P(_DBL)] * 3, _INT), "fs_sweep_shape": ([_I64] * 3 + [_P(_I64)] * 2, _INT),
     "fs_sweep_seqlens": ([_I32, _P(_I64), _INT], _INT), "fs_sweep_head_dims": ([_I32, _P(_I64), _INT], _INT),
@@ -320,9 +320,13 @@ class Library:
         return self._fn(fn)(ctypes.byref(p))
 
     def decode_kv_bytes(self, p: FsDecodeProblem, lengths: list[int] | None = None) -> float:
-        """The bytes of K and V a launch must read (every sequence at seqlen_k keys when lengths is None)."""
-        c_lengths = (_I32 * len(lengths))(*lengths) if lengths is not None else None
-        return self._fn("fs_decode_kv_bytes")(ctypes.byref(p), c_lengths)
+        """The bytes of K and V a launch must read: every sequence at seqlen_k keys when lengths is None, else
+        lengths[b] keys (int32s, one per sequence; the library refuses another count or a length outside
+        [0, seqlen_k])."""
+        values = None if lengths is None else [integer("fs_decode_kv_bytes", f"lengths[{i}]", x, *INT32)
+                                               for i, x in enumerate(lengths)]
+        c_lengths = None if values is None else (_I32 * len(values))(*values)
+        return self._outs("fs_decode_kv_bytes", [_DBL], ctypes.byref(p), c_lengths, len(values or ()))[0]
 
     def tolerance(self, dtype: str, max_abs_v: float) -> tuple[float, float, float]:
         """(atol, rtol, lse_tol) of common/forward/check.h."""

@@ -241,6 +241,16 @@ class Library(unittest.TestCase):
         self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride), (64, 128, 64, 64))
         self.assertEqual(self.lib.decode_kv_bytes(p), 2.0 * 2 * 4096 * 8 * 128 * 2)
         self.assertEqual(self.lib.decode_kv_bytes(p, [1024, 0]), 2.0 * 1024 * 8 * 128 * 2)
+        for lengths, want in (([1024, 0, 7], "num_lengths is 3"), ([1024, 4097], "4097"), ([-1, 0], "-1")):
+            with self.assertRaises(fs.InvalidArgument) as e:  # the library's sentences
+                self.lib.decode_kv_bytes(p, lengths)
+            self.assertEqual(e.exception.function, "fs_decode_kv_bytes")
+            self.assertIn(want, e.exception.message)
+        for bad in (2 ** 31, 2 ** 32 + 5, 1.5, "7", True, None):  # ctypes would wrap 2**32 + 5 to 5
+            with self.assertRaises(fs.InvalidArgument) as e:
+                self.lib.decode_kv_bytes(p, [0, bad])
+            self.assertEqual(e.exception.message, f"lengths[1] is {bad!r}; it must be an integer from -2147483648 to "
+                                                  "2147483647")
         with self.assertRaises(fs.InvalidArgument) as e:
             self.lib.check("01_naive", p)
         self.assertIn("has no decoding entry", e.exception.message)
