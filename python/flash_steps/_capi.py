@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import operator
 import os
+import struct
 from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 FS_OK, FS_ERR_INVALID, FS_ERR_UNKNOWN_STEP, FS_ERR_CUDA, FS_ERR_OUT_OF_MEMORY, FS_ERR_INTERNAL = range(6)
 STATUS_NAMES = dict(enumerate(("FS_OK", "FS_ERR_INVALID", "FS_ERR_UNKNOWN_STEP", "FS_ERR_CUDA", "FS_ERR_OUT_OF_MEMORY",
                                "FS_ERR_INTERNAL")))
+CORE = ("fs_last_error", "fs_step_count")  # in every build: a library without them is another one
 REPO = Path(__file__).resolve().parent.parent.parent  # python/flash_steps/_capi.py (an editable install keeps it)
 LIBRARY_NAME = "libflash_steps.so"
 
@@ -185,19 +187,49 @@ def library_candidates(repo: Path = REPO) -> list[Path]:
     return [repo / "build" / LIBRARY_NAME] + others
 
 def find_library(explicit: str | os.PathLike | None = None) -> list[Path]:
-    """The paths to try, in order: the one given, else $FLASH_STEPS_LIB, else the existing candidates.
-    Raises LibraryNotFound, naming where it looked, when there is none."""
+    """The paths to try, in order: the one given, else $FLASH_STEPS_LIB, else the existing candidates (also when
+    FLASH_STEPS_LIB is set but empty, as when it is not set: `FLASH_STEPS_LIB= cmd` clears it). A relative path
+    is the current directory's. Raises LibraryNotFound, naming where it looked, when there is none."""
     how = "build it (cmake -B build -G Ninja && cmake --build build, in the repository) or set FLASH_STEPS_LIB"
-    given = explicit or os.environ.get("FLASH_STEPS_LIB")
-    if given and not Path(given).exists():
-        what = explicit or f"FLASH_STEPS_LIB is {given}, which"
-        raise LibraryNotFound(f"{what} does not exist; {how} to the library's path")
-    candidates = [Path(given)] if given else library_candidates()
+    env = os.environ.get("FLASH_STEPS_LIB")
+    given = explicit or env
+    if given:
+        path = Path(given).absolute()  # not Path("./x.so"), which is x.so: dlopen would look for that on its own path
+        if not path.exists():
+            shown = given if Path(given).is_absolute() else f"{given} ({path})"
+            what = shown if explicit else f"FLASH_STEPS_LIB is {shown}, which"
+            raise LibraryNotFound(f"{what} does not exist; {how} to the library's path")
+        return [path]
+    candidates = library_candidates()
     found = [p for p in candidates if p.exists()]
-    if not found:  # so nothing was given: the candidates were looked at
-        raise LibraryNotFound(f"{LIBRARY_NAME} not found: FLASH_STEPS_LIB is not set and none of "
+    if not found:
+        state = "set but empty" if env == "" else "not set"
+        raise LibraryNotFound(f"{LIBRARY_NAME} not found: FLASH_STEPS_LIB is {state} and none of "
                               f"{', '.join(str(p) for p in candidates)} exists; {how} to the library's path")
     return found
+
+def elf_problem(path: Path) -> str:
+    """Why dlopen must not be given path ("" when it may): no such file, not a regular file, not a 64-bit ELF
+    file, or shorter than its headers say: a copy cut short, which dlopen would map past its end (SIGBUS: the
+    process killed)."""
+    if not path.is_file():
+        return "not a regular file" if path.exists() else "no such file"
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        header = f.read(64)
+        if header[:4] != b"\x7fELF":
+            return "not an ELF file (it does not start with \\x7fELF)"
+        if len(header) < 64 or header[4] != 2:  # EI_CLASS 2: ELFCLASS64
+            return "not a 64-bit ELF file"
+        order = "<" if header[5] == 1 else ">"  # EI_DATA 1: little-endian
+        phoff, shoff = struct.unpack_from(order + "QQ", header, 32)  # e_phoff, e_shoff
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "4H", header, 54)
+        need = max(shoff + shnum * shentsize, phoff + phnum * phentsize)
+        if need <= size and phnum and phentsize >= 40:  # every segment's p_offset + p_filesz, at 8 and 32
+            f.seek(phoff)
+            table = f.read(phnum * phentsize)
+            need = max([need] + [sum(struct.unpack_from(order + "8xQ16xQ", table, i * phentsize)) for i in range(phnum)])
+    return f"{size} bytes, shorter than the {need} its ELF headers give (a truncated copy?)" if need > size else ""
 
 def load(path: str | os.PathLike | None = None) -> Library:
     """The library at `path`, else by find_library's order: the first candidate that loads (a
@@ -206,6 +238,8 @@ def load(path: str | os.PathLike | None = None) -> Library:
     for candidate in find_library(path):
         try:
             return Library(candidate)
+        except LibraryNotFound as e:
+            failures.append(e.message)
         except OSError as e:
             failures.append(f"{candidate}: {e}")
     raise LibraryNotFound("cannot load " + "; ".join(failures))
@@ -223,9 +257,13 @@ class Library:
     """libflash_steps.so: every function of flash_steps.h, a non-zero status raised as FlashStepsError. Pointers
     are integers (a tensor's data_ptr(); 0 for NULL); `stream` is a cudaStream_t (0: the default stream)."""
     def __init__(self, path: str | os.PathLike):
-        self.path = str(path)
+        self.path = str(Path(path).absolute())
+        if why := elf_problem(Path(self.path)):  # before dlopen, which a truncated file would kill the process in
+            raise LibraryNotFound(f"{self.path}: {why}")
         self.lib = ctypes.CDLL(self.path)
         self.missing = [name for name in SIGNATURES if not hasattr(self.lib, name)]  # what an older build lacks
+        if lacking := [name for name in CORE if name in self.missing]:
+            raise LibraryNotFound(f"{self.path}: not libflash_steps (it has no {' or '.join(lacking)})")
         for name, (argtypes, restype) in SIGNATURES.items():
             if name not in self.missing:
                 fn = getattr(self.lib, name)

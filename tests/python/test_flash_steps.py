@@ -2,6 +2,7 @@
 loading the library, the registry, refusals through the ctypes layer raised with the library's
 sentence, the structs against a C compiler and against the library, and the Python-side argument
 checks on fake tensors (objects with shape, stride(), dtype and device, as a torch tensor has)."""
+import _ctypes
 import ctypes
 import math
 import os
@@ -32,12 +33,12 @@ LIB = fs_results.library_path()  # $FLASH_STEPS_LIB (ctest sets it), else build/
 needs_library = unittest.skipUnless(LIB.exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
 
 
-def run_python(code: str, pythonpath: Path, env_lib: str | None = None) -> subprocess.CompletedProcess:
+def run_python(code: str, pythonpath: Path, env_lib: str | None = None, cwd=None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "FLASH_STEPS_LIB"}
     if env_lib is not None:
         env["FLASH_STEPS_LIB"] = env_lib
     env["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, cwd=cwd)
 
 
 class Import(unittest.TestCase):
@@ -70,8 +71,8 @@ class Discovery(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def library(self, env_lib=None):
-        return run_python("import flash_steps\nprint(flash_steps.library().path)", self.repo / "python", env_lib)
+    def library(self, env_lib=None, cwd=None):
+        return run_python("import flash_steps\nprint(flash_steps.library().path)", self.repo / "python", env_lib, cwd)
 
     def test_missing_library_says_where_it_looked_and_how_to_build(self):
         out = self.library()
@@ -108,6 +109,61 @@ class Discovery(unittest.TestCase):
         self.assertEqual(out.stdout.strip(), str(self.repo / "build-2" / "libflash_steps.so"))
         out = self.library(str(LIB))  # FLASH_STEPS_LIB first
         self.assertEqual(out.stdout.strip(), str(LIB))
+
+
+    def test_an_empty_FLASH_STEPS_LIB_is_said_to_be_empty(self):
+        out = self.library("")  # and the candidates are looked at, as when it is not set
+        self.assertIn("libflash_steps.so not found: FLASH_STEPS_LIB is set but empty and none of "
+                      f"{self.repo / 'build' / 'libflash_steps.so'} exists", out.stderr)
+
+    def test_a_relative_path_is_the_current_directorys(self):
+        (self.repo / "lib.so").write_text("not a library")
+        out = run_python("import flash_steps\nprint(flash_steps.find_library('./lib.so')[0])", self.repo / "python",
+                         "./lib.so", cwd=self.repo)
+        self.assertEqual(out.stdout.strip(), str(self.repo / "lib.so"), out.stderr)
+        out = self.library("./none.so", cwd=self.repo)
+        self.assertIn(f"FLASH_STEPS_LIB is ./none.so ({self.repo / 'none.so'}), which does not exist", out.stderr)
+
+    @needs_library
+    def test_a_relative_FLASH_STEPS_LIB_loads(self):
+        # Path("./libflash_steps.so") is "libflash_steps.so", which dlopen looked for on the system's path
+        (self.repo / "libflash_steps.so").symlink_to(LIB.resolve())
+        out = self.library("./libflash_steps.so", cwd=self.repo)
+        self.assertEqual(out.stdout.strip(), str(self.repo / "libflash_steps.so"), out.stderr)
+
+    def test_what_is_not_libflash_steps_is_refused_before_it_is_used(self):
+        unrelated = Path(_ctypes.__file__)  # a shared library, with no fs_* function
+        with self.assertRaises(fs.LibraryNotFound) as e:
+            fs.Library(unrelated)
+        self.assertEqual(e.exception.message, f"{unrelated}: not libflash_steps (it has no fs_last_error or "
+                                              "fs_step_count)")
+        data = unrelated.read_bytes()
+        files = {"empty.so": b"", "text.so": b"not a library", "elf32.so": b"\x7fELF\x01\x01\x01" + bytes(57),
+                 "cut.so": data[:len(data) // 2]}
+        for name, content in files.items():
+            (self.repo / name).write_bytes(content)
+        (self.repo / "dir.so").mkdir()
+        for name, why in (("empty.so", "not an ELF file (it does not start with \\x7fELF)"),
+                          ("text.so", "not an ELF file (it does not start with \\x7fELF)"),
+                          ("elf32.so", "not a 64-bit ELF file"), ("dir.so", "not a regular file"),
+                          ("cut.so", f"{len(data) // 2} bytes, shorter than the {len(data)} its ELF headers give (a "
+                                     "truncated copy?)")):
+            with self.assertRaises(fs.LibraryNotFound) as e:
+                fs.Library(self.repo / name)
+            self.assertEqual(e.exception.message, f"{self.repo / name}: {why}")
+        out = self.library(str(self.repo / "text.so"))
+        self.assertIn(f"LibraryNotFound: cannot load {self.repo / 'text.so'}: not an ELF file", out.stderr)
+
+    @needs_library
+    def test_a_truncated_library_is_refused_not_mapped(self):
+        # dlopen maps a copy cut short past its end: SIGBUS killed the process
+        cut = self.repo / "libflash_steps.so"
+        with open(LIB, "rb") as f:
+            cut.write_bytes(f.read(LIB.stat().st_size * 2 // 3))
+        out = self.library(str(cut))
+        self.assertEqual(out.returncode, 1, out.stderr)
+        self.assertIn(f"cannot load {cut}: {cut.stat().st_size} bytes, shorter than the {LIB.stat().st_size} its ELF "
+                      "headers give", out.stderr)
 
 
 class Layout(unittest.TestCase):
