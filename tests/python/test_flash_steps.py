@@ -680,6 +680,18 @@ class Arguments(unittest.TestCase):
                                  ((8192, 128, 0, 1), 1, 0),  # a head stride of 0 over one head
                                  ((65536, 1024, 128, 1), 8, 0)])
 
+    def test_lse_is_contiguous_as_torch_makes_it(self):
+        # torch.empty((2, 8, 0)) has strides (8, 1, 1), which were refused for not being (0, 0, 1)
+        kv = FakeTensor((2, 96, 1, 128))
+        for lse in (FakeTensor((2, 8, 0), "torch.float32", strides=(8, 1, 1)),
+                    FakeTensor((2, 1, 64), "torch.float32", strides=(64, 4096, 1))):  # one head: its stride unread
+            q = FakeTensor((2, lse.shape[2], lse.shape[1], 128))
+            fs.backward_problem("test", q, kv, kv, q, lse, q, q, kv, kv, False, None, False)
+            fs.forward_problem("test", q, kv, kv, q, False, None, lse)
+        self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, None,
+                                      FakeTensor((2, 8, 64), "torch.float32", strides=(512, 1, 8))),
+                         "LSE has strides (512, 1, 8); it must be contiguous, (512, 64, 1)")
+
     def test_decode_arguments(self):
         q = FakeTensor((4, 1, 32, 128))
         cache = FakeTensor((4, 4096, 8, 128))
