@@ -228,7 +228,8 @@ def elf_problem(path: Path) -> str:
         if need <= size and phnum and phentsize >= 40:  # every segment's p_offset + p_filesz, at 8 and 32
             f.seek(phoff)
             table = f.read(phnum * phentsize)
-            need = max([need] + [sum(struct.unpack_from(order + "8xQ16xQ", table, i * phentsize)) for i in range(phnum)])
+            ends = [sum(struct.unpack_from(order + "8xQ16xQ", table, i * phentsize)) for i in range(phnum)]
+            need = max([need] + ends)
     return f"{size} bytes, shorter than the {need} its ELF headers give (a truncated copy?)" if need > size else ""
 
 def load(path: str | os.PathLike | None = None) -> Library:

@@ -149,7 +149,8 @@ def backward_problem(function: str, q, k, v, o, lse, d_o, dq, dk, dv, causal: bo
     """The fs_backward_problem of the forward's Q, K, V, O, LSE, the gradient dO and the outputs dQ, dK, dV
     (None: one flash_steps allocates, like Q, K or V), every argument and pointer checked."""
     q, k, v, o, d_o = (read(function, name, t, BSHD) for name, t in zip(("Q", "K", "V", "O", "dO"), (q, k, v, o, d_o)))
-    dq, dk, dv = (read(function, name, t, BSHD, like) for name, t, like in (("dQ", dq, q), ("dK", dk, k), ("dV", dv, v)))
+    dq, dk, dv = (read(function, name, t, BSHD, like) for name, t, like in (("dQ", dq, q), ("dK", dk, k),
+                                                                            ("dV", dv, v)))
     if lse is None:
         raise refuse(function, "lse is None; backward needs the forward's LSE, fp32 (batch, heads_q, seqlen_q)")
     lse = read(function, "LSE", lse, LSE_DIMS)
@@ -196,7 +197,7 @@ def decode_problem(function: str, q, k_cache, v_cache, o, cache_seqlens, block_t
             raise refuse(function, f"the K cache is {k_cache.shape} with a block table: a paged cache (num_pages, "
                          f"page_size, heads_kv, head_dim) of page_size {page_rows}; page_size must be a multiple of "
                          f"{PAGE_MULTIPLE} from {PAGE_MULTIPLE}")
-        page_size, num_pages, (_, max_pages), (table_stride, _) = page_rows, rows, block_table.shape, block_table.strides
+        page_size, num_pages, max_pages, table_stride = page_rows, rows, block_table.shape[1], block_table.strides[0]
         capacity = max_pages * page_size
     if cache_seqlens is not None:
         check_dtype_and_device(function, cache_seqlens, "int32", q)

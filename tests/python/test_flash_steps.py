@@ -55,8 +55,8 @@ class Import(unittest.TestCase):
                 "try:\n    flash_steps.forward(T(), T(), T())\nexcept ImportError:\n    print('no torch')\n")
         out = run_python(code, REPO / "python")
         self.assertEqual(out.returncode, 0, out.stderr)
-        self.assertEqual(out.stdout.splitlines(), ["Q is None; it must be a tensor (with shape, stride(), dtype, device "
-                                                   "and data_ptr())", "no torch"])
+        self.assertEqual(out.stdout.splitlines(), ["Q is None; it must be a tensor (with shape, stride(), dtype, "
+                                                   "device and data_ptr())", "no torch"])
 
 
 class Discovery(unittest.TestCase):
@@ -109,7 +109,6 @@ class Discovery(unittest.TestCase):
         self.assertEqual(out.stdout.strip(), str(self.repo / "build-2" / "libflash_steps.so"))
         out = self.library(str(LIB))  # FLASH_STEPS_LIB first
         self.assertEqual(out.stdout.strip(), str(LIB))
-
 
     def test_an_empty_FLASH_STEPS_LIB_is_said_to_be_empty(self):
         out = self.library("")  # and the candidates are looked at, as when it is not set
@@ -418,7 +417,8 @@ class Arguments(unittest.TestCase):
 
     def test_wrong_dimensions(self):
         msg = self.refused(fs.forward_problem, FakeTensor((64, 8, 128)), self.kv, self.kv, self.q, False, None)
-        self.assertEqual(msg, "Q's shape is (64, 8, 128); it must have one entry per dimension (batch, seqlen, heads, head_dim)")
+        self.assertEqual(msg, "Q's shape is (64, 8, 128); it must have one entry per dimension (batch, seqlen, heads, "
+                              "head_dim)")
 
     def test_mixed_and_unsupported_dtypes(self):
         bf = FakeTensor((2, 96, 2, 128), "torch.bfloat16")
@@ -459,8 +459,8 @@ class Arguments(unittest.TestCase):
 
     def test_scale(self):
         for bad in (0.0, -1.0, float("inf"), float("nan"), -10 ** 400):
-            self.assertIn("it must be finite and > 0", self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q,
-                                                                    False, bad))
+            self.assertIn("it must be finite and > 0", self.refused(fs.forward_problem, self.q, self.kv, self.kv,
+                                                                    self.q, False, bad))
         # a float32 holds neither: 1e-50 would be 0 and 1e39 inf, which the library would then refuse
         self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, 1e-50),
                          "scale is 1e-50; it must be at least 1.401298464324817e-45, the smallest positive float32 "
@@ -487,7 +487,8 @@ class Arguments(unittest.TestCase):
         self.assertEqual([self.forward(causal=c).causal for c in (True, False, 1, 0)], [1, 0, 1, 0])
         lse = FakeTensor((2, 8, 64), "torch.float32")
         args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv, False, None]
-        self.assertEqual(self.refused(fs.backward_problem, *args, 2), "deterministic is 2; it must be True, False, 0 or 1")
+        self.assertEqual(self.refused(fs.backward_problem, *args, 2),
+                         "deterministic is 2; it must be True, False, 0 or 1")
         self.assertEqual(fs.backward_problem("test", *args, 1).deterministic, 1)
         q, cache = FakeTensor((4, 1, 32, 128)), FakeTensor((4, 4096, 8, 128))
         self.assertEqual(self.refused(fs.decode_problem, q, cache, cache, q, None, None, False, None, None, 0, 2),
@@ -544,7 +545,8 @@ class Arguments(unittest.TestCase):
                 # a 5-entry stride() was a TypeError, a 3-entry one the library's "head_dim stride is 0"
                 (FakeTensor((2, 64, 8, 128), strides=(65536, 1024, 128, 1, 1)),
                  f"Q's stride() is (65536, 1024, 128, 1, 1); {dims}"),
-                (FakeTensor((2, 64, 8, 128), strides=(65536, 1024, 128)), f"Q's stride() is (65536, 1024, 128); {dims}"),
+                (FakeTensor((2, 64, 8, 128), strides=(65536, 1024, 128)),
+                 f"Q's stride() is (65536, 1024, 128); {dims}"),
                 (FakeTensor((2, 64, 8, 128), strides=5), f"Q's stride() is 5; {dims}"),
                 (big, f"batch in Q's shape (18446744073709551618, 64, 8, 128) is 18446744073709551618; {int64}"),
                 (FakeTensor((2, 64, 8, 128.0), strides=(65536, 1024, 128, 1)),
@@ -582,8 +584,9 @@ class Arguments(unittest.TestCase):
         self.assertEqual(self.refused(fs.decode_problem, q, cache, cache, q, FakeTensor((4, 1), "torch.int32"), None,
                                       False, None, None, 0, False),
                          "cache_seqlens's shape is (4, 1); it must have one entry per dimension (batch)")
-        self.assertEqual(self.refused(fs.decode_problem, q, FakeTensor((300, 64, 8, 128)), FakeTensor((300, 64, 8, 128)),
-                                      q, lens, FakeTensor((4,), "torch.int32"), False, None, None, 0, False),
+        pages = FakeTensor((300, 64, 8, 128))
+        self.assertEqual(self.refused(fs.decode_problem, q, pages, pages, q, lens, FakeTensor((4,), "torch.int32"),
+                                      False, None, None, 0, False),
                          "block_table's shape is (4,); it must have one entry per dimension (batch, max_pages_per_seq)")
 
     def test_every_entry_point_refuses_before_allocating(self):
@@ -596,7 +599,8 @@ class Arguments(unittest.TestCase):
             (lambda: fs.forward(self.q, self.kv, self.kv, lse=FakeTensor((2, 8, 64), "torch.float32", address=2)),
              "flash_steps.forward", "LSE pointer 0x2 is not 4-byte aligned"),
             (lambda: fs.forward(self.q, self.kv, self.kv, step=7), "flash_steps.forward", "step is 7"),
-            (lambda: fs.decode(self.q, self.kv, self.kv, num_splits=2 ** 32), "flash_steps.decode", "num_splits is 4294"),
+            (lambda: fs.decode(self.q, self.kv, self.kv, num_splits=2 ** 32), "flash_steps.decode",
+             "num_splits is 4294967296"),
             (lambda: fs.decode(self.q, self.kv, self.kv, checked=2), "flash_steps.decode", "checked is 2"),
             (lambda: fs.attention(self.q, self.kv, self.kv, causal=2), "flash_steps.attention", "causal is 2"),
             (lambda: fs.attention(self.q, self.kv, self.kv, deterministic=2), "flash_steps.attention",
@@ -623,7 +627,8 @@ class Arguments(unittest.TestCase):
         forward = [self.q, self.kv, self.kv, self.q]
         for i, name in enumerate("QKVO"):
             for address, want in ((0, f"{name} is a null pointer"),
-                                  (base + 8, f"{name} pointer 0x7f0000000008 is not 16-byte aligned (address mod 16 = 8)")):
+                                  (base + 8,
+                                   f"{name} pointer 0x7f0000000008 is not 16-byte aligned (address mod 16 = 8)")):
                 args = list(forward)
                 args[i] = at(args[i], address)
                 self.assertEqual(self.refused(fs.forward_problem, *args, False, None, lse), want)
@@ -660,10 +665,11 @@ class Arguments(unittest.TestCase):
         q, table = FakeTensor((4, 1, 8, 64)), FakeTensor((4, 3), "torch.int32")
         for page_size in (0, 8, 24, -16):
             pages = FakeTensor((40, page_size, 2, 64), strides=(2048, 128, 64, 1))
-            self.assertEqual(self.refused(fs.decode_problem, q, pages, pages, q, None, table, False, None, None, 0, False),
+            self.assertEqual(self.refused(fs.decode_problem, q, pages, pages, q, None, table, False, None, None, 0,
+                                          False),
                              f"the K cache is (40, {page_size}, 2, 64) with a block table: a paged cache (num_pages, "
-                             f"page_size, heads_kv, head_dim) of page_size {page_size}; page_size must be a multiple of "
-                             "16 from 16")
+                             f"page_size, heads_kv, head_dim) of page_size {page_size}; page_size must be a "
+                             "multiple of 16 from 16")
         pages = FakeTensor((40, 16, 2, 64))
         p = fs.decode_problem("test", q, pages, pages, q, None, table, False, None, None, 0, False)
         self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.attention.seqlen_k), (16, 40, 3, 48))
