@@ -7,7 +7,9 @@ problem's type. A non-zero fs_status is raised as a FlashStepsError with the lib
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
+import struct
 from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 FS_OK, FS_ERR_INVALID, FS_ERR_UNKNOWN_STEP, FS_ERR_CUDA, FS_ERR_OUT_OF_MEMORY, FS_ERR_INTERNAL = range(6)
 STATUS_NAMES = dict(enumerate(("FS_OK", "FS_ERR_INVALID", "FS_ERR_UNKNOWN_STEP", "FS_ERR_CUDA", "FS_ERR_OUT_OF_MEMORY",
                                "FS_ERR_INTERNAL")))
+CORE = ("fs_last_error", "fs_step_count")  # in every build: a library without them is another one
 REPO = Path(__file__).resolve().parent.parent.parent  # python/flash_steps/_capi.py (an editable install keeps it)
 LIBRARY_NAME = "libflash_steps.so"
 
@@ -50,15 +53,47 @@ def refuse(function: str, message: str) -> InvalidArgument:
     """The FS_ERR_INVALID of a check made in Python (function: the entry point that refuses)."""
     return InvalidArgument(FS_ERR_INVALID, function, message)
 
+INT32, INT64 = (-2 ** 31, 2 ** 31 - 1), (-2 ** 63, 2 ** 63 - 1)  # the ranges of int32_t and int64_t
+
+def integer(function: str, name: str, value, low: int, high: int, rule: str = "") -> int:
+    """value as an int from low to high, else InvalidArgument: an int or what stands for one (operator.index: a
+    numpy integer), not a bool, a float or a str. Checked before ctypes sees it, which would wrap 2**64 + 2 to 2
+    (as int() would make 1.9 a 1 and '7' a 7)."""
+    try:
+        checked = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        checked = None
+    if checked is None or not low <= checked <= high:
+        raise refuse(function, f"{name} is {value!r}; it must be {rule or f'an integer from {low} to {high}'}")
+    return checked
+
+def flag(function: str, name: str, value) -> int:
+    """A flag of the C ABI (causal, deterministic, checked): True, False, 0 or 1, as 0 or 1; anything else is
+    refused, as the C ABI refuses 2 (bool() would make 2 and 'no' a 1)."""
+    return int(value) if isinstance(value, bool) else integer(function, name, value, 0, 1, "True, False, 0 or 1")
+
+def int64s(function: str, name: str, values, dims: tuple) -> tuple[int, ...]:
+    """values (a tensor's shape or strides) as one int64 per dimension of dims, else InvalidArgument."""
+    try:
+        entries = tuple(values)
+    except TypeError:
+        entries = ()
+    if len(entries) != len(dims):
+        raise refuse(function, f"{name} is {values!r}; it must have one entry per dimension ({', '.join(dims)})")
+    return tuple(integer(function, f"{dim} in {name} {entries}", x, *INT64) for dim, x in zip(dims, entries))
+
 _I64, _I32, _INT, _DBL, _U64, _PTR, _STR = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int, ctypes.c_double,
                                              ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p)
 _P = ctypes.POINTER
 
+SIZES = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")  # of fs_problem and every init function
+STRIDES = ("batch", "row", "head", "dim")
+
 class FsStrides(ctypes.Structure):
-    _fields_ = [(name, _I64) for name in ("batch", "row", "head", "dim")]
+    _fields_ = [(name, _I64) for name in STRIDES]
 
 class FsProblem(ctypes.Structure):
-    _fields_ = ([(name, _I64) for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")]
+    _fields_ = ([(name, _I64) for name in SIZES]
                 + [("dtype", _I32), ("causal", _I32), ("softmax_scale", ctypes.c_float)]
                 + [(name, FsStrides) for name in ("q", "k", "v", "o")])
 
@@ -70,17 +105,28 @@ class FsBackwardProblem(ctypes.Structure):
     _fields_ = ([("attention", FsProblem), ("deterministic", _I32)]
                 + [(name, FsStrides) for name in ("d_o", "dq", "dk", "dv")])
 
-# One pass of the C ABI: its fs_pass code, struct, functions and the pointers its run takes (in order, before
-# the workspace). init_extra: the ctypes of the init function's arguments after (batch, ..., dtype, causal).
+# One pass of the C ABI: its fs_pass code, struct, functions and the pointers its run takes (Pointer, in order,
+# before the workspace). init_extra: the ctypes of the init function's arguments after (batch, ..., dtype, causal).
 Pass = namedtuple("Pass", "name code struct init init_extra check workspace_size run pointers")
+# One pointer of a run: its argument, its name in the sentences, its alignment, and when NULL is refused: when every
+# size that `needs` names is > 0 (q: seqlen_q, k: seqlen_k, p: page_size, a paged cache), never for "". The rules
+# of validate_tensors (common/forward, decode and backward/rules.cpp).
+Pointer = namedtuple("Pointer", "arg name align needs")
 
 PASSES = (
     Pass("forward", 0, FsProblem, "fs_problem_init", (), "fs_check", "fs_workspace_size", "fs_run",
-         ("q", "k", "v", "o", "lse")),
+         (Pointer("q", "Q", 16, "q"), Pointer("k", "K", 16, "qk"), Pointer("v", "V", 16, "qk"),
+          Pointer("o", "O", 16, "q"), Pointer("lse", "LSE", 4, ""))),
     Pass("decode", 1, FsDecodeProblem, "fs_decode_problem_init", (_I64,), "fs_decode_check", "fs_decode_workspace_size",
-         "fs_run_decode", ("q", "k_cache", "v_cache", "block_table", "cache_seqlens", "o", "lse")),
+         "fs_run_decode",
+         (Pointer("q", "Q", 16, "q"), Pointer("k_cache", "the K cache", 16, "qk"),
+          Pointer("v_cache", "the V cache", 16, "qk"), Pointer("block_table", "the block table", 4, "qkp"),
+          Pointer("cache_seqlens", "cache_seqlens", 4, ""), Pointer("o", "O", 16, "q"), Pointer("lse", "LSE", 4, ""))),
     Pass("backward", 2, FsBackwardProblem, "fs_backward_problem_init", (_I32,), "fs_backward_check",
-         "fs_backward_workspace_size", "fs_run_backward", ("q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv")),
+         "fs_backward_workspace_size", "fs_run_backward",
+         (Pointer("q", "Q", 16, "qk"), Pointer("k", "K", 16, "qk"), Pointer("v", "V", 16, "qk"),
+          Pointer("o", "O", 16, "qk"), Pointer("lse", "LSE", 4, "qk"), Pointer("d_o", "dO", 16, "qk"),
+          Pointer("dq", "dQ", 16, "q"), Pointer("dk", "dK", 16, "k"), Pointer("dv", "dV", 16, "k"))),
 )
 
 def pass_of(p) -> Pass:
@@ -90,13 +136,26 @@ def pass_of(p) -> Pass:
     raise refuse("", f"{type(p).__name__} is no problem of flash_steps (one of "
                  + ", ".join(ps.struct.__name__ for ps in PASSES) + ")")
 
+def check_pointers(function: str, p, addresses: list) -> None:
+    """The C rules of a run's pointers (Pointer), checked in Python for a caller that asks fs_check or
+    fs_workspace_size, which read no pointer, before the run: `addresses` in the order of the pass's pointers,
+    None for one not checked."""
+    attention = getattr(p, "attention", p)
+    sizes = {"q": attention.seqlen_q, "k": attention.seqlen_k, "p": getattr(p, "page_size", 0)}
+    for x, address in zip(pass_of(p).pointers, addresses):
+        if address == 0 and x.needs and all(sizes[size] > 0 for size in x.needs):
+            raise refuse(function, f"{x.name} is a null pointer")
+        if address and address % x.align:
+            raise refuse(function, f"{x.name} pointer {address:#x} is not {x.align}-byte aligned (address mod "
+                         f"{x.align} = {address % x.align})")
+
 # name: (argtypes, restype) of every function of flash_steps.h; each pass's four from PASSES.
 SIGNATURES = {
     "fs_last_error": ([], _STR), "fs_step_count": ([], _INT), "fs_sweep_tokens": ([], _I64),
     **{f"fs_step_{what}": ([_INT], _STR) for what in ("id", "name", "lesson", "dir")},
     "fs_step_min_compute_capability": ([_INT], _INT), "fs_step_runs": ([_INT, _I32], _INT),
     "fs_problem_flops": ([_P(FsProblem)], _DBL), "fs_backward_flops": ([_P(FsBackwardProblem)], _DBL),
-    "fs_decode_kv_bytes": ([_P(FsDecodeProblem), _P(_I32)], _DBL),
+    "fs_decode_kv_bytes": ([_P(FsDecodeProblem), _P(_I32), _I64, _P(_DBL)], _INT),
     "fs_tolerance": ([_I32, _DBL] + [_P(_DBL)] * 3, _INT), "fs_backward_bound": ([_I32, _DBL, _DBL, _P(_DBL)], _INT),
     "fs_speedups": ([_INT, _P(_STR)] + [_P(_DBL)] * 3, _INT), "fs_sweep_shape": ([_I64] * 3 + [_P(_I64)] * 2, _INT),
     "fs_sweep_seqlens": ([_I32, _P(_I64), _INT], _INT), "fs_sweep_head_dims": ([_I32, _P(_I64), _INT], _INT),
@@ -128,19 +187,50 @@ def library_candidates(repo: Path = REPO) -> list[Path]:
     return [repo / "build" / LIBRARY_NAME] + others
 
 def find_library(explicit: str | os.PathLike | None = None) -> list[Path]:
-    """The paths to try, in order: the one given, else $FLASH_STEPS_LIB, else the existing candidates.
-    Raises LibraryNotFound, naming where it looked, when there is none."""
+    """The paths to try, in order: the one given, else $FLASH_STEPS_LIB, else the existing candidates (also when
+    FLASH_STEPS_LIB is set but empty, as when it is not set: `FLASH_STEPS_LIB= cmd` clears it). A relative path
+    is the current directory's. Raises LibraryNotFound, naming where it looked, when there is none."""
     how = "build it (cmake -B build -G Ninja && cmake --build build, in the repository) or set FLASH_STEPS_LIB"
-    given = explicit or os.environ.get("FLASH_STEPS_LIB")
-    if given and not Path(given).exists():
-        what = explicit or f"FLASH_STEPS_LIB is {given}, which"
-        raise LibraryNotFound(f"{what} does not exist; {how} to the library's path")
-    candidates = [Path(given)] if given else library_candidates()
+    env = os.environ.get("FLASH_STEPS_LIB")
+    given = explicit or env
+    if given:
+        path = Path(given).absolute()  # not Path("./x.so"), which is x.so: dlopen would look for that on its own path
+        if not path.exists():
+            shown = given if Path(given).is_absolute() else f"{given} ({path})"
+            what = shown if explicit else f"FLASH_STEPS_LIB is {shown}, which"
+            raise LibraryNotFound(f"{what} does not exist; {how} to the library's path")
+        return [path]
+    candidates = library_candidates()
     found = [p for p in candidates if p.exists()]
-    if not found:  # so nothing was given: the candidates were looked at
-        raise LibraryNotFound(f"{LIBRARY_NAME} not found: FLASH_STEPS_LIB is not set and none of "
+    if not found:
+        state = "set but empty" if env == "" else "not set"
+        raise LibraryNotFound(f"{LIBRARY_NAME} not found: FLASH_STEPS_LIB is {state} and none of "
                               f"{', '.join(str(p) for p in candidates)} exists; {how} to the library's path")
     return found
+
+def elf_problem(path: Path) -> str:
+    """Why dlopen must not be given path ("" when it may): no such file, not a regular file, not a 64-bit ELF
+    file, or shorter than its headers say: a copy cut short, which dlopen would map past its end (SIGBUS: the
+    process killed)."""
+    if not path.is_file():
+        return "not a regular file" if path.exists() else "no such file"
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        header = f.read(64)
+        if header[:4] != b"\x7fELF":
+            return "not an ELF file (it does not start with \\x7fELF)"
+        if len(header) < 64 or header[4] != 2:  # EI_CLASS 2: ELFCLASS64
+            return "not a 64-bit ELF file"
+        order = "<" if header[5] == 1 else ">"  # EI_DATA 1: little-endian
+        phoff, shoff = struct.unpack_from(order + "QQ", header, 32)  # e_phoff, e_shoff
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "4H", header, 54)
+        need = max(shoff + shnum * shentsize, phoff + phnum * phentsize)
+        if need <= size and phnum and phentsize >= 40:  # every segment's p_offset + p_filesz, at 8 and 32
+            f.seek(phoff)
+            table = f.read(phnum * phentsize)
+            ends = [sum(struct.unpack_from(order + "8xQ16xQ", table, i * phentsize)) for i in range(phnum)]
+            need = max([need] + ends)
+    return f"{size} bytes, shorter than the {need} its ELF headers give (a truncated copy?)" if need > size else ""
 
 def load(path: str | os.PathLike | None = None) -> Library:
     """The library at `path`, else by find_library's order: the first candidate that loads (a
@@ -149,6 +239,8 @@ def load(path: str | os.PathLike | None = None) -> Library:
     for candidate in find_library(path):
         try:
             return Library(candidate)
+        except LibraryNotFound as e:
+            failures.append(e.message)
         except OSError as e:
             failures.append(f"{candidate}: {e}")
     raise LibraryNotFound("cannot load " + "; ".join(failures))
@@ -166,9 +258,13 @@ class Library:
     """libflash_steps.so: every function of flash_steps.h, a non-zero status raised as FlashStepsError. Pointers
     are integers (a tensor's data_ptr(); 0 for NULL); `stream` is a cudaStream_t (0: the default stream)."""
     def __init__(self, path: str | os.PathLike):
-        self.path = str(path)
+        self.path = str(Path(path).absolute())
+        if why := elf_problem(Path(self.path)):  # before dlopen, which a truncated file would kill the process in
+            raise LibraryNotFound(f"{self.path}: {why}")
         self.lib = ctypes.CDLL(self.path)
         self.missing = [name for name in SIGNATURES if not hasattr(self.lib, name)]  # what an older build lacks
+        if lacking := [name for name in CORE if name in self.missing]:
+            raise LibraryNotFound(f"{self.path}: not libflash_steps (it has no {' or '.join(lacking)})")
         for name, (argtypes, restype) in SIGNATURES.items():
             if name not in self.missing:
                 fn = getattr(self.lib, name)
@@ -207,10 +303,13 @@ class Library:
 
     def _init(self, ps: Pass, sizes: tuple, dtype: str, causal: bool, extra: tuple = (), strides: dict | None = None):
         """The pass's init function (contiguous, scale 1/sqrt(head_dim)), then the strides given,
-        {"q": (batch, row, head, dim), ...}: each a field of the problem or of its embedded attention."""
+        {"q": (batch, row, head, dim), ...}: each a field of the problem or of its embedded attention. The
+        sizes must be int64s and causal a flag (ctypes would wrap them)."""
         p = ps.struct()
-        self._fn(ps.init)(ctypes.byref(p), *sizes, DTYPE_CODES[dtype], int(causal), *extra)
+        sizes = [integer(ps.init, name, x, *INT64) for name, x in zip(SIZES, sizes)]
+        self._fn(ps.init)(ctypes.byref(p), *sizes, DTYPE_CODES[dtype], flag(ps.init, "causal", causal), *extra)
         for name, s in (strides or {}).items():
+            s = int64s(ps.init, f"strides[{name!r}]", s, STRIDES)
             setattr(p if hasattr(p, name) else p.attention, name, FsStrides(*s))
         return p
 
@@ -223,13 +322,13 @@ class Library:
                        page_size: int = 0) -> FsDecodeProblem:
         """Contiguous Q and O; a contiguous (page_size 0) or paged cache."""
         return self._init(PASSES[1], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
-                          (page_size,))
+                          (integer(PASSES[1].init, "page_size", page_size, *INT64),))
 
     def backward_problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
                          deterministic: bool = False, strides: dict | None = None) -> FsBackwardProblem:
         """strides: of "q", "k", "v", "o", "d_o", "dq", "dk", "dv"."""
         return self._init(PASSES[2], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
-                          (int(deterministic),), strides)
+                          (flag(PASSES[2].init, "deterministic", deterministic),), strides)
 
     def check(self, step_id: str, p) -> None:
         """Raises when the step cannot run p (of any pass) on the current device."""
@@ -244,7 +343,7 @@ class Library:
         ps = pass_of(p)
         if len(pointers) != len(ps.pointers):
             raise refuse(ps.run, f"{len(pointers)} pointers given; {ps.run} takes {len(ps.pointers)}: "
-                         + ", ".join(ps.pointers))
+                         + ", ".join(x.arg for x in ps.pointers))
         fn, sid, pp, where = self._fn(ps.run), step_id.encode(), ctypes.byref(p), f"{ps.run}({step_id})"
         args = [ctypes.c_void_p(x or None) for x in pointers + (workspace,)]
         args += [_U64(workspace_bytes), ctypes.c_void_p(stream or None)]
@@ -260,9 +359,13 @@ class Library:
         return self._fn(fn)(ctypes.byref(p))
 
     def decode_kv_bytes(self, p: FsDecodeProblem, lengths: list[int] | None = None) -> float:
-        """The bytes of K and V a launch must read (every sequence at seqlen_k keys when lengths is None)."""
-        c_lengths = (_I32 * len(lengths))(*lengths) if lengths is not None else None
-        return self._fn("fs_decode_kv_bytes")(ctypes.byref(p), c_lengths)
+        """The bytes of K and V a launch must read: every sequence at seqlen_k keys when lengths is None, else
+        lengths[b] keys (int32s, one per sequence; the library refuses another count or a length outside
+        [0, seqlen_k])."""
+        values = None if lengths is None else [integer("fs_decode_kv_bytes", f"lengths[{i}]", x, *INT32)
+                                               for i, x in enumerate(lengths)]
+        c_lengths = None if values is None else (_I32 * len(values))(*values)
+        return self._outs("fs_decode_kv_bytes", [_DBL], ctypes.byref(p), c_lengths, len(values or ()))[0]
 
     def tolerance(self, dtype: str, max_abs_v: float) -> tuple[float, float, float]:
         """(atol, rtol, lse_tol) of common/forward/check.h."""

@@ -1,141 +1,224 @@
 """flash_steps on tensors. First the checks made in Python before a tensor reaches the C ABI and the fs_*
-structs of tensors: they read only `shape`, `stride()`, `dtype` and `device` (by their names: torch.float16,
-cuda:0), so that they run, and are tested, without PyTorch; the library checks the rest itself (head_dim and
-strides multiples of 8, the sizes' and a step's limits). Then forward, backward, attention and decode: a
-launch goes on PyTorch's current stream of the tensors' device, with a torch.uint8 workspace allocated on
-that stream (the caching allocator keeps it valid for the work enqueued there)."""
+structs of tensors: they read only `shape`, `stride()`, `dtype`, `device` (by their names: torch.float16,
+cuda:0) and `data_ptr()`, so that they run, and are tested, without PyTorch. Every argument is checked before
+anything is allocated or handed to ctypes: its type and range (ctypes would wrap an integer silently), and the
+pointers by the C rules (fs_check and fs_workspace_size, asked before the run, read none); the library checks
+the rest itself (head_dim and strides multiples of 8, the sizes' and a step's limits). Then forward, backward,
+attention and decode: a launch goes on PyTorch's current stream of the tensors' device, with a torch.uint8
+workspace allocated on that stream (the caching allocator keeps it valid for the work enqueued there)."""
 from __future__ import annotations
 
 import functools
 import math
+import numbers
+from collections import namedtuple
 
-from ._capi import (DTYPE_CODES, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument, Library,
-                    library, pass_of, refuse)
+from ._capi import (DTYPE_CODES, INT64, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument,
+                    Library, check_pointers, flag, int64s, integer, library, pass_of, refuse)
 
 TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # the name of a torch.dtype (torch.half's is float16)
+FLOAT32_MIN, FLOAT32_MAX = 2.0 ** -149, (2 - 2.0 ** -23) * 2.0 ** 127  # the smallest positive and largest float32
+MAX_SPLITS = 128  # num_splits: 0 (the step's heuristic) or 1 ... 128 (kMaxSplits, common/decode/problem.h)
+PAGE_MULTIPLE = 16  # a page holds whole groups of 16 keys (kPageMultiple, common/decode/problem.h)
 
-def shape_of(t) -> tuple[int, ...]:
-    return tuple(int(x) for x in t.shape)
-def strides_of(t) -> tuple[int, ...]:
-    return tuple(int(x) for x in t.stride())
+BSHD = ("batch", "seqlen", "heads", "head_dim")  # the dimensions of Q, K, V, O, the caches and the gradients
+LSE_DIMS = ("batch", "heads_q", "seqlen_q")
+# A tensor argument as the checks read it (read); address None: a tensor flash_steps allocates, contiguous.
+Arg = namedtuple("Arg", "name shape strides dtype device address")
 
-def check_tensors(function: str, named: list[tuple[str, object]]) -> str:
-    """The rules the tensors of one call share: 4 dimensions, one dtype (returned: "fp16" or "bf16"), one CUDA
-    device, a last dimension of stride 1."""
-    for name, t in named:
-        if len(t.shape) != 4:
-            raise refuse(function, f"{name} has {len(t.shape)} dimensions (shape {shape_of(t)}); it must have 4, "
-                         "(batch, seqlen, heads, head_dim)")
-    if len({str(t.dtype) for _, t in named}) > 1:
-        raise refuse(function, "dtype mismatch: " + ", ".join(f"{n} is {t.dtype}" for n, t in named)
-                     + f"; {', '.join(n for n, _ in named)} must share one dtype")
-    name, first = named[0]
+def contiguous(shape) -> tuple[int, ...]:
+    """The strides torch.empty gives a tensor of this shape (a size of 0 counts as 1)."""
+    return tuple(math.prod(max(n, 1) for n in shape[i + 1:]) for i in range(len(shape)))
+
+def read(function: str, name: str, t, dims: tuple, like: Arg | None = None, optional: bool = False) -> Arg | None:
+    """What the checks read of tensor t: shape and stride() (an int64 per dimension of dims), dtype, device and
+    data_ptr() (an address); anything else is refused. t None: with `like`, the contiguous tensor like it that
+    flash_steps allocates; None when optional; else refused. An Arg is returned as it is."""
+    if isinstance(t, Arg) or (t is None and optional):
+        return t
+    if t is None and like is not None:
+        shape, strides, dtype, device, address = like.shape, contiguous(like.shape), like.dtype, like.device, None
+    else:
+        try:
+            shape, strides, dtype, device, address = t.shape, t.stride(), t.dtype, t.device, t.data_ptr()
+        except (AttributeError, TypeError):
+            raise refuse(function, f"{name} is {t!r}; it must be a tensor (with shape, stride(), dtype, device and "
+                         "data_ptr())") from None
+        address = integer(function, f"{name}'s data_ptr()", address, 0, 2 ** 64 - 1)
+    shape, strides = int64s(function, f"{name}'s shape", shape, dims), int64s(function, f"{name}'s stride()", strides,
+                                                                            dims)
+    return Arg(name, shape, strides, dtype, device, address)
+
+def addresses(*tensors: Arg | None) -> list[int | None]:
+    """The tensors' data_ptr()s for check_pointers (None: not given, or allocated by flash_steps)."""
+    return [None if t is None else t.address for t in tensors]
+
+def check_tensors(function: str, tensors: list[Arg]) -> str:
+    """The rules the (batch, seqlen, heads, head_dim) tensors of one call share: one dtype (returned: "fp16" or
+    "bf16"), one CUDA device, a last dimension of stride 1."""
+    first = tensors[0]
+    if len({str(t.dtype) for t in tensors}) > 1:
+        raise refuse(function, "dtype mismatch: " + ", ".join(f"{t.name} is {t.dtype}" for t in tensors)
+                     + f"; {', '.join(t.name for t in tensors)} must share one dtype")
     dtype = TORCH_DTYPES.get(str(first.dtype).rsplit(".", 1)[-1])  # torch.float16 -> fp16
     if dtype is None:
-        raise refuse(function, f"{name} is {first.dtype}; the dtype must be torch.float16 or torch.bfloat16")
+        raise refuse(function, f"{first.name} is {first.dtype}; the dtype must be torch.float16 or torch.bfloat16")
     if getattr(first.device, "type", str(first.device).split(":")[0]) != "cuda":
-        raise refuse(function, f"{name} is on {first.device}; flash_steps runs on a CUDA device")
-    for n, t in named[1:]:
+        raise refuse(function, f"{first.name} is on {first.device}; flash_steps runs on a CUDA device")
+    for t in tensors[1:]:
         if str(t.device) != str(first.device):
-            raise refuse(function, f"{n} is on {t.device} but {name} is on {first.device}; they must be on one device")
-    for n, t in named:
-        if strides_of(t)[-1] != 1:
-            raise refuse(function, f"{n}'s last dimension (head_dim) has stride {strides_of(t)[-1]}; it must be 1 "
+            raise refuse(function, f"{t.name} is on {t.device} but {first.name} is on {first.device}; they must be on "
+                         "one device")
+    for t in tensors:
+        if t.strides[-1] != 1:
+            raise refuse(function, f"{t.name}'s last dimension (head_dim) has stride {t.strides[-1]}; it must be 1 "
                          "(contiguous)")
     return dtype
 
-def check_same_shape(function: str, name: str, t, like_name: str, like) -> None:
-    if shape_of(t) != shape_of(like):
-        raise refuse(function, f"{name} is {shape_of(t)} but {like_name} is {shape_of(like)}; they must match")
+def check_same_shape(function: str, t: Arg, like: Arg) -> None:
+    if t.shape != like.shape:
+        raise refuse(function, f"{t.name} is {t.shape} but {like.name} is {like.shape}; they must match")
 
-def check_dtype_and_device(function: str, name: str, t, dtype: str, q) -> None:
+def check_dtype_and_device(function: str, t: Arg, dtype: str, q: Arg) -> None:
     if str(t.dtype).rsplit(".", 1)[-1] != dtype:
-        raise refuse(function, f"{name} is {t.dtype}; it must be torch.{dtype}")
+        raise refuse(function, f"{t.name} is {t.dtype}; it must be torch.{dtype}")
     if str(t.device) != str(q.device):
-        raise refuse(function, f"{name} is on {t.device} but Q is on {q.device}; they must be on one device")
+        raise refuse(function, f"{t.name} is on {t.device} but Q is on {q.device}; they must be on one device")
 
-def check_lse(function: str, lse, q) -> None:
-    b, sq, hq, _ = shape_of(q)
-    if shape_of(lse) != (b, hq, sq):
-        raise refuse(function, f"LSE is {shape_of(lse)}; it must be (batch, heads_q, seqlen_q) = {(b, hq, sq)}")
-    check_dtype_and_device(function, "LSE", lse, "float32", q)
-    if strides_of(lse) != (hq * sq, sq, 1):
-        raise refuse(function, f"LSE has strides {strides_of(lse)}; it must be contiguous, {(hq * sq, sq, 1)}")
+def check_lse(function: str, lse: Arg, q: Arg) -> None:
+    b, sq, hq, _ = q.shape
+    if lse.shape != (b, hq, sq):
+        raise refuse(function, f"LSE is {lse.shape}; it must be (batch, heads_q, seqlen_q) = {(b, hq, sq)}")
+    check_dtype_and_device(function, lse, "float32", q)
+    dense = contiguous(lse.shape)  # as torch.empty makes it; the stride of a dimension of 0 or 1 entries is not read
+    if any(n > 1 and s != want for n, s, want in zip(lse.shape, lse.strides, dense)):
+        raise refuse(function, f"LSE has strides {lse.strides}; it must be contiguous, {dense}")
 
-def attention_problem(function: str, dtype: str, q, k, v, o, seqlen_k: int, causal: bool, scale) -> FsProblem:
-    """The fs_problem of checked tensors; scale: 1/sqrt(head_dim) when None, else finite and > 0."""
-    b, sq, hq, d = shape_of(q)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if not math.isfinite(scale) or scale <= 0:
+def softmax_scale(function: str, scale, head_dim: int) -> float:
+    """scale as softmax_scale, a float32: 1/sqrt(head_dim) when None (1 for a head_dim below 1, which the library
+    refuses), else a real number (an int or a float, not a bool or a str), finite, > 0 and within the positive
+    float32s, which 1e-50 (0) and 1e39 (inf) are not; the library then applies its own bound of the dtype."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise refuse(function, f"scale is {scale!r}; it must be a real number (an int or a float) or None")
+    if not 0 < scale < math.inf:  # not float(scale) first: 10**400 is an int that no float holds
         raise refuse(function, f"scale is {scale}; it must be finite and > 0")
-    return FsProblem(batch=b, seqlen_q=sq, seqlen_k=seqlen_k, heads_q=hq, heads_kv=shape_of(k)[2], head_dim=d,
-                     dtype=DTYPE_CODES[dtype], causal=int(bool(causal)), softmax_scale=scale,
-                     q=FsStrides(*strides_of(q)), k=FsStrides(*strides_of(k)), v=FsStrides(*strides_of(v)),
-                     o=FsStrides(*strides_of(o)))
+    if scale < FLOAT32_MIN:
+        raise refuse(function, f"scale is {scale}; it must be at least {FLOAT32_MIN}, the smallest positive float32 "
+                     "(softmax_scale is a float32)")
+    if scale > FLOAT32_MAX:
+        raise refuse(function, f"scale is {scale}; it must be at most {FLOAT32_MAX}, the largest float32 "
+                     "(softmax_scale is a float32)")
+    return float(scale)
 
-def forward_problem(function: str, q, k, v, o, causal: bool, scale) -> FsProblem:
-    """The fs_problem of Q, K, V and O (batch, seqlen, heads, head_dim) with their own strides."""
-    dtype = check_tensors(function, [("Q", q), ("K", k), ("V", v), ("O", o)])
-    check_same_shape(function, "V", v, "K", k)
-    (b, _, hq, d), (kb, sk, hkv, kd) = shape_of(q), shape_of(k)
+def attention_problem(function: str, dtype: str, q: Arg, k: Arg, v: Arg, o: Arg, seqlen_k: int, causal: bool,
+                      scale) -> FsProblem:
+    """The fs_problem of checked tensors (scale: see softmax_scale)."""
+    b, sq, hq, d = q.shape
+    return FsProblem(batch=b, seqlen_q=sq, seqlen_k=seqlen_k, heads_q=hq, heads_kv=k.shape[2], head_dim=d,
+                     dtype=DTYPE_CODES[dtype], causal=flag(function, "causal", causal),
+                     softmax_scale=softmax_scale(function, scale, d), q=FsStrides(*q.strides), k=FsStrides(*k.strides),
+                     v=FsStrides(*v.strides), o=FsStrides(*o.strides))
+
+def _forward(function: str, q: Arg, k: Arg, v: Arg, o: Arg, causal: bool, scale) -> FsProblem:
+    dtype = check_tensors(function, [q, k, v, o])
+    check_same_shape(function, v, k)
+    (b, _, hq, d), (kb, sk, hkv, kd) = q.shape, k.shape
     if kb != b or kd != d:
-        raise refuse(function, f"K is {shape_of(k)} but Q is {shape_of(q)}; batch (dimension 0) and head_dim "
-                     "(dimension 3) must match")
+        raise refuse(function, f"K is {k.shape} but Q is {q.shape}; batch (dimension 0) and head_dim (dimension 3) "
+                     "must match")
     if hkv <= 0 or hq % hkv:
         raise refuse(function, f"Q has {hq} heads and K, V {hkv}; heads_q must be a multiple of heads_kv (GQA)")
-    check_same_shape(function, "O", o, "Q", q)
+    check_same_shape(function, o, q)
     return attention_problem(function, dtype, q, k, v, o, sk, causal, scale)
+
+def forward_problem(function: str, q, k, v, o, causal: bool, scale, lse=None) -> FsProblem:
+    """The fs_problem of Q, K, V and O (batch, seqlen, heads, head_dim) with their own strides, every argument
+    and pointer checked (O None: one flash_steps allocates; LSE checked when given)."""
+    q, k, v = (read(function, name, t, BSHD) for name, t in (("Q", q), ("K", k), ("V", v)))
+    o, lse = read(function, "O", o, BSHD, like=q), read(function, "LSE", lse, LSE_DIMS, optional=True)
+    p = _forward(function, q, k, v, o, causal, scale)
+    if lse is not None:
+        check_lse(function, lse, q)
+    check_pointers(function, p, addresses(q, k, v, o, lse))
+    return p
 
 def backward_problem(function: str, q, k, v, o, lse, d_o, dq, dk, dv, causal: bool, scale,
                      deterministic: bool) -> FsBackwardProblem:
-    """The fs_backward_problem of the forward's Q, K, V, O, LSE, the gradient dO and the outputs dQ, dK, dV."""
-    check_tensors(function, [("Q", q), ("K", k), ("V", v), ("O", o), ("dO", d_o), ("dQ", dq), ("dK", dk), ("dV", dv)])
-    forward = forward_problem(function, q, k, v, o, causal, scale)
-    for name, t, like_name, like in (("dO", d_o, "Q", q), ("dQ", dq, "Q", q), ("dK", dk, "K", k), ("dV", dv, "V", v)):
-        check_same_shape(function, name, t, like_name, like)
+    """The fs_backward_problem of the forward's Q, K, V, O, LSE, the gradient dO and the outputs dQ, dK, dV
+    (None: one flash_steps allocates, like Q, K or V), every argument and pointer checked."""
+    q, k, v, o, d_o = (read(function, name, t, BSHD) for name, t in zip(("Q", "K", "V", "O", "dO"), (q, k, v, o, d_o)))
+    dq, dk, dv = (read(function, name, t, BSHD, like) for name, t, like in (("dQ", dq, q), ("dK", dk, k),
+                                                                            ("dV", dv, v)))
+    if lse is None:
+        raise refuse(function, "lse is None; backward needs the forward's LSE, fp32 (batch, heads_q, seqlen_q)")
+    lse = read(function, "LSE", lse, LSE_DIMS)
+    check_tensors(function, [q, k, v, o, d_o, dq, dk, dv])
+    forward = _forward(function, q, k, v, o, causal, scale)
+    for t, like in ((d_o, q), (dq, q), (dk, k), (dv, v)):
+        check_same_shape(function, t, like)
     check_lse(function, lse, q)
-    return FsBackwardProblem(attention=forward, deterministic=int(bool(deterministic)),
-                             d_o=FsStrides(*strides_of(d_o)), dq=FsStrides(*strides_of(dq)),
-                             dk=FsStrides(*strides_of(dk)), dv=FsStrides(*strides_of(dv)))
+    p = FsBackwardProblem(attention=forward, deterministic=flag(function, "deterministic", deterministic),
+                          d_o=FsStrides(*d_o.strides), dq=FsStrides(*dq.strides), dk=FsStrides(*dk.strides),
+                          dv=FsStrides(*dv.strides))
+    check_pointers(function, p, addresses(q, k, v, o, lse, d_o, dq, dk, dv))
+    return p
 
 def decode_problem(function: str, q, k_cache, v_cache, o, cache_seqlens, block_table, causal: bool, scale,
-                   max_seqlen_k, num_splits: int, checked: bool) -> FsDecodeProblem:
-    """The fs_decode_problem of Q, O and a contiguous or paged cache (the layouts: flash_steps.decode)."""
-    dtype = check_tensors(function, [("Q", q), ("K cache", k_cache), ("V cache", v_cache), ("O", o)])
-    check_same_shape(function, "V cache", v_cache, "K cache", k_cache)
-    check_same_shape(function, "O", o, "Q", q)
-    (b, _, hq, d), (rows, page_rows, hkv, kd) = shape_of(q), shape_of(k_cache)
+                   max_seqlen_k, num_splits: int, checked: bool, lse=None) -> FsDecodeProblem:
+    """The fs_decode_problem of Q, O and a contiguous or paged cache (the layouts: flash_steps.decode), every
+    argument and pointer checked (O None: one flash_steps allocates; LSE checked when given)."""
+    q, k_cache, v_cache = (read(function, name, t, BSHD) for name, t in (("Q", q), ("K cache", k_cache),
+                                                                         ("V cache", v_cache)))
+    o, lse = read(function, "O", o, BSHD, like=q), read(function, "LSE", lse, LSE_DIMS, optional=True)
+    cache_seqlens = read(function, "cache_seqlens", cache_seqlens, ("batch",), optional=True)
+    block_table = read(function, "block_table", block_table, ("batch", "max_pages_per_seq"), optional=True)
+    dtype = check_tensors(function, [q, k_cache, v_cache, o])
+    check_same_shape(function, v_cache, k_cache)
+    check_same_shape(function, o, q)
+    (b, _, hq, d), (rows, page_rows, hkv, kd) = q.shape, k_cache.shape
     if kd != d:
-        raise refuse(function, f"the K cache is {shape_of(k_cache)} but Q is {shape_of(q)}; head_dim (dimension 3) "
-                     "must match")
+        raise refuse(function, f"the K cache is {k_cache.shape} but Q is {q.shape}; head_dim (dimension 3) must match")
     if hkv <= 0 or hq % hkv:
         raise refuse(function, f"Q has {hq} heads and the cache {hkv}; heads_q must be a multiple of heads_kv (GQA)")
     page_size = num_pages = max_pages = table_stride = 0
     if block_table is None:
         if rows != b:
-            raise refuse(function, f"the K cache is {shape_of(k_cache)} but Q is {shape_of(q)}; a contiguous cache's "
-                         "batch (dimension 0) must match Q's")
+            raise refuse(function, f"the K cache is {k_cache.shape} but Q is {q.shape}; a contiguous cache's batch "
+                         "(dimension 0) must match Q's")
         capacity = page_rows
     else:
-        check_dtype_and_device(function, "block_table", block_table, "int32", q)
-        if len(block_table.shape) != 2 or shape_of(block_table)[0] != b or strides_of(block_table)[1] != 1:
-            raise refuse(function, f"block_table is {shape_of(block_table)} with strides {strides_of(block_table)}; "
-                         f"it must be ({b}, max_pages_per_seq) with contiguous rows")
-        page_size, num_pages, max_pages = page_rows, rows, shape_of(block_table)[1]
-        table_stride = strides_of(block_table)[0]
+        check_dtype_and_device(function, block_table, "int32", q)
+        if block_table.shape[0] != b or block_table.strides[1] != 1:
+            raise refuse(function, f"block_table is {block_table.shape} with strides {block_table.strides}; it must be "
+                         f"({b}, max_pages_per_seq) with contiguous rows")
+        if page_rows < PAGE_MULTIPLE or page_rows % PAGE_MULTIPLE:
+            raise refuse(function, f"the K cache is {k_cache.shape} with a block table: a paged cache (num_pages, "
+                         f"page_size, heads_kv, head_dim) of page_size {page_rows}; page_size must be a multiple of "
+                         f"{PAGE_MULTIPLE} from {PAGE_MULTIPLE}")
+        page_size, num_pages, max_pages, table_stride = page_rows, rows, block_table.shape[1], block_table.strides[0]
         capacity = max_pages * page_size
     if cache_seqlens is not None:
-        check_dtype_and_device(function, "cache_seqlens", cache_seqlens, "int32", q)
-        if shape_of(cache_seqlens) != (b,) or strides_of(cache_seqlens) != (1,):
-            raise refuse(function, f"cache_seqlens is {shape_of(cache_seqlens)} with strides "
-                         f"{strides_of(cache_seqlens)}; it must be a contiguous ({b},)")
-    seqlen_k = capacity if max_seqlen_k is None else int(max_seqlen_k)
-    if not 0 <= seqlen_k <= capacity:
-        raise refuse(function, f"max_seqlen_k is {seqlen_k}; it must be between 0 and the cache's capacity, {capacity}")
+        check_dtype_and_device(function, cache_seqlens, "int32", q)
+        if cache_seqlens.shape != (b,) or cache_seqlens.strides != (1,):
+            raise refuse(function, f"cache_seqlens is {cache_seqlens.shape} with strides {cache_seqlens.strides}; it "
+                         f"must be a contiguous ({b},)")
+    if lse is not None:
+        check_lse(function, lse, q)
+    if max_seqlen_k is None:  # the capacity, an int64 when its sizes are (max_pages_per_seq * page_size may not be)
+        seqlen_k = integer(function, "the cache's capacity, max_seqlen_k's default,", capacity, *INT64)
+    else:
+        seqlen_k = integer(function, "max_seqlen_k", max_seqlen_k, 0, capacity,
+                           f"an integer between 0 and the cache's capacity, {capacity}")
     attention = attention_problem(function, dtype, q, k_cache, v_cache, o, seqlen_k, causal, scale)
-    return FsDecodeProblem(attention=attention, num_splits=int(num_splits), checked=int(bool(checked)),
-                           page_size=page_size, num_pages=num_pages, max_pages_per_seq=max_pages,
-                           block_table_stride=table_stride)
+    splits = integer(function, "num_splits", num_splits, 0, MAX_SPLITS,
+                     f"0 (the step's heuristic) or an integer from 1 to {MAX_SPLITS}")
+    p = FsDecodeProblem(attention=attention, num_splits=splits, checked=flag(function, "checked", checked),
+                        page_size=page_size, num_pages=num_pages, max_pages_per_seq=max_pages,
+                        block_table_stride=table_stride)
+    check_pointers(function, p, addresses(q, k_cache, v_cache, block_table, cache_seqlens, o, lse))
+    return p
 
 _defaults: dict = {}  # (pass, problem's bytes, device) -> the step _default_step found
 
@@ -169,6 +252,16 @@ def default_step(problem, device: int | None = None) -> str:
 def _empty(shape, dtype, device):
     return _torch().empty(tuple(shape), dtype=dtype, device=device)
 
+def check_step(function: str, name: str, step) -> None:
+    if step is not None and not isinstance(step, str):
+        raise refuse(function, f"{name} is {step!r}; it must be a step's id (a str) or None")
+
+def _outputs(q, out, lse, p: FsProblem):
+    """O and LSE of a forward or decoding launch: those given, else new ones (like Q; fp32 (batch, heads_q,
+    seqlen_q))."""
+    o = out if out is not None else _empty(q.shape, q.dtype, q.device)
+    return o, lse if lse is not None else _empty((p.batch, p.heads_q, p.seqlen_q), _torch().float32, q.device)
+
 def _launch(p, step: str | None, device, tensors) -> None:
     """Runs p's pass with the step given or the default one; `tensors`: its pointers in order (None: NULL)."""
     torch, lib = _torch(), library()
@@ -180,21 +273,14 @@ def _launch(p, step: str | None, device, tensors) -> None:
                 workspace=ws.data_ptr() if ws is not None else 0, workspace_bytes=nbytes,
                 stream=torch.cuda.current_stream(device).cuda_stream)
 
-def _lse_for(function: str, lse, q, p):
-    if lse is None:
-        return _empty((p.batch, p.heads_q, p.seqlen_q), _torch().float32, q.device)
-    check_lse(function, lse, q)
-    return lse
-
 def forward(q, k, v, causal: bool = False, scale: float | None = None, step: str | None = None, out=None, lse=None):
     """(O, LSE) of softmax attention: q (batch, seqlen_q, heads_q, head_dim), k and v (batch, seqlen_k, heads_kv,
     head_dim), fp16 or bf16 on one CUDA device, any strides the C ABI accepts. causal: bottom-right aligned.
     scale: default 1/sqrt(head_dim). step: default default_step's. out (like q) and lse (fp32, contiguous
     (batch, heads_q, seqlen_q)): written when given, else allocated."""
-    _torch()
-    o = out if out is not None else _empty(q.shape, q.dtype, q.device)
-    p = forward_problem("flash_steps.forward", q, k, v, o, causal, scale)
-    lse = _lse_for("flash_steps.forward", lse, q, p)
+    check_step("flash_steps.forward", "step", step)
+    p = forward_problem("flash_steps.forward", q, k, v, out, causal, scale, lse)  # before any allocation
+    o, lse = _outputs(q, out, lse, p)
     _launch(p, step, q.device, (q, k, v, o, lse))
     return o, lse
 
@@ -203,9 +289,9 @@ def backward(q, k, v, o, lse, d_o, causal: bool = False, scale: float | None = N
     """(dQ, dK, dV) of the forward (q, k, v) -> (o, lse) for the gradient d_o (like o); causal, scale and step
     as forward's. deterministic: bitwise repeatable gradients (no atomics). dq, dk, dv: written when given
     (like q, k, v), else allocated contiguous. With GQA, dK and dV sum over the query heads of a group."""
-    _torch()
-    dq, dk, dv = (g if g is not None else _empty(x.shape, x.dtype, x.device) for g, x in ((dq, q), (dk, k), (dv, v)))
+    check_step("flash_steps.backward", "step", step)
     p = backward_problem("flash_steps.backward", q, k, v, o, lse, d_o, dq, dk, dv, causal, scale, deterministic)
+    dq, dk, dv = (g if g is not None else _empty(x.shape, x.dtype, x.device) for g, x in ((dq, q), (dk, k), (dv, v)))
     _launch(p, step, q.device, (q, k, v, o, lse, d_o, dq, dk, dv))
     return dq, dk, dv
 
@@ -218,19 +304,25 @@ def decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal: bo
     max_seqlen_k each). max_seqlen_k: the most keys a sequence has (default the cache's capacity; a tighter
     bound helps the split). num_splits: 0 for the step's heuristic. checked: check cache_seqlens and
     block_table on the device first (synchronizes)."""
-    _torch()
-    o = out if out is not None else _empty(q.shape, q.dtype, q.device)
-    p = decode_problem("flash_steps.decode", q, k_cache, v_cache, o, cache_seqlens, block_table, causal, scale,
-                       max_seqlen_k, num_splits, checked)
-    lse = _lse_for("flash_steps.decode", lse, q, p.attention)
+    check_step("flash_steps.decode", "step", step)
+    p = decode_problem("flash_steps.decode", q, k_cache, v_cache, out, cache_seqlens, block_table, causal, scale,
+                       max_seqlen_k, num_splits, checked, lse)
+    o, lse = _outputs(q, out, lse, p.attention)
     _launch(p, step, q.device, (q, k_cache, v_cache, block_table, cache_seqlens, o, lse))
     return o, lse
 
+def readable(t: Arg) -> bool:
+    """Whether the C ABI reads t, a (batch, seqlen, heads, head_dim) view, as it is: the rules of validate_strides
+    (common/harness/views.cpp), a last stride of 1, the others >= 0 and multiples of 8, a row or head stride
+    below head_dim only over at most one row or head (only a batch stride of 0 broadcasts: a tensor expanded
+    over its heads is refused), and a 16-byte aligned pointer."""
+    (_, rows, heads, head_dim), (*outer, last) = t.shape, t.strides
+    return (last == 1 and all(s >= 0 and s % 8 == 0 for s in outer) and t.address % 16 == 0
+            and all(n <= 1 or s >= head_dim for n, s in ((rows, outer[1]), (heads, outer[2]))))
+
 def usable(t):
-    """t when the C ABI can read it as it is (last stride 1, the others >= 0 and multiples of 8, a
-    16-byte aligned pointer), else a contiguous copy."""
-    strides = t.stride()
-    if strides[-1] == 1 and all(s >= 0 and s % 8 == 0 for s in strides[:-1]) and t.data_ptr() % 16 == 0:
+    """t when the C ABI can read it as it is (readable), else a contiguous copy."""
+    if readable(read("flash_steps.attention", "the tensor", t, BSHD)):
         return t
     return t.clone(memory_format=_torch().contiguous_format)
 
@@ -259,4 +351,12 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, step: s
     """O of softmax attention, differentiable, on tensors as forward's; a view the C ABI cannot read (see
     usable) is copied first. step / backward_step: the forward's and the backward's step (default
     default_step's); deterministic: the backward's bitwise repeatable mode. The gradients are contiguous."""
+    function = "flash_steps.attention"
+    for name, s in (("step", step), ("backward_step", backward_step)):
+        check_step(function, name, s)
+    flag(function, "deterministic", deterministic)
+    given = [read(function, name, t, BSHD) for name, t in (("Q", q), ("K", k), ("V", v))]
+    # forward's checks, before usable() copies a tensor, on what it gives: a view as it is or a contiguous copy
+    forward_problem(function, *(t if readable(t) else read(function, t.name, None, BSHD, t) for t in given), None,
+                    causal, scale)
     return _attention_function().apply(q, k, v, causal, scale, step, backward_step, deterministic)

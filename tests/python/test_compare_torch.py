@@ -141,7 +141,7 @@ class Library(unittest.TestCase):
 
 
 class FakeTensor:
-    """Just what problem_for_tensors reads of a torch tensor: shape, stride(), dtype and device."""
+    """Just what problem_for_tensors reads of a torch tensor: shape, stride(), dtype, device and data_ptr()."""
 
     def __init__(self, shape, dtype="torch.float16", strides=None):
         self.shape, self.dtype, self.device = tuple(shape), dtype, "cuda:0"
@@ -149,6 +149,9 @@ class FakeTensor:
 
     def stride(self):
         return self._strides
+
+    def data_ptr(self):
+        return 1 << 40
 
 
 class Tensors(unittest.TestCase):
@@ -178,7 +181,7 @@ class Tensors(unittest.TestCase):
         self.assertIn("V is (2, 95, 2, 128) but K is (2, 96, 2, 128)", str(e.exception))
         with self.assertRaises(ValueError) as e:
             ct.problem_for_tensors(FakeTensor((64, 8, 128)), self.kv, self.kv, self.q, False)
-        self.assertIn("Q has 3 dimensions", str(e.exception))
+        self.assertIn("Q's shape is (64, 8, 128); it must have one entry per dimension", str(e.exception))
 
     def test_non_contiguous_head_dim_is_refused(self):
         q = FakeTensor((2, 64, 8, 128), strides=(64 * 8 * 256, 8 * 256, 256, 2))

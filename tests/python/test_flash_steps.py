@@ -2,15 +2,25 @@
 loading the library, the registry, refusals through the ctypes layer raised with the library's
 sentence, the structs against a C compiler and against the library, and the Python-side argument
 checks on fake tensors (objects with shape, stride(), dtype and device, as a torch tensor has)."""
+import _ctypes
 import ctypes
 import math
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
+import types
 import unittest
+from unittest import mock
+from fractions import Fraction
 from pathlib import Path
+
+try:
+    import numpy  # numpy scalars are numbers too, when numpy is there
+except ImportError:
+    numpy = None
 
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO / "python"))
@@ -23,25 +33,30 @@ LIB = fs_results.library_path()  # $FLASH_STEPS_LIB (ctest sets it), else build/
 needs_library = unittest.skipUnless(LIB.exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
 
 
-def run_python(code: str, pythonpath: Path, env_lib: str | None = None) -> subprocess.CompletedProcess:
+def run_python(code: str, pythonpath: Path, env_lib: str | None = None, cwd=None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "FLASH_STEPS_LIB"}
     if env_lib is not None:
         env["FLASH_STEPS_LIB"] = env_lib
     env["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, cwd=cwd)
 
 
 class Import(unittest.TestCase):
     def test_import_needs_no_torch(self):
-        # torch made unimportable: the package imports, lists its API, and says so only when a tensor
-        # function is called.
+        # torch made unimportable: the package imports, lists its API, refuses bad arguments, and says
+        # so only when a tensor function is called with good ones (here fake tensors).
         code = ("import sys; sys.modules['torch'] = None\n"
                 "import flash_steps\n"
                 "assert callable(flash_steps.attention) and callable(flash_steps.steps)\n"
-                "try:\n    flash_steps.forward(None, None, None)\nexcept ImportError:\n    print('no torch')\n")
+                "class T:\n    shape, dtype, device = (1, 1, 1, 8), 'torch.float16', 'cuda:0'\n"
+                "    stride, data_ptr = lambda self: (8, 8, 8, 1), lambda self: 256\n"
+                "try:\n    flash_steps.forward(None, None, None)\nexcept flash_steps.InvalidArgument as e:\n"
+                "    print(e.message)\n"
+                "try:\n    flash_steps.forward(T(), T(), T())\nexcept ImportError:\n    print('no torch')\n")
         out = run_python(code, REPO / "python")
         self.assertEqual(out.returncode, 0, out.stderr)
-        self.assertEqual(out.stdout.strip(), "no torch")
+        self.assertEqual(out.stdout.splitlines(), ["Q is None; it must be a tensor (with shape, stride(), dtype, "
+                                                   "device and data_ptr())", "no torch"])
 
 
 class Discovery(unittest.TestCase):
@@ -56,8 +71,8 @@ class Discovery(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def library(self, env_lib=None):
-        return run_python("import flash_steps\nprint(flash_steps.library().path)", self.repo / "python", env_lib)
+    def library(self, env_lib=None, cwd=None):
+        return run_python("import flash_steps\nprint(flash_steps.library().path)", self.repo / "python", env_lib, cwd)
 
     def test_missing_library_says_where_it_looked_and_how_to_build(self):
         out = self.library()
@@ -94,6 +109,60 @@ class Discovery(unittest.TestCase):
         self.assertEqual(out.stdout.strip(), str(self.repo / "build-2" / "libflash_steps.so"))
         out = self.library(str(LIB))  # FLASH_STEPS_LIB first
         self.assertEqual(out.stdout.strip(), str(LIB))
+
+    def test_an_empty_FLASH_STEPS_LIB_is_said_to_be_empty(self):
+        out = self.library("")  # and the candidates are looked at, as when it is not set
+        self.assertIn("libflash_steps.so not found: FLASH_STEPS_LIB is set but empty and none of "
+                      f"{self.repo / 'build' / 'libflash_steps.so'} exists", out.stderr)
+
+    def test_a_relative_path_is_the_current_directorys(self):
+        (self.repo / "lib.so").write_text("not a library")
+        out = run_python("import flash_steps\nprint(flash_steps.find_library('./lib.so')[0])", self.repo / "python",
+                         "./lib.so", cwd=self.repo)
+        self.assertEqual(out.stdout.strip(), str(self.repo / "lib.so"), out.stderr)
+        out = self.library("./none.so", cwd=self.repo)
+        self.assertIn(f"FLASH_STEPS_LIB is ./none.so ({self.repo / 'none.so'}), which does not exist", out.stderr)
+
+    @needs_library
+    def test_a_relative_FLASH_STEPS_LIB_loads(self):
+        # Path("./libflash_steps.so") is "libflash_steps.so", which dlopen looked for on the system's path
+        (self.repo / "libflash_steps.so").symlink_to(LIB.resolve())
+        out = self.library("./libflash_steps.so", cwd=self.repo)
+        self.assertEqual(out.stdout.strip(), str(self.repo / "libflash_steps.so"), out.stderr)
+
+    def test_what_is_not_libflash_steps_is_refused_before_it_is_used(self):
+        unrelated = Path(_ctypes.__file__)  # a shared library, with no fs_* function
+        with self.assertRaises(fs.LibraryNotFound) as e:
+            fs.Library(unrelated)
+        self.assertEqual(e.exception.message, f"{unrelated}: not libflash_steps (it has no fs_last_error or "
+                                              "fs_step_count)")
+        data = unrelated.read_bytes()
+        files = {"empty.so": b"", "text.so": b"not a library", "elf32.so": b"\x7fELF\x01\x01\x01" + bytes(57),
+                 "cut.so": data[:len(data) // 2]}
+        for name, content in files.items():
+            (self.repo / name).write_bytes(content)
+        (self.repo / "dir.so").mkdir()
+        for name, why in (("empty.so", "not an ELF file (it does not start with \\x7fELF)"),
+                          ("text.so", "not an ELF file (it does not start with \\x7fELF)"),
+                          ("elf32.so", "not a 64-bit ELF file"), ("dir.so", "not a regular file"),
+                          ("cut.so", f"{len(data) // 2} bytes, shorter than the {len(data)} its ELF headers give (a "
+                                     "truncated copy?)")):
+            with self.assertRaises(fs.LibraryNotFound) as e:
+                fs.Library(self.repo / name)
+            self.assertEqual(e.exception.message, f"{self.repo / name}: {why}")
+        out = self.library(str(self.repo / "text.so"))
+        self.assertIn(f"LibraryNotFound: cannot load {self.repo / 'text.so'}: not an ELF file", out.stderr)
+
+    @needs_library
+    def test_a_truncated_library_is_refused_not_mapped(self):
+        # dlopen maps a copy cut short past its end: SIGBUS killed the process
+        cut = self.repo / "libflash_steps.so"
+        with open(LIB, "rb") as f:
+            cut.write_bytes(f.read(LIB.stat().st_size * 2 // 3))
+        out = self.library(str(cut))
+        self.assertEqual(out.returncode, 1, out.stderr)
+        self.assertIn(f"cannot load {cut}: {cut.stat().st_size} bytes, shorter than the {LIB.stat().st_size} its ELF "
+                      "headers give", out.stderr)
 
 
 class Layout(unittest.TestCase):
@@ -179,11 +248,64 @@ class Library(unittest.TestCase):
         self.assertIn("null", e.exception.message)
         self.assertTrue(str(e.exception).startswith("fs_run(01_naive): "))
 
+    def test_usable_is_the_library_rule(self):
+        # the strides usable() passes on are those the library accepts (it refuses the others naming a stride;
+        # one it accepts may still be refused here for want of a device)
+        rng = random.Random(21)
+        for _ in range(300):
+            heads, seqlen = rng.choice([1, 2, 8]), rng.choice([1, 2, 64])
+            strides = tuple(rng.choice([0, 8, 64, 120, 128, 1024, 4100, 8192, -8]) for _ in range(3)) + (1,)
+            view = FakeTensor((2, seqlen, heads, 128), strides=strides)
+            p = self.lib.problem(2, 64, seqlen, 8, heads, 128, "fp16", False, {"k": strides})
+            try:
+                self.lib.check("01_naive", p)
+                refused = False
+            except fs.FlashStepsError as e:
+                refused = isinstance(e, fs.InvalidArgument) and "K's" in e.message and "stride" in e.message
+            self.assertEqual(passed_on(view), not refused, (strides, heads, seqlen))
+
+    def test_init_sizes_and_flags_are_checked_before_ctypes(self):
+        # ctypes would wrap batch 2**64 + 2 to 2 and seqlen_k 2**63 to -2**63; the C ABI refuses causal 2
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.problem(2 ** 64 + 2, 512, 512, 16, 16, 128, "fp16", False)
+        self.assertEqual(e.exception.message, "batch is 18446744073709551618; it must be an integer from "
+                                              "-9223372036854775808 to 9223372036854775807")
+        self.assertEqual(e.exception.function, "fs_problem_init")
+        for call, want in ((lambda: self.lib.problem(2, 512, 2 ** 63, 16, 16, 128, "fp16", False),
+                            "seqlen_k is 9223372036854775808; it must be an integer from"),
+                           (lambda: self.lib.problem(2, 512, 512, 16, 16, 128.0, "fp16", False),
+                            "head_dim is 128.0; it must be an integer from"),
+                           (lambda: self.lib.problem(2, 512, 512, 16, 16, 128, "fp16", 2),
+                            "causal is 2; it must be True, False, 0 or 1"),
+                           (lambda: self.lib.decode_problem(2, 1, 64, 8, 8, 64, "fp16", False, 2 ** 64 + 16),
+                            "page_size is 18446744073709551632; it must be an integer from"),
+                           (lambda: self.lib.backward_problem(2, 64, 64, 8, 8, 64, "fp16", False, deterministic="no"),
+                            "deterministic is 'no'; it must be True, False, 0 or 1"),
+                           (lambda: self.lib.problem(2, 64, 64, 8, 8, 64, "fp16", False, {"o": (1, 2, 3)}),
+                            "strides['o'] is (1, 2, 3); it must have one entry per dimension (batch, row, head, dim)"),
+                           (lambda: self.lib.problem(2, 64, 64, 8, 8, 64, "fp16", False, {"q": (0, 2 ** 64, 8, 1)}),
+                            "row in strides['q'] (0, 18446744073709551616, 8, 1) is 18446744073709551616; it must be")):
+            with self.assertRaises(fs.InvalidArgument) as e:
+                call()
+            self.assertTrue(e.exception.message.startswith(want), e.exception.message)
+        p = self.lib.problem(True + 1, 512, 512, 16, 16, 128, "fp16", 1)
+        self.assertEqual((p.batch, p.causal), (2, 1))
+
     def test_decode_problem(self):
         p = self.lib.decode_problem(2, 1, 4096, 32, 8, 128, "fp16", False, 64)
         self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride), (64, 128, 64, 64))
         self.assertEqual(self.lib.decode_kv_bytes(p), 2.0 * 2 * 4096 * 8 * 128 * 2)
         self.assertEqual(self.lib.decode_kv_bytes(p, [1024, 0]), 2.0 * 1024 * 8 * 128 * 2)
+        for lengths, want in (([1024, 0, 7], "num_lengths is 3"), ([1024, 4097], "4097"), ([-1, 0], "-1")):
+            with self.assertRaises(fs.InvalidArgument) as e:  # the library's sentences
+                self.lib.decode_kv_bytes(p, lengths)
+            self.assertEqual(e.exception.function, "fs_decode_kv_bytes")
+            self.assertIn(want, e.exception.message)
+        for bad in (2 ** 31, 2 ** 32 + 5, 1.5, "7", True, None):  # ctypes would wrap 2**32 + 5 to 5
+            with self.assertRaises(fs.InvalidArgument) as e:
+                self.lib.decode_kv_bytes(p, [0, bad])
+            self.assertEqual(e.exception.message, f"lengths[1] is {bad!r}; it must be an integer from -2147483648 to "
+                                                  "2147483647")
         with self.assertRaises(fs.InvalidArgument) as e:
             self.lib.check("01_naive", p)
         self.assertIn("has no decoding entry", e.exception.message)
@@ -248,14 +370,26 @@ class Library(unittest.TestCase):
 
 
 class FakeTensor:
-    """What the checks read of a torch tensor: shape, stride(), dtype and device (by their names)."""
+    """What the checks read of a torch tensor: shape, stride(), dtype and device (by their names), data_ptr()."""
 
-    def __init__(self, shape, dtype="torch.float16", strides=None, device="cuda:0"):
-        self.shape, self.dtype, self.device = tuple(shape), dtype, device
+    def __init__(self, shape, dtype="torch.float16", strides=None, device="cuda:0", address=0x7F0000000000):
+        self.shape, self.dtype, self.device, self.address = tuple(shape), dtype, device, address
         self._strides = strides or tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
 
     def stride(self):
         return self._strides
+
+    def data_ptr(self):
+        return self.address
+
+
+def passed_on(t) -> bool:
+    """Whether flash_steps' usable() passes t on as it is, rather than copying it (torch stood in for)."""
+    t.clone = lambda memory_format: ("a copy", memory_format)
+    with mock.patch.object(fs._torch, "_torch", lambda: types.SimpleNamespace(contiguous_format="contiguous")):
+        got = fs._torch.usable(t)
+    assert got is t or got == ("a copy", "contiguous"), got
+    return got is t
 
 
 class Arguments(unittest.TestCase):
@@ -283,7 +417,8 @@ class Arguments(unittest.TestCase):
 
     def test_wrong_dimensions(self):
         msg = self.refused(fs.forward_problem, FakeTensor((64, 8, 128)), self.kv, self.kv, self.q, False, None)
-        self.assertEqual(msg, "Q has 3 dimensions (shape (64, 8, 128)); it must have 4, (batch, seqlen, heads, head_dim)")
+        self.assertEqual(msg, "Q's shape is (64, 8, 128); it must have one entry per dimension (batch, seqlen, heads, "
+                              "head_dim)")
 
     def test_mixed_and_unsupported_dtypes(self):
         bf = FakeTensor((2, 96, 2, 128), "torch.bfloat16")
@@ -319,10 +454,67 @@ class Arguments(unittest.TestCase):
         msg = self.refused(fs.forward_problem, q, self.kv, self.kv, self.q, False, None)
         self.assertEqual(msg, "Q's last dimension (head_dim) has stride 2; it must be 1 (contiguous)")
 
+    def forward(self, causal=False, scale=None):
+        return fs.forward_problem("test", self.q, self.kv, self.kv, self.q, causal, scale)
+
     def test_scale(self):
-        for bad in (0.0, -1.0, float("inf"), float("nan")):
-            self.assertIn("it must be finite and > 0",
-                          self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, bad))
+        for bad in (0.0, -1.0, float("inf"), float("nan"), -10 ** 400):
+            self.assertIn("it must be finite and > 0", self.refused(fs.forward_problem, self.q, self.kv, self.kv,
+                                                                    self.q, False, bad))
+        # a float32 holds neither: 1e-50 would be 0 and 1e39 inf, which the library would then refuse
+        self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, 1e-50),
+                         "scale is 1e-50; it must be at least 1.401298464324817e-45, the smallest positive float32 "
+                         "(softmax_scale is a float32)")
+        for big in (1e39, 10 ** 400):
+            self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, big),
+                             f"scale is {big}; it must be at most 3.4028234663852886e+38, the largest float32 "
+                             "(softmax_scale is a float32)")
+        for bad in ("abc", "0.5", True, b"1", [0.5], 1j):
+            self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, bad),
+                             f"scale is {bad!r}; it must be a real number (an int or a float) or None")
+        for good, want in ((1, 1.0), (0.5, 0.5), (Fraction(1, 4), 0.25), (2.0 ** -149, 2.0 ** -149),
+                           (3.4028234663852886e+38, 3.4028234663852886e+38)):
+            self.assertEqual(self.forward(scale=good).softmax_scale, want)
+        if numpy is not None:
+            self.assertEqual(self.forward(scale=numpy.float64(0.125)).softmax_scale, 0.125)
+            self.assertEqual(self.forward(scale=numpy.float32(0.5)).softmax_scale, 0.5)
+
+    def test_flags_are_bools_or_0_or_1(self):
+        # bool() would make every one of these a 1 (causal 'no' too); the C ABI refuses 2
+        for bad in (2, -1, "no", "", None, 1.0, 0.5):
+            self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, bad, None),
+                             f"causal is {bad!r}; it must be True, False, 0 or 1")
+        self.assertEqual([self.forward(causal=c).causal for c in (True, False, 1, 0)], [1, 0, 1, 0])
+        lse = FakeTensor((2, 8, 64), "torch.float32")
+        args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv, False, None]
+        self.assertEqual(self.refused(fs.backward_problem, *args, 2),
+                         "deterministic is 2; it must be True, False, 0 or 1")
+        self.assertEqual(fs.backward_problem("test", *args, 1).deterministic, 1)
+        q, cache = FakeTensor((4, 1, 32, 128)), FakeTensor((4, 4096, 8, 128))
+        self.assertEqual(self.refused(fs.decode_problem, q, cache, cache, q, None, None, False, None, None, 0, 2),
+                         "checked is 2; it must be True, False, 0 or 1")
+
+    def test_num_splits_and_max_seqlen_k_are_integers(self):
+        q, cache = FakeTensor((4, 1, 32, 128)), FakeTensor((4, 4096, 8, 128))
+
+        def decode(num_splits=0, max_seqlen_k=None):
+            return fs.decode_problem("test", q, cache, cache, q, None, None, False, None, max_seqlen_k, num_splits,
+                                     False)
+        # ctypes would make 2**32 + 1 a 1 and 2**32 a 0 (the heuristic), int() 1.9 a 1 and '7' a 7
+        for bad in (2 ** 32 + 1, 2 ** 32, 2 ** 64 + 7, -1, 129, 1.9, "7", True, None):
+            with self.assertRaises(fs.InvalidArgument) as e:
+                decode(num_splits=bad)
+            self.assertEqual(e.exception.message,
+                             f"num_splits is {bad!r}; it must be 0 (the step's heuristic) or an integer from 1 to 128")
+        self.assertEqual([decode(num_splits=n).num_splits for n in (0, 1, 128)], [0, 1, 128])
+        for bad in (2 ** 64 + 100, 100.0, "100", False):
+            with self.assertRaises(fs.InvalidArgument) as e:
+                decode(max_seqlen_k=bad)
+            self.assertEqual(e.exception.message,
+                             f"max_seqlen_k is {bad!r}; it must be an integer between 0 and the cache's capacity, 4096")
+        self.assertEqual(decode(max_seqlen_k=100).attention.seqlen_k, 100)
+        if numpy is not None:
+            self.assertEqual(decode(num_splits=numpy.int64(3), max_seqlen_k=numpy.int32(7)).num_splits, 3)
 
     def test_backward_arguments(self):
         lse = FakeTensor((2, 8, 64), "torch.float32")
@@ -343,6 +535,169 @@ class Arguments(unittest.TestCase):
         bad[5] = FakeTensor((2, 64, 8, 128), "torch.bfloat16")
         self.assertIn("dO is torch.bfloat16", self.refused(fs.backward_problem, *bad, False, None, False))
 
+    def test_a_tensor_is_read_once_every_entry_an_int64(self):
+        tensor = "; it must be a tensor (with shape, stride(), dtype, device and data_ptr())"
+        dims = "it must have one entry per dimension (batch, seqlen, heads, head_dim)"
+        int64 = "it must be an integer from -9223372036854775808 to 9223372036854775807"
+        big = FakeTensor((2 ** 64 + 2, 64, 8, 128), strides=(65536, 1024, 128, 1))  # ctypes would make the batch 2
+        for q, want in (
+                (None, "Q is None" + tensor), (5, "Q is 5" + tensor), ("q", "Q is 'q'" + tensor),
+                # a 5-entry stride() was a TypeError, a 3-entry one the library's "head_dim stride is 0"
+                (FakeTensor((2, 64, 8, 128), strides=(65536, 1024, 128, 1, 1)),
+                 f"Q's stride() is (65536, 1024, 128, 1, 1); {dims}"),
+                (FakeTensor((2, 64, 8, 128), strides=(65536, 1024, 128)),
+                 f"Q's stride() is (65536, 1024, 128); {dims}"),
+                (FakeTensor((2, 64, 8, 128), strides=5), f"Q's stride() is 5; {dims}"),
+                (big, f"batch in Q's shape (18446744073709551618, 64, 8, 128) is 18446744073709551618; {int64}"),
+                (FakeTensor((2, 64, 8, 128.0), strides=(65536, 1024, 128, 1)),
+                 f"head_dim in Q's shape (2, 64, 8, 128.0) is 128.0; {int64}"),
+                (FakeTensor((2, 64, True, 128), strides=(65536, 1024, 128, 1)),
+                 f"heads in Q's shape (2, 64, True, 128) is True; {int64}"),
+                (FakeTensor((2, 64, 8, 128), strides=(65536, 2 ** 63, 128, 1)),
+                 f"seqlen in Q's stride() (65536, 9223372036854775808, 128, 1) is 9223372036854775808; {int64}"),
+                (FakeTensor((2, 64, 8, 128), strides=(65536, "1024", 128, 1)),
+                 f"seqlen in Q's stride() (65536, '1024', 128, 1) is '1024'; {int64}")):
+            self.assertEqual(self.refused(fs.forward_problem, q, self.kv, self.kv, self.q, False, None), want)
+        for address in (-16, 2 ** 64, 16.0, "0x10", None):
+            self.assertEqual(self.refused(fs.forward_problem, FakeTensor((2, 64, 8, 128), address=address), self.kv,
+                                          self.kv, self.q, False, None),
+                             f"Q's data_ptr() is {address!r}; it must be an integer from 0 to 18446744073709551615")
+
+    def test_backward_needs_the_lse_and_every_tensor_its_dimensions(self):
+        lse = FakeTensor((2, 8, 64), "torch.float32")
+        args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv]
+        without = args[:4] + [None] + args[5:]
+        want = "lse is None; backward needs the forward's LSE, fp32 (batch, heads_q, seqlen_q)"  # was an AttributeError
+        self.assertEqual(self.refused(fs.backward_problem, *without, False, None, False), want)
+        with self.assertRaises(fs.InvalidArgument) as e:
+            fs.backward(*without[:6])  # refused before anything is allocated (fake tensors could not be)
+        self.assertEqual(e.exception.message, want)
+        self.assertEqual(e.exception.function, "flash_steps.backward")
+        bad = list(args)
+        bad[4] = FakeTensor((2, 8), "torch.float32")
+        self.assertEqual(self.refused(fs.backward_problem, *bad, False, None, False),
+                         "LSE's shape is (2, 8); it must have one entry per dimension (batch, heads_q, seqlen_q)")
+        p = fs.backward_problem("test", *args[:6], None, None, None, False, None, False)  # dQ, dK, dV: allocated
+        self.assertEqual([(s.batch, s.row, s.head, s.dim) for s in (p.dq, p.dk)],
+                         [(64 * 8 * 128, 8 * 128, 128, 1), (96 * 2 * 128, 2 * 128, 128, 1)])
+        q, cache, lens = FakeTensor((4, 1, 32, 128)), FakeTensor((4, 4096, 8, 128)), FakeTensor((4,), "torch.int32")
+        self.assertEqual(self.refused(fs.decode_problem, q, cache, cache, q, FakeTensor((4, 1), "torch.int32"), None,
+                                      False, None, None, 0, False),
+                         "cache_seqlens's shape is (4, 1); it must have one entry per dimension (batch)")
+        pages = FakeTensor((300, 64, 8, 128))
+        self.assertEqual(self.refused(fs.decode_problem, q, pages, pages, q, lens, FakeTensor((4,), "torch.int32"),
+                                      False, None, None, 0, False),
+                         "block_table's shape is (4,); it must have one entry per dimension (batch, max_pages_per_seq)")
+
+    def test_every_entry_point_refuses_before_allocating(self):
+        # fake tensors cannot be allocated like, nor launched: every refusal here comes before both
+        calls = (
+            (lambda: fs.forward(self.q, self.kv, self.kv, causal="yes"), "flash_steps.forward", "causal is 'yes'"),
+            (lambda: fs.forward(self.q, self.kv, self.kv, scale="abc"), "flash_steps.forward", "scale is 'abc'"),
+            (lambda: fs.forward(self.q, self.kv, self.kv, out=FakeTensor((2, 64, 8, 64))), "flash_steps.forward",
+             "O is (2, 64, 8, 64) but Q is (2, 64, 8, 128)"),
+            (lambda: fs.forward(self.q, self.kv, self.kv, lse=FakeTensor((2, 8, 64), "torch.float32", address=2)),
+             "flash_steps.forward", "LSE pointer 0x2 is not 4-byte aligned"),
+            (lambda: fs.forward(self.q, self.kv, self.kv, step=7), "flash_steps.forward", "step is 7"),
+            (lambda: fs.decode(self.q, self.kv, self.kv, num_splits=2 ** 32), "flash_steps.decode",
+             "num_splits is 4294967296"),
+            (lambda: fs.decode(self.q, self.kv, self.kv, checked=2), "flash_steps.decode", "checked is 2"),
+            (lambda: fs.attention(self.q, self.kv, self.kv, causal=2), "flash_steps.attention", "causal is 2"),
+            (lambda: fs.attention(self.q, self.kv, self.kv, deterministic=2), "flash_steps.attention",
+             "deterministic is 2"),
+            (lambda: fs.attention(self.q, FakeTensor((2, 96, 3, 128)), FakeTensor((2, 96, 3, 128))),
+             "flash_steps.attention", "Q has 8 heads and K, V 3"),
+            (lambda: fs.attention(self.q, self.kv, self.kv, backward_step=b"11"), "flash_steps.attention",
+             "backward_step is b'11'"),
+            (lambda: fs.attention(self.q, self.kv, None), "flash_steps.attention", "V is None"))
+        for call, function, start in calls:
+            with self.assertRaises(fs.InvalidArgument) as e:
+                call()
+            self.assertEqual(e.exception.function, function)
+            self.assertTrue(e.exception.message.startswith(start), e.exception.message)
+
+    def test_pointers_by_the_c_rules(self):
+        # validate_tensors of common/*/rules.cpp, which fs_run applies but fs_check and fs_workspace_size
+        # (asked first) do not: null where there is work, 16-byte (LSE, cache_seqlens, the table: 4-byte) aligned
+        base = 0x7F0000000000
+
+        def at(t, address):
+            return FakeTensor(t.shape, t.dtype, t.stride(), address=address)
+        lse = FakeTensor((2, 8, 64), "torch.float32")
+        forward = [self.q, self.kv, self.kv, self.q]
+        for i, name in enumerate("QKVO"):
+            for address, want in ((0, f"{name} is a null pointer"),
+                                  (base + 8,
+                                   f"{name} pointer 0x7f0000000008 is not 16-byte aligned (address mod 16 = 8)")):
+                args = list(forward)
+                args[i] = at(args[i], address)
+                self.assertEqual(self.refused(fs.forward_problem, *args, False, None, lse), want)
+        self.assertEqual(self.refused(fs.forward_problem, *forward, False, None, at(lse, base + 6)),
+                         "LSE pointer 0x7f0000000006 is not 4-byte aligned (address mod 4 = 2)")
+        fs.forward_problem("test", *forward, False, None, at(lse, 0))  # LSE may be NULL, or only 4-byte aligned
+        fs.forward_problem("test", *forward, False, None, at(lse, base + 4))
+        empty_kv = FakeTensor((2, 0, 2, 128))  # no key: K and V are not read
+        fs.forward_problem("test", self.q, at(empty_kv, 0), at(empty_kv, 0), self.q, False, None)
+        empty_q = FakeTensor((2, 0, 8, 128))  # no query: nothing at all is read or written
+        fs.forward_problem("test", at(empty_q, 0), at(self.kv, 0), self.kv, at(empty_q, 0), False, None)
+        # the backward: Q, K, V, O, LSE, dO only with both seqlens > 0, dQ with queries, dK and dV with keys
+        back = [self.q, empty_kv, empty_kv, self.q, lse, self.q, self.q, empty_kv, empty_kv]
+        no_keys = [at(t, 0) for t in back]
+        self.assertEqual(self.refused(fs.backward_problem, *no_keys, False, None, False), "dQ is a null pointer")
+        no_keys[6] = self.q  # dQ is written (zeros); the others may be NULL
+        fs.backward_problem("test", *no_keys, False, None, False)
+        work = [self.q, self.kv, self.kv, self.q, at(lse, 0), self.q, self.q, self.kv, self.kv]
+        self.assertEqual(self.refused(fs.backward_problem, *work, False, None, False), "LSE is a null pointer")
+        # decoding: the caches and a paged cache's table with keys to read; cache_seqlens and LSE 4-byte aligned
+        q, pages, table, lens = (FakeTensor((4, 1, 32, 128)), FakeTensor((300, 64, 8, 128)),
+                                 FakeTensor((4, 70), "torch.int32"), FakeTensor((4,), "torch.int32"))
+        for args, want in (((q, at(pages, base + 4), pages, q, lens, table),
+                            "the K cache pointer 0x7f0000000004 is not 16-byte aligned (address mod 16 = 4)"),
+                           ((q, pages, at(pages, 0), q, lens, table), "the V cache is a null pointer"),
+                           ((q, pages, pages, q, lens, at(table, 0)), "the block table is a null pointer"),
+                           ((q, pages, pages, q, at(lens, base + 1), table),
+                            "cache_seqlens pointer 0x7f0000000001 is not 4-byte aligned (address mod 4 = 1)")):
+            self.assertEqual(self.refused(fs.decode_problem, *args, False, None, None, 0, False), want)
+        fs.decode_problem("test", q, at(pages, 0), at(pages, 0), q, None, at(table, 0), False, None, 0, 0, False)
+
+    def test_a_block_table_means_a_paged_cache(self):
+        # page_size 0 with a table made the library say "num_pages is 40 with a contiguous cache (page_size 0)"
+        q, table = FakeTensor((4, 1, 8, 64)), FakeTensor((4, 3), "torch.int32")
+        for page_size in (0, 8, 24, -16):
+            pages = FakeTensor((40, page_size, 2, 64), strides=(2048, 128, 64, 1))
+            self.assertEqual(self.refused(fs.decode_problem, q, pages, pages, q, None, table, False, None, None, 0,
+                                          False),
+                             f"the K cache is (40, {page_size}, 2, 64) with a block table: a paged cache (num_pages, "
+                             f"page_size, heads_kv, head_dim) of page_size {page_size}; page_size must be a "
+                             "multiple of 16 from 16")
+        pages = FakeTensor((40, 16, 2, 64))
+        p = fs.decode_problem("test", q, pages, pages, q, None, table, False, None, None, 0, False)
+        self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.attention.seqlen_k), (16, 40, 3, 48))
+
+    def test_usable_copies_what_the_c_abi_refuses(self):
+        # an expanded tensor over heads (head stride 0) was passed on, for the library to refuse
+        as_is = [(strides, heads, address) for strides, heads, address in (
+            ((8192, 128, 0, 1), 8, 0), ((1024, 0, 128, 1), 8, 0),  # expanded over heads, over rows
+            ((65536, 64, 8192, 1), 8, 0), ((8192, 1028, 128, 1), 8, 0), ((65536, 1024, 128, 2), 8, 0),
+            ((65536, 1024, 128, 1), 8, 8), ((65536, 1024, -128, 1), 8, 0),
+            ((0, 1024, 128, 1), 8, 0), ((8192, 128, 0, 1), 1, 0), ((65536, 1024, 128, 1), 8, 0))
+            if passed_on(FakeTensor((2, 64, heads, 128), strides=strides, address=0x7F0000000000 + address))]
+        self.assertEqual(as_is, [((0, 1024, 128, 1), 8, 0),  # a batch stride of 0 broadcasts
+                                 ((8192, 128, 0, 1), 1, 0),  # a head stride of 0 over one head
+                                 ((65536, 1024, 128, 1), 8, 0)])
+
+    def test_lse_is_contiguous_as_torch_makes_it(self):
+        # torch.empty((2, 8, 0)) has strides (8, 1, 1), which were refused for not being (0, 0, 1)
+        kv = FakeTensor((2, 96, 1, 128))
+        for lse in (FakeTensor((2, 8, 0), "torch.float32", strides=(8, 1, 1)),
+                    FakeTensor((2, 1, 64), "torch.float32", strides=(64, 4096, 1))):  # one head: its stride unread
+            q = FakeTensor((2, lse.shape[2], lse.shape[1], 128))
+            fs.backward_problem("test", q, kv, kv, q, lse, q, q, kv, kv, False, None, False)
+            fs.forward_problem("test", q, kv, kv, q, False, None, lse)
+        self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, None,
+                                      FakeTensor((2, 8, 64), "torch.float32", strides=(512, 1, 8))),
+                         "LSE has strides (512, 1, 8); it must be contiguous, (512, 64, 1)")
+
     def test_decode_arguments(self):
         q = FakeTensor((4, 1, 32, 128))
         cache = FakeTensor((4, 4096, 8, 128))
@@ -355,7 +710,7 @@ class Arguments(unittest.TestCase):
         p = fs.decode_problem("test", q, pages, pages, q, lens, table, True, None, 2048, 3, True)
         self.assertEqual((p.page_size, p.num_pages, p.max_pages_per_seq, p.block_table_stride, p.attention.seqlen_k,
                           p.num_splits, p.checked, p.attention.causal), (64, 300, 70, 70, 2048, 3, 1, 1))
-        self.assertIn("max_seqlen_k is 5000; it must be between 0 and the cache's capacity, 4480",
+        self.assertIn("max_seqlen_k is 5000; it must be an integer between 0 and the cache's capacity, 4480",
                       self.refused(fs.decode_problem, q, pages, pages, q, lens, table, False, None, 5000, 0, False))
         self.assertIn("cache_seqlens is torch.int64",
                       self.refused(fs.decode_problem, q, cache, cache, q, FakeTensor((4,), "torch.int64"), None, False,
