@@ -267,7 +267,7 @@ Numbers are plain decimals (digits only). Problem and run options apply to `run`
 --list, banks or --help they are refused. `explain` takes --step.
 
 Exit status: 0 every checked step passed; 1 a step failed, nothing was checked (every selected step
-refused the problem) or no GPU; 2 bad arguments.
+refused the problem), no GPU, or the output could not be written; 2 bad arguments.
 )";
 }
 

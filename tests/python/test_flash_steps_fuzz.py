@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_flash_steps import FakeTensor, fs  # noqa: E402
+from test_flash_steps import REPO, FakeTensor, fs  # noqa: E402
 
 SEED, DRAWS = 2121, 4000
 BASE = 0x7F0000000000
@@ -186,8 +186,10 @@ class Fuzz(unittest.TestCase):
             counts["accepted"] += 1
             got, want = fields(p), draw.expected()
             self.assertEqual({n: got[n] for n in want}, want, f"draw {i} ({draw.kind}, {draw.args})")
-        print(f"\nfuzz (seed {SEED}): {counts['drawn']} drawn, {counts['refused']} refused, "
-              f"{counts['accepted']} accepted")
+        line = (f"fuzz: {counts['drawn']} Python argument sets drawn (seed {SEED}): {counts['refused']} refused with "
+                f"InvalidArgument and a sentence, {counts['accepted']} accepted with every field as given")
+        print("\n" + line)
+        self.assertIn(line, (REPO / "tests" / "README.md").read_text(), "tests/README.md must quote the fuzz's line")
         self.assertEqual(counts["drawn"], counts["refused"] + counts["accepted"])
         self.assertGreater(min(counts["refused"], counts["accepted"]), DRAWS // 10)  # both sides exercised
 
