@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import struct
 from collections import namedtuple
 
 from ._capi import (DTYPE_CODES, INT64, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument,
                     Library, check_pointers, flag, int64s, integer, library, pass_of, refuse)
 
 TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # the name of a torch.dtype (torch.half's is float16)
-FLOAT32_MIN, FLOAT32_MAX = 2.0 ** -149, (2 - 2.0 ** -23) * 2.0 ** 127  # the smallest positive and largest float32
 MAX_SPLITS = 128  # num_splits: 0 (the step's heuristic) or 1 ... 128 (kMaxSplits, common/decode/problem.h)
 PAGE_MULTIPLE = 16  # a page holds whole groups of 16 keys (kPageMultiple, common/decode/problem.h)
 
@@ -96,20 +96,22 @@ def check_lse(function: str, lse: Arg, q: Arg) -> None:
 
 def softmax_scale(function: str, scale, head_dim: int) -> float:
     """scale as softmax_scale, a float32: 1/sqrt(head_dim) when None (1 for a head_dim below 1, which the library
-    refuses), else a real number (an int or a float, not a bool or a str), finite, > 0 and within the positive
-    float32s, which 1e-50 (0) and 1e39 (inf) are not; the library then applies its own bound of the dtype."""
+    refuses), else a real number (an int or a float, not a bool or a str), finite and > 0, whose nearest float32
+    is too (1e-50 rounds to 0, 1e39 to inf): the rule of the C ABI and of the command line's --scale. The library
+    then applies its own bound of the dtype."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise refuse(function, f"scale is {scale!r}; it must be a real number (an int or a float) or None")
     if not 0 < scale < math.inf:  # not float(scale) first: 10**400 is an int that no float holds
         raise refuse(function, f"scale is {scale}; it must be finite and > 0")
-    if scale < FLOAT32_MIN:
-        raise refuse(function, f"scale is {scale}; it must be at least {FLOAT32_MIN}, the smallest positive float32 "
-                     "(softmax_scale is a float32)")
-    if scale > FLOAT32_MAX:
-        raise refuse(function, f"scale is {scale}; it must be at most {FLOAT32_MAX}, the largest float32 "
-                     "(softmax_scale is a float32)")
+    try:
+        f32 = struct.unpack("f", struct.pack("f", float(scale)))[0]  # to nearest; OverflowError past the largest
+    except OverflowError:
+        f32 = math.inf
+    if not 0 < f32 < math.inf:
+        raise refuse(function, f"scale is {scale}; it must be a number from 1e-45 to 3.4028235e+38 (positive and "
+                     "finite as a float32, which softmax_scale is)")
     return float(scale)
 
 def attention_problem(function: str, dtype: str, q: Arg, k: Arg, v: Arg, o: Arg, seqlen_k: int, causal: bool,

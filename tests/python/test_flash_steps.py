@@ -462,17 +462,16 @@ class Arguments(unittest.TestCase):
             self.assertIn("it must be finite and > 0", self.refused(fs.forward_problem, self.q, self.kv, self.kv,
                                                                     self.q, False, bad))
         # a float32 holds neither: 1e-50 would be 0 and 1e39 inf, which the library would then refuse
-        self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, 1e-50),
-                         "scale is 1e-50; it must be at least 1.401298464324817e-45, the smallest positive float32 "
-                         "(softmax_scale is a float32)")
-        for big in (1e39, 10 ** 400):
-            self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, big),
-                             f"scale is {big}; it must be at most 3.4028234663852886e+38, the largest float32 "
-                             "(softmax_scale is a float32)")
+        # --scale's rule (runner/cli.cpp): the nearest float32 positive and finite, which 1e-50 (0) and 1e39
+        # (inf) are not, and 1e-45 (2^-149, the smallest) is
+        for bad in (1e-50, 7e-46, 1e39, 10 ** 400):
+            self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, bad),
+                             f"scale is {bad}; it must be a number from 1e-45 to 3.4028235e+38 (positive and finite "
+                             "as a float32, which softmax_scale is)")
         for bad in ("abc", "0.5", True, b"1", [0.5], 1j):
             self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, bad),
                              f"scale is {bad!r}; it must be a real number (an int or a float) or None")
-        for good, want in ((1, 1.0), (0.5, 0.5), (Fraction(1, 4), 0.25), (2.0 ** -149, 2.0 ** -149),
+        for good, want in ((1, 1.0), (0.5, 0.5), (Fraction(1, 4), 0.25), (2.0 ** -149, 2.0 ** -149), (1e-45, 2.0 ** -149),
                            (3.4028234663852886e+38, 3.4028234663852886e+38)):
             self.assertEqual(self.forward(scale=good).softmax_scale, want)
         if numpy is not None:
