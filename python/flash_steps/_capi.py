@@ -68,9 +68,15 @@ def integer(function: str, name: str, value, low: int, high: int, rule: str = ""
     return checked
 
 def flag(function: str, name: str, value) -> int:
-    """A flag of the C ABI (causal, deterministic, checked): True, False, 0 or 1, as 0 or 1; anything else is
-    refused, as the C ABI refuses 2 (bool() would make 2 and 'no' a 1)."""
-    return int(value) if isinstance(value, bool) else integer(function, name, value, 0, 1, "True, False, 0 or 1")
+    """A flag of the C ABI (causal, deterministic, checked): a value equal to True, False, 0 or 1 (a numpy bool
+    too), as 0 or 1; anything else is refused, as the C ABI refuses 2 (bool() would make 2 and 'no' a 1)."""
+    try:
+        ok = not isinstance(value, (str, bytes)) and value is not None and bool(value == 0 or value == 1)
+    except (TypeError, ValueError):  # an array, whose == has no single truth value
+        ok = False
+    if not ok:
+        raise refuse(function, f"{name} is {value!r}; it must be True, False, 0 or 1")
+    return int(value == 1)
 
 def int64s(function: str, name: str, values, dims: tuple) -> tuple[int, ...]:
     """values (a tensor's shape or strides) as one int64 per dimension of dims, else InvalidArgument."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 import struct
 from collections import namedtuple
 
@@ -101,18 +100,24 @@ def softmax_scale(function: str, scale, head_dim: int) -> float:
     then applies its own bound of the dtype."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise refuse(function, f"scale is {scale!r}; it must be a real number (an int or a float) or None")
-    if not 0 < scale < math.inf:  # not float(scale) first: 10**400 is an int that no float holds
+    try:
+        if isinstance(scale, (bool, str, bytes)):
+            raise TypeError
+        x = float(scale)  # an int, a float, a numpy or 0-d torch scalar, a Fraction
+    except OverflowError:  # an int that no float holds, such as 10**400: judged as itself below
+        x = math.inf
+    except (TypeError, ValueError):
+        raise refuse(function, f"scale is {scale!r}; it must be a real number (an int or a float) or None") from None
+    if not 0 < scale < math.inf:
         raise refuse(function, f"scale is {scale}; it must be finite and > 0")
     try:
-        f32 = struct.unpack("f", struct.pack("f", float(scale)))[0]  # to nearest; OverflowError past the largest
+        f32 = struct.unpack("f", struct.pack("f", x))[0]  # to nearest; OverflowError past the largest
     except OverflowError:
         f32 = math.inf
     if not 0 < f32 < math.inf:
         raise refuse(function, f"scale is {scale}; it must be a number from 1e-45 to 3.4028235e+38 (positive and "
                      "finite as a float32, which softmax_scale is)")
-    return float(scale)
+    return x
 
 def attention_problem(function: str, dtype: str, q: Arg, k: Arg, v: Arg, o: Arg, seqlen_k: int, causal: bool,
                       scale) -> FsProblem:

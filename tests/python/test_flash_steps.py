@@ -480,10 +480,15 @@ class Arguments(unittest.TestCase):
 
     def test_flags_are_bools_or_0_or_1(self):
         # bool() would make every one of these a 1 (causal 'no' too); the C ABI refuses 2
-        for bad in (2, -1, "no", "", None, 1.0, 0.5):
+        for bad in (2, -1, "no", "", None, 0.5, b"\x01", [1]):
             self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, bad, None),
                              f"causal is {bad!r}; it must be True, False, 0 or 1")
-        self.assertEqual([self.forward(causal=c).causal for c in (True, False, 1, 0)], [1, 0, 1, 0])
+        # what equals 0 or 1 keeps meaning it, as before (1.0, a numpy bool)
+        self.assertEqual([self.forward(causal=c).causal for c in (True, False, 1, 0, 1.0)], [1, 0, 1, 0, 1])
+        if numpy is not None:
+            self.assertEqual([self.forward(causal=c).causal for c in (numpy.True_, numpy.False_)], [1, 0])
+            self.assertIn("must be True, False, 0 or 1", self.refused(fs.forward_problem, self.q, self.kv, self.kv,
+                                                                      self.q, numpy.array([1, 0]), None))
         lse = FakeTensor((2, 8, 64), "torch.float32")
         args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv, False, None]
         self.assertEqual(self.refused(fs.backward_problem, *args, 2),
