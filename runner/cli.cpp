@@ -124,6 +124,11 @@ const Flag kFlags[] = {
 ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
   Parse p;
   RunnerOptions& o = p.o;
+  // --help or -h anywhere asks for the usage ("--decode --help", "run --help"): nothing else is run.
+  if (std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; })) {
+    o.command = "help";
+    return {o, ""};
+  }
   auto fail = [&o](std::string error) { return ParsedArgs{o, std::move(error)}; };
   size_t i = 0;
   std::string command_word;  // how the command was given: "list", "--list", "--help", ...
@@ -212,10 +217,14 @@ std::string runner_usage() {
 
 usage: flash-steps [run] [options]     check every step against the reference, time it, print a table
        flash-steps --list              list the registered steps (no GPU needed)
-       flash-steps explain [--step ID] what each step's index math predicts, from a model of the hardware
-                                       (no GPU needed): steps 03-05 print their shared-memory bank maps,
-                                       the wavefronts of every shared access and the ncu counters to expect
+       flash-steps explain [--step ID] what each step's index math predicts, from models of the hardware
+                                       (no GPU needed): 03-05 their shared-memory bank maps, the wavefronts
+                                       of every shared access and the ncu counters to expect; 06 the
+                                       mma.sync fragment maps; 08 and 09 the tile table, shared-memory
+                                       layout and register split; 10 the split-KV heuristic. The steps
+                                       without a model (01, 02, 07, 11) are named as such
        flash-steps banks [--step ID]   the same as explain
+       flash-steps ... --help          this text, whatever else is given (-h too)
        flash-steps resources [options] [--backward] [--json]
                                        registers, shared memory and occupancy of every kernel each step
                                        launches for the problem (with --backward: for its backward pass),
@@ -264,7 +273,7 @@ run:
   -h, --help           this text
 
 Numbers are plain decimals (digits only). Problem and run options apply to `run` only; given with
---list, banks or --help they are refused. `explain` takes --step.
+--list or banks they are refused. `explain` takes --step.
 
 Exit status: 0 every checked step passed; 1 a step failed, nothing was checked (every selected step
 refused the problem), no GPU, or the output could not be written; 2 bad arguments.

@@ -50,6 +50,15 @@ TEST_CASE("cli: every flag is parsed", "[cli]") {
   CHECK(r.format == fs::OutputFormat::json);
   CHECK(parse({"--help"}).options.command == "help");
   CHECK(parse({"-h"}).options.command == "help");
+  // --help anywhere asks for the usage, whatever else is given: nothing else is parsed or run.
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"run", "--help"}, {"--decode", "--help"}, {"--backward", "-h"}, {"--json", "--help"}, {"--help", "-h"},
+           {"list", "--help"}, {"explain", "--step", "nope", "-h"}, {"--batch", "x", "--help"}}) {
+    CAPTURE(args);
+    const fs::ParsedArgs h = parse(args);
+    CHECK(h.error.empty());
+    CHECK(h.options.command == "help");
+  }
   // --seqlen-q / --seqlen-k win over --seqlen whatever the order.
   const fs::RunnerOptions o2 = parse({"--seqlen-q", "3", "--seqlen", "9"}).options;
   CHECK(o2.seqlen_q == 3);
@@ -103,9 +112,7 @@ TEST_CASE("cli: mistakes give one clear message", "[cli]") {
       {{"banks", "--seqlen", "64"}, "--seqlen does not apply to 'banks' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
       {{"resources", "--iters", "3"}, "--iters does not apply to 'resources' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
       {{"explain", "--seqlen", "64"}, "--seqlen does not apply to 'explain' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
-      {{"--json", "--help"}, "--json does not apply to '--help' (problem, timing and output options belong to 'run'; 'explain' takes --step; 'resources' the problem, --step, --backward and --json)"},
       {{"explain", "--list"}, "'explain' and '--list' are two commands; give one"},
-      {{"--help", "-h"}, "'--help' and '-h' are two commands; give one"},
       {{"list", "--help=1"}, "'list' and '--help' are two commands; give one"},  // before its value
       {{"--list=1"}, "--list takes no value"},
       {{"-h=1"}, "unknown argument '-h=1' (see --help)"},  // only --flags take a value after '='
