@@ -99,6 +99,23 @@ def _failed_for(ids: list[str], otherwise: str) -> str:
     return "**failed** for " + ", ".join(f"`{i}`" for i in ids) if ids else otherwise
 
 
+def previous_note(cols: list[dict]) -> str:
+    """What "× previous" divides (fs_speedups' rule): the fastest row of the step number before, named where
+    that number has more than one row (05 is set against the faster of 04's two layouts)."""
+    keys: dict[str, list[dict]] = {}
+    for c in cols:
+        if "ms" in c and c["id"][:1].isdigit():
+            keys.setdefault(c["id"].split("_")[0], []).append(c)
+    order, named = list(keys), []
+    for before, after in zip(order, order[1:]):
+        if len(keys[before]) > 1:
+            best = min(keys[before], key=lambda c: c["ms"])
+            rows, these = (" and ".join(f"`{c['id']}`" for c in keys[k]) for k in (before, after))
+            named.append(f"{these} against `{best['id']}`, the faster of {rows}")
+    return ("× previous: the time of the fastest row of the step number before, over this row's (`fs_speedups`)"
+            + ("; " + "; ".join(named) if named else "") + ".")
+
+
 def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = None,
                  images: tuple[str, ...] = (), ceilings: dict | None = None) -> str:
     """The markdown between the README markers. `ceilings`: load_ceilings() of this GPU, or None (no columns)."""
@@ -140,6 +157,7 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
         lines.append("Ceilings (" + ", ".join(f"{p[0]} {p[1]:.0f} TFLOP/s" for p in peaks)
                      + f"): measured on this GPU by `flash_steps_ceilings` (`{ceilings['source']}`, commit "
                      f"`{ceilings.get('commit') or 'unknown'}`); each step against the unit it computes on.")
+    lines.append(previous_note(cols))
     untimed = [c for c in cols if "ms" not in c]
     if untimed:
         lines.append("Not timed at this shape: " + "; ".join(

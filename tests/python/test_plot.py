@@ -357,3 +357,19 @@ class CommandLine(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PreviousNote(unittest.TestCase):
+    """The sentence under the table saying what "× previous" divides, where a step number has two rows."""
+
+    def test_names_the_faster_of_two_rows(self):
+        cols = [{"id": "03_smem_tiling", "ms": 12.7}, {"id": "04_pad", "ms": 9.5}, {"id": "04_swizzle", "ms": 10.1},
+                {"id": "05_cp_async", "ms": 9.6}, {"id": "06_ldmatrix_mma"}]  # 06 not timed: left out
+        self.assertEqual(plot.previous_note(cols),
+                         "× previous: the time of the fastest row of the step number before, over this row's "
+                         "(`fs_speedups`); `05_cp_async` against `04_pad`, the faster of `04_pad` and `04_swizzle`.")
+
+    def test_one_row_a_number_names_nothing(self):
+        cols = [{"id": "07a_rows32", "ms": 0.9}, {"id": "07b_work_order", "ms": 0.8}, {"id": "PyTorch", "ms": 0.7}]
+        self.assertEqual(plot.previous_note(cols), "× previous: the time of the fastest row of the step number "
+                         "before, over this row's (`fs_speedups`).")
