@@ -570,8 +570,90 @@ def fig_08(out: Path):
     _save(fig, out / "08_tma_ring.png")
 
 
+# ---- step 10: split-KV (steps/10_decoding/traits.h, num_splits_for) ------------------------------
+
+DECODE_BLOCK_KV, DECODE_SLOTS = 64, 264  # head_dim 128's tile row: 64 keys a tile, 2 blocks an SM x 132 SMs
+DECODE_SEQLEN_FILES = "decode-seqlen-*-c4e3c724db60.json"  # flash-steps --decode at b8 h32/8, seqlen_k 1k-128k
+DECODE_CEILINGS = "ceilings-20261130-224051.json"  # the H200's measured ceilings, the same GPU as those runs
+
+
+def num_splits_for(base_blocks: int, tiles: int, slots: int = DECODE_SLOTS, max_splits: int = 128) -> int:
+    """traits.h's heuristic: the fewest splits within 10 % of the best cost, cost(s) = waves of blocks x tiles
+    a block reads, where base_blocks (batch x heads_kv, one block a K/V head) already fill the GPU: 1."""
+    if base_blocks <= 0 or base_blocks >= slots or tiles <= 1:
+        return 1
+    def cost(s):
+        return -(-base_blocks * s // slots) * -(-tiles // s)
+    most = min(tiles, max_splits)
+    best = min(cost(s) for s in range(1, most + 1))
+    return next((s for s in range(1, most + 1) if 10 * cost(s) <= 11 * best), 1)
+
+
+def decode_rates(results=None) -> dict[str, list[tuple[int, float]]]:
+    """{step: [(seqlen_k, GB/s)]} from the decoding runs (the runner's JSON), the steps that passed."""
+    import json
+    rates: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted((results or REPO / "bench" / "results").glob(DECODE_SEQLEN_FILES)):
+        run = json.loads(path.read_text())
+        for r in run["rows"]:
+            if r["status"] == "PASS":
+                rates.setdefault(r["id"], []).append((run["problem"]["seqlen_k"], r["gbs"]))
+    return {k: sorted(v) for k, v in rates.items()}
+
+
+def hbm_read_tbs() -> float:
+    """The measured HBM read ceiling (TB/s) of DECODE_CEILINGS."""
+    import json
+    run = json.loads((REPO / "bench" / "results" / DECODE_CEILINGS).read_text())
+    return next(c["value"] for c in run["ceilings"] if c["id"] == "hbm_read")
+
+
+def fig_10(out: Path):
+    """Step 10: one sequence's keys cut into splits, merged by their LSEs; and GB/s against seqlen_k."""
+    plt = pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.25, 1]})
+    # (a) b1 sk131072 h32/8: 8 blocks (one per K/V head) would fill 8 of the 264 slots
+    tiles = -(-131072 // DECODE_BLOCK_KV)
+    splits = num_splits_for(8, tiles)
+    per = -(-tiles // splits)
+    colours = plt.get_cmap("tab20").colors
+    for s in range(splits):
+        ax.add_patch(plt.Rectangle((s * per, 0), min(per, tiles - s * per), 1, color=colours[s % 20], lw=0))
+    ax.text(tiles / 2, 1.35, f"one K/V head's {tiles} tiles of {DECODE_BLOCK_KV} keys (seqlen_k 131072), "
+            f"cut into {splits} splits of {per} tiles: {8 * splits} blocks instead of 8", ha="center", fontsize=8)
+    for s, x_text in ((0, tiles * 0.12), (1, tiles * 0.32), (splits - 1, tiles * 0.88)):
+        ax.annotate(f"split {s}: O_{s}, LSE_{s}", ((s + 0.5) * per, 0), (x_text, -1.1), ha="center",
+                    fontsize=7, arrowprops={"arrowstyle": "->", "lw": 0.6})
+    ax.text(tiles * 0.6, -1.1, "…", ha="center", fontsize=9)
+    ax.text(tiles / 2, -2.3, "combine: LSE = log Σₛ exp(LSE_s),   O = Σₛ exp(LSE_s − LSE) · O_s", ha="center",
+            fontsize=9, bbox={"boxstyle": "round", "fc": "whitesmoke", "ec": "gray"})
+    ax.set_xlim(-tiles * 0.02, tiles * 1.02)
+    ax.set_ylim(-2.9, 1.8)
+    ax.axis("off")
+    ax.set_title(f"split-KV (b1 h32/8, the heuristic's {splits} splits: steps/10_decoding/traits.h)", fontsize=9)
+    # (b) GB/s of K and V read against seqlen_k, b8 h32/8, from the runs
+    rates = decode_rates()
+    for step, colour in (("10_decoding", "tab:red"), ("09d_tile_sizes", "tab:blue"),
+                         ("07g_flash_attention2", "tab:green"), ("05_cp_async", "tab:gray")):
+        if step in rates:
+            xs, ys = zip(*rates[step])
+            bx.plot(xs, ys, "o-", color=colour, label=step, lw=1.2, ms=4)
+    hbm = hbm_read_tbs() * 1000
+    bx.axhline(hbm, color="black", ls="--", lw=0.8)
+    bx.text(1024, hbm * 1.02, f"HBM read ceiling, {hbm / 1000:.2f} TB/s ({DECODE_CEILINGS})", fontsize=7)
+    bx.set_ylim(0, hbm * 1.12)
+    bx.set_xscale("log", base=2)
+    bx.set_xlabel("seqlen_k (keys per sequence)", fontsize=8)
+    bx.set_ylabel("GB/s of K and V read", fontsize=8)
+    bx.set_title("one new token, b8 h32/8 d128 fp16 (bench/results/decode-seqlen-*.json)", fontsize=9)
+    bx.legend(fontsize=7)
+    bx.grid(alpha=0.3)
+    fig.tight_layout()
+    _save(fig, out / "10_split_kv.png")
+
+
 FIGURES = {"01": fig_01, "02": fig_02, "03": fig_03, "04": fig_04, "05": fig_05, "06": fig_06, "07": fig_07,
-           "08": fig_08}
+           "08": fig_08, "10": fig_10}
 
 
 def main(argv=None) -> int:

@@ -191,6 +191,32 @@ class AgainstTheCpp(unittest.TestCase):
             self.assertEqual(figures.ldmatrix_x4_quadrants(int(right)), (r, 8))
 
 
+class SplitKV(unittest.TestCase):
+    """Step 10's heuristic, written again in figures.py, against the shapes its note and explain quote."""
+
+    def test_the_explained_shapes(self):
+        # flash-steps explain --step 10_decoding: b1 sk131072 h32/8 -> 30 splits (8 blocks, 2048 tiles),
+        # b8 sk32768 -> 4 (64 blocks, 512 tiles), b64 sk4096 and b128 sk2048 -> 1 (the grid fills the GPU)
+        self.assertEqual([figures.num_splits_for(b, t) for b, t in ((8, 2048), (64, 512), (512, 64), (1024, 32))],
+                         [30, 4, 1, 1])
+        self.assertEqual(figures.num_splits_for(8, 1), 1)  # one tile: nothing to split
+
+    @unittest.skipUnless(runner_path(), "the flash-steps runner is not built")
+    def test_against_the_runner(self):
+        text = subprocess.run([str(runner_path()), "explain", "--step", "10_decoding"], capture_output=True,
+                              text=True, check=True).stdout
+        found = re.findall(r"(\d+) blocks without a split, (\d+) K/V tiles per sequence -> (\d+) splits?", text)
+        self.assertGreaterEqual(len(found), 4)
+        for blocks, tiles, splits in found:
+            self.assertEqual(figures.num_splits_for(int(blocks), int(tiles)), int(splits), (blocks, tiles))
+
+    def test_the_runs_drawn(self):
+        rates = figures.decode_rates()
+        self.assertEqual([n for n, _ in rates["10_decoding"]], [1024, 4096, 16384, 65536, 131072])
+        self.assertGreater(rates["10_decoding"][-1][1], rates["09d_tile_sizes"][-1][1])  # the split pays
+        self.assertLess(rates["10_decoding"][-1][1], figures.hbm_read_tbs() * 1000)  # under the roof
+
+
 @unittest.skipUnless(has_matplotlib(), "matplotlib is not installed")
 class Draw(unittest.TestCase):
     def test_every_figure(self):
