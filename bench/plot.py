@@ -263,6 +263,26 @@ BACKEND_STYLES = {"torch_flash": {"color": "black", "marker": "s", "linestyle": 
                   "fa4": {"color": "tab:orange", "marker": "D", "linestyle": "--"}}
 
 
+# A family of steps a colour map and a marker, by the unit it computes on: the CUDA-core steps 01-05 in
+# purples, mma.sync's 06-07 (and 10, 11) in blues, wgmma's 08-09 in greens, darker the later the step;
+# the baselines keep their own colours (black, red, orange, grey: BACKEND_STYLES).
+FAMILY_STYLES = {"fma_f32": ("Purples", "s"), "mma_sync": ("Blues", "o"), "wgmma": ("Greens", "^")}
+
+
+def step_styles(plt, step_ids: list[str]) -> dict[str, dict]:
+    """A line style per step: its family's colour map (FAMILY_STYLES) shaded by its place in the family."""
+    families: dict[str, list[str]] = {}
+    for i in step_ids:
+        families.setdefault(compute_unit(i) or "mma_sync", []).append(i)
+    styles = {}
+    for unit, ids in families.items():
+        cmap_name, marker = FAMILY_STYLES[unit]
+        cmap = plt.get_cmap(cmap_name)
+        for k, i in enumerate(ids):
+            styles[i] = {"color": cmap(0.45 + 0.5 * k / max(1, len(ids) - 1)), "marker": marker, "linestyle": "-"}
+    return styles
+
+
 def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
     """TFLOP/s against seqlen: a panel per (dtype, head_dim, causal), a line per implementation, the ceilings."""
     plt = pyplot()
@@ -275,9 +295,7 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
     fig, axes = plt.subplots(len(dtypes), len(combos), squeeze=False, sharey=True)  # sized once the legend is known
     step_ids = [s["id"] for s in compare.get("steps", [])]
     impls = step_ids + list(BACKENDS)
-    cmap = plt.get_cmap("viridis")
-    styles = {i: {"color": cmap(k / max(1, len(step_ids) - 1)), "marker": "o", "linestyle": "-"}
-              for k, i in enumerate(step_ids)}
+    styles = step_styles(plt, step_ids)
     styles.update(BACKEND_STYLES)
     handles = {}
     token_counts = {r["batch"] * r["seqlen"] for r in rows}
