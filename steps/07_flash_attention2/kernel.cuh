@@ -1,4 +1,4 @@
-// Step 07 — FlashAttention-2: step 06's tensor-core kernel with the six ideas that make it as fast as
+// Step 07 — FlashAttention-2: step 06's tensor-core kernel with the seven ideas that make it as fast as
 // FlashAttention-2, each one a lettered sub-step (07a … 07g) so that the ladder measures what each buys.
 //
 // Extends step 06 (ldmatrix + mma.sync, P kept in registers, 16 query rows per warp, 64-row blocks).
