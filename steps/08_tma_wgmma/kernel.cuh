@@ -37,8 +37,7 @@
 //
 // Expected: the tensor cores get wgmma's rate and the threads get back the copy and ldmatrix work,
 // but the two warpgroups still compute the softmax at the same time while the tensor cores wait, so
-// well short of FlashAttention-3. Measured on the H200 at the ladder shape (head_dim 128): 1.40× step
-// 07g (bench/results/compare_torch-20261130-212252.json; notes/08_tma_wgmma.md has the sweep).
+// well short of FlashAttention-3; measured: 1.40× step 07g at the ladder shape (notes/08_tma_wgmma.md).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: nothing here calls the driver)
