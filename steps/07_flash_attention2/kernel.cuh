@@ -1,4 +1,4 @@
-// Step 07 — FlashAttention-2: step 06's tensor-core kernel with the six ideas that make it as fast as
+// Step 07 — FlashAttention-2: step 06's tensor-core kernel with the seven ideas that make it as fast as
 // FlashAttention-2, each one a lettered sub-step (07a … 07g) so that the ladder measures what each buys.
 //
 // Extends step 06 (ldmatrix + mma.sync, P kept in registers, 16 query rows per warp, 64-row blocks).
@@ -26,9 +26,9 @@
 //   07e kRescaleSkip       once the row maxima settle, every correction factor is exactly 1: a warp
 //                          whose maxima did not grow skips the rescale of O.
 //   07f kFastExp2          exp2 as one MUFU instruction (ex2.approx.ftz) instead of exp2f's range checks.
-//   07g kHeadDimTable      every head_dim (padded to the next tile width, 32 … 256, with zero-filled
-//                          loads) and every GPU (a one-buffer pipeline where shared memory is short,
-//                          8-warp tiles at 192 and 256): the table of traits.h. No speed at d 64/128.
+//   07g kHeadDimTable      every head_dim and GPU by traits.h's table (tiles 32 … 256 wide, one K/V
+//                          buffer where shared memory is short, 8 warps at 192, 256); 128 × 48 at d 128:
+//                          1.05–1.09× 07f at N 1k–16k (bench/results/compare_torch-20261130-212252.json).
 //
 // Expected speed: FlashAttention-2's work split and pipeline, so about PyTorch's flash backend
 // (FlashAttention-2) on the H200 at head_dim 64 and 128; notes/07_flash_attention2.md has the

@@ -99,8 +99,8 @@ FS_HD constexpr Coord ldmatrix_x4_quadrants(int lane) {
 }  // namespace frag
 
 // ---- the ideas of step 07 ----------------------------------------------------------------------
-// Step 07 adds six ideas to step 06, one per lettered sub-step; sub-step 07x has every idea up to its
-// own (the kernel's IDEAS parameter), so the runner's "x prev" column is what each idea buys.
+// Step 07 adds seven ideas to step 06, one per lettered sub-step (07a … 07g); sub-step 07x has every
+// idea up to its own (the kernel's IDEAS parameter), so the runner's "x prev" column is what each buys.
 enum Idea : int {
   kRows32 = 1,            // 07a  32 query rows per warp: every K/V fragment read feeds two mma, not one
   kWorkOrder = 2,         // 07b  K/V tiles visited from the diagonal down, so only the first (masked) ones

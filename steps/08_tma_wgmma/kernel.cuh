@@ -37,7 +37,7 @@
 //
 // Expected: the tensor cores get wgmma's rate and the threads get back the copy and ldmatrix work,
 // but the two warpgroups still compute the softmax at the same time while the tensor cores wait, so
-// well short of FlashAttention-3; the target is 1.3× step 07 at head_dim 128 (notes/08_tma_wgmma.md).
+// well short of FlashAttention-3; measured: 1.40× step 07g at the ladder shape (notes/08_tma_wgmma.md).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: nothing here calls the driver)
