@@ -26,8 +26,9 @@
 //                            (wgmma.wait_group 1): the softmax of tile k runs while P·V of tile k - 1 is
 //                            still in the tensor cores; wait_group 0 comes only before the O rescale.
 //   09d kTileSizes           the larger register budget buys wider K/V tiles: 128 × 176 at head_dim 128,
-//                            128 × 192 at 64, 112 and 80 keys at 192 and 256 (128 keys with causal
-//                            masking at 64 and 128), FlashAttention-3's sizes; fewer turns per query tile.
+//                            112 and 80 keys at 192 and 256 (FlashAttention-3's tiles there), 128 × 192 at
+//                            64 (FlashAttention-3: 192 × 192, three consumer warpgroups; here two), 128 keys
+//                            with causal masking at 64 and 128; fewer turns per query tile.
 //
 // One turn of a consumer (09c; kv_stage / kv_parity / release_parity, traits.h, give every phase):
 //
