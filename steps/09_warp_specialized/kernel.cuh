@@ -46,10 +46,13 @@
 // and of the producer thread, copy after copy (kv_load): wait for the stage's release (empty
 // barrier), announce the bytes (arrive.expect_tx on the full barrier), issue the TMA copy.
 //
-// Expected: the tensor cores busy while a softmax runs, most of step 08's barrier stall gone;
-// FlashAttention-3's paper reports about 570 TFLOP/s without this schedule and 648-661 with it on an
-// H100 at head_dim 128 (its ablation), which sets the expectation here: about 1.15-1.3× step 08,
-// at or above cuDNN on the H200 (notes/09_warp_specialized.md has the measured ablation).
+// Expected: the tensor cores busy while a softmax runs, most of step 08's barrier stall gone.
+// FlashAttention-3's paper, on an H100 at head_dim 128, FP16, ablates two of these ideas (Table 2,
+// seqlen 8448): 661 TFLOP/s for its full kernel, 582 without the GEMM-softmax pipelining (09c), 570
+// without warp specialization (09a); it credits ping-pong (09b) with 570 -> 620-640 (§3.1, seqlen
+// 8192). Those are another GPU's figures at other shapes, not a bar for this kernel. Measured here,
+// on an H200 (bench/results/compare09-20261130-222534.json, notes/09_warp_specialized.md):
+// warp specialization 1.34× step 08 at head_dim 128, N 8192; ping-pong 0.93× of 09a.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: nothing here calls the driver)
