@@ -334,7 +334,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   // branch below is uniform and Q's descriptors can live in uniform registers, as wgmma wants them.
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
 
-  // Each role is one branch of this if/else, as setmaxnreg requires.
+  // Each role is one branch of this if/else, the same in the 4 warps of a warpgroup: setmaxnreg must be
+  // executed by every warp of the warpgroup (PTX ISA), and each branch starts with its own.
   if (wg == PRODUCER_WARPGROUP) {
     // ======== producer ===========================================================================
     // The whole warpgroup gives its registers back (every warp must execute setmaxnreg); then one
