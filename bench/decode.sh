@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Step 10 (decoding) on a GPU in one command: build, the decoding GPU tests, the runner on one of the
-# issue's decoding problems (contiguous, then paged with ragged lengths, then the checked mode), and
-# every decoding shape of issue 14 beside PyTorch SDPA flash and cuDNN (bench/compare_torch.py --decode).
+# Step 10 (decoding) on a GPU in one command: build, the decoding GPU tests, the runner on one decoding
+# problem (batch 8, 32768 keys, 32/8 heads: contiguous, then paged with ragged lengths, then the checked
+# mode), and the 20 decoding problems of bench/compare_torch.py --decode (5 shapes, seqlen_q 1 and 4,
+# fp16 and bf16) beside PyTorch SDPA flash and cuDNN.
 #
 #   bench/decode.sh [--build-dir DIR] [--no-build] [--no-tests] [--quick] [--commit HASH]
 #

@@ -26,8 +26,9 @@
 //                            (wgmma.wait_group 1): the softmax of tile k runs while P·V of tile k - 1 is
 //                            still in the tensor cores; wait_group 0 comes only before the O rescale.
 //   09d kTileSizes           the larger register budget buys wider K/V tiles: 128 × 176 at head_dim 128,
-//                            128 × 192 at 64, 112 and 80 keys at 192 and 256 (128 keys with causal
-//                            masking at 64 and 128), FlashAttention-3's sizes; fewer turns per query tile.
+//                            112 and 80 keys at 192 and 256 (FlashAttention-3's tiles there), 128 × 192 at
+//                            64 (FlashAttention-3: 192 × 192, three consumer warpgroups; here two), 128 keys
+//                            with causal masking at 64 and 128; fewer turns per query tile.
 //
 // One turn of a consumer (09c; kv_stage / kv_parity / release_parity, traits.h, give every phase):
 //
@@ -45,10 +46,13 @@
 // and of the producer thread, copy after copy (kv_load): wait for the stage's release (empty
 // barrier), announce the bytes (arrive.expect_tx on the full barrier), issue the TMA copy.
 //
-// Expected: the tensor cores busy while a softmax runs, most of step 08's barrier stall gone;
-// FlashAttention-3's paper reports about 570 TFLOP/s without this schedule and 648-661 with it on an
-// H100 at head_dim 128 (its ablation), which sets the expectation here: about 1.15-1.3× step 08,
-// at or above cuDNN on the H200 (notes/09_warp_specialized.md has the measured ablation).
+// Expected: the tensor cores busy while a softmax runs, most of step 08's barrier stall gone.
+// FlashAttention-3's paper, on an H100 at head_dim 128, FP16, ablates two of these ideas (Table 2,
+// seqlen 8448): 661 TFLOP/s for its full kernel, 582 without the GEMM-softmax pipelining (09c), 570
+// without warp specialization (09a); it credits ping-pong (09b) with 570 -> 620-640 (§3.1, seqlen
+// 8192). Those are another GPU's figures at other shapes, not a bar for this kernel. Measured here,
+// on an H200 (bench/results/compare09-20261130-222534.json, notes/09_warp_specialized.md):
+// warp specialization 1.34× step 08 at head_dim 128, N 8192; ping-pong 0.93× of 09a.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: nothing here calls the driver)
@@ -330,7 +334,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   // branch below is uniform and Q's descriptors can live in uniform registers, as wgmma wants them.
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
 
-  // Each role is one branch of this if/else, as setmaxnreg requires.
+  // Each role is one branch of this if/else, the same in the 4 warps of a warpgroup: setmaxnreg must be
+  // executed by every warp of the warpgroup (PTX ISA), and each branch starts with its own.
   if (wg == PRODUCER_WARPGROUP) {
     // ======== producer ===========================================================================
     // The whole warpgroup gives its registers back (every warp must execute setmaxnreg); then one

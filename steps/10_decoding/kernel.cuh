@@ -19,9 +19,12 @@
 //                 cache_seqlens and finds every key through the block table (one lookup per thread
 //                 and tile: a thread's keys lie in one page, traits.h, copy_row).
 //
-// Expected speed: K and V read near the HBM bandwidth (the issue asks >= 3.9 TB/s at the long shapes,
-// against 4.64 TB/s measured by bench/results/ceilings-20261130-212215.json), where step 07 leaves
-// most SMs idle at seqlen_q = 1.
+// Expected speed: K and V read near the HBM read bandwidth, 4.64 TB/s measured by
+// bench/results/ceilings-20261130-212215.json (measured here: 3.25-4.48 TB/s over the 20 decoding
+// problems of bench/results/compare_torch-decode-20261130-224031.json). Step 07 on the same problem
+// computes a whole 128-row query tile per query head for 1 to 16 real rows: at batch 1 its few
+// blocks leave most SMs idle; at larger batches its grid fills the GPU and the padding rows' tensor
+// work bounds it (notes/10_decoding.md, "What is measured").
 #pragma once
 
 #include <cuda_runtime.h>

@@ -138,7 +138,7 @@ void launch(const DecodeProblem& dp, const DecodeTensors& t, const Plan& plan, v
 }
 
 // `flash-steps explain --step 10_decoding`: the splits the heuristic picks on an H200 (132 SMs, 227 KiB
-// per block) for the issue's shapes, seqlen_q 1, head_dim 128.
+// per block) for the five decoding shapes of notes/10_decoding.md, seqlen_q 1, head_dim 128.
 void explain(std::ostream& out) {
   DeviceInfo h200;
   h200.compute_capability = 90;
