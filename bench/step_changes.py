@@ -5,6 +5,7 @@ bench/step_changes.py` prints it, `--write` rewrites it, `--check` fails when it
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +18,18 @@ END = "<!-- step-changes:end -->"
 def step_dirs(steps: Path) -> list[Path]:
     """The step directories, steps/NN_name, in name order."""
     return sorted(d for d in steps.iterdir() if d.is_dir() and d.name[:2].isdigit())
+
+
+def base_of(later: Path, dirs: list[Path]) -> Path:
+    """The directory a step extends: the one its kernel.cuh names in its header ("Extends step 07 ..."),
+    else the one before it."""
+    header = read_lines(later / "kernel.cuh" if (later / "kernel.cuh").is_file() else None)[:12]
+    named = re.search(r"Extends step (\d\d)", "\n".join(header))
+    if named:
+        for d in dirs:
+            if d.name.startswith(named.group(1) + "_") and d != later:
+                return d
+    return dirs[dirs.index(later) - 1]
 
 
 def read_lines(path: Path | None) -> list[str]:
@@ -64,7 +77,8 @@ def table(steps: Path, lessons: dict[str, list[tuple[str, str]]]) -> str:
              "| from → to | files changed (lines + / −) | + / − | what the later step adds |",
              "| --- | --- | ---: | --- |"]
     dirs = step_dirs(steps)
-    for earlier, later in zip(dirs, dirs[1:]):
+    for later in dirs[1:]:
+        earlier = base_of(later, dirs)
         files = compare_dirs(earlier, later)
         listed = ", ".join(f"`{f['name']}`{'' if f['status'] == 'changed' else ' (' + f['status'] + ')'} "
                            f"+{f['added']} −{f['removed']}" for f in files) or "none"
@@ -72,9 +86,10 @@ def table(steps: Path, lessons: dict[str, list[tuple[str, str]]]) -> str:
         said = "<br>".join(f"`{sid}`: " + lesson.replace("|", "\\|")  # a '|' would end the cell
                            for sid, lesson in lessons.get(later.name, [])) or "(no step registered from this directory)"
         lines.append(f"| `{earlier.name}` → `{later.name}` | {listed} | +{added} −{removed} | {said} |")
-    lines += ["", "Lines added and removed from one directory to the next (files paired by name and compared line "
-              "by line; a file on one side only counts whole): what `diff -ru steps/<from> steps/<to>` shows. "
-              "Regenerate with `python3 bench/step_changes.py --write`."]
+    lines += ["", "Lines added and removed from the step a directory extends (its kernel.cuh says which, "
+              "\"Extends step NN\"; else the one before) to it (files paired by name and compared line by line; a "
+              "file on one side only counts whole): what `diff -ru steps/<from> steps/<to>` shows. Regenerate with "
+              "`python3 bench/step_changes.py --write`."]
     return "\n".join(lines) + "\n"
 
 

@@ -116,3 +116,18 @@ class WithTheLibrary(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Base(unittest.TestCase):
+    """A step is compared with the step its kernel.cuh says it extends, else with the one before."""
+
+    def test_the_named_base_else_the_one_before(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            steps = Path(tmp)
+            write(steps / "01_a" / "kernel.cuh", ["// Step 01"])
+            write(steps / "02_b" / "kernel.cuh", ["// Step 02", "// Extends step 01 (a)."])
+            write(steps / "03_c" / "kernel.cuh", ["// Step 03", "//", "// Extends step 01 (a), not 02."])
+            write(steps / "04_d" / "step.cu", ["// no kernel.cuh"])
+            dirs = sc.step_dirs(steps)
+            self.assertEqual([sc.base_of(d, dirs).name for d in dirs[1:]], ["01_a", "01_a", "03_c"])
+            self.assertIn("| `01_a` → `03_c` |", sc.table(steps, {}))
