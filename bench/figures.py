@@ -570,6 +570,61 @@ def fig_08(out: Path):
     _save(fig, out / "08_tma_ring.png")
 
 
+# ---- step 09: the consumers' schedules (schematic; notes/09, "The schedule, drawn") ------------------
+
+GEMM, SOFTMAX, RESCALE = 1.0, 1.6, 0.4  # schematic lengths: one batch of wgmma, the softmax of S, O's rescale
+
+
+def schedule_09(variant: str, tiles: int = 3) -> list[tuple[str, float, float, str, str]]:
+    """(row, start, length, kind, label) of two consumers and the tensor cores over `tiles` K/V tiles, by the
+    kernel's loop (kernel.cuh, `turn`): turn k issues S(k) and P·V(k-1), waits, then runs the softmax of S(k)
+    and O's rescale. The tensor cores take the products in the order they were issued. 09a: nothing orders
+    the consumers (here both start together); 09b: ping-pong, a consumer issues only after the other issued
+    its turn; 09c: as 09b, and it waits for S(k) alone, so the softmax runs under P·V(k-1)."""
+    spans, tensor_free, last_issue, ready = [], 0.0, 0.0, [0.0, 0.0]
+    for k in range(tiles + 1):  # the last turn has P·V(tiles - 1) only
+        for c in (0, 1):
+            issue = ready[c] if variant == "09a" else max(ready[c], last_issue)
+            last_issue = issue
+            done = {}
+            for job, tile in (("S", k), ("PV", k - 1)):
+                if 0 <= tile < tiles:
+                    start = max(tensor_free, issue)
+                    tensor_free = done[job] = start + GEMM
+                    spans.append(("tensor cores", start, GEMM, "gemm", f"{'S' if job == 'S' else 'PV'}{tile} c{c}"))
+            waited = done["S"] if variant == "09c" and "S" in done else max(done.values())
+            if waited > issue:
+                spans.append((f"consumer {c}", issue, waited - issue, "wait", "wait" if waited - issue > 0.5 else ""))
+            if "S" not in done:
+                ready[c] = waited
+                continue
+            spans.append((f"consumer {c}", waited, SOFTMAX, "softmax", f"softmax S{k}"))
+            rescale = max(waited + SOFTMAX, done.get("PV", 0.0))  # O is rescaled once P·V(k-1) is in it
+            spans.append((f"consumer {c}", rescale, RESCALE, "rescale", f"O,P{k}"))
+            ready[c] = rescale + RESCALE
+    return spans
+
+
+def fig_09(out: Path):
+    """Step 09's consumer schedules: 09a unordered, 09b ping-pong, 09c intra-warpgroup overlap (schematic)."""
+    plt = pyplot()
+    colours = {"gemm": "tab:blue", "softmax": "tab:orange", "rescale": "tab:green", "wait": "white"}
+    fig, axes = plt.subplots(3, 1, figsize=(12, 7.2))
+    titles = {"09a": "09a: a turn issues S(k) and P·V(k−1) and waits for both; nothing orders the two consumers "
+                     "(here they start together)",
+              "09b": "09b ping-pong: a consumer issues only after the other has issued its turn (named barriers)",
+              "09c": "09c: as 09b, waiting for S(k) alone: the softmax of S(k) runs under P·V(k−1)"}
+    until = max(start + length for v in ("09a", "09b", "09c") for _, start, length, _, _ in schedule_09(v)) + 0.3
+    for ax, variant in zip(axes, ("09a", "09b", "09c")):
+        spans = schedule_09(variant)
+        _gantt(ax, ["consumer 0", "consumer 1", "tensor cores"],
+               [(row, start, length, colours[kind], text, "//" if kind == "wait" else None)
+                for row, start, length, kind, text in spans],
+               titles[variant] + " (schematic)", until)
+    fig.tight_layout()
+    _save(fig, out / "09_schedules.png")
+
+
 # ---- step 10: split-KV (steps/10_decoding/traits.h, num_splits_for) ------------------------------
 
 DECODE_BLOCK_KV, DECODE_SLOTS = 64, 264  # head_dim 128's tile row: 64 keys a tile, 2 blocks an SM x 132 SMs
@@ -653,7 +708,7 @@ def fig_10(out: Path):
 
 
 FIGURES = {"01": fig_01, "02": fig_02, "03": fig_03, "04": fig_04, "05": fig_05, "06": fig_06, "07": fig_07,
-           "08": fig_08, "10": fig_10}
+           "08": fig_08, "09": fig_09, "10": fig_10}
 
 
 def main(argv=None) -> int:

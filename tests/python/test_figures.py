@@ -191,6 +191,45 @@ class AgainstTheCpp(unittest.TestCase):
             self.assertEqual(figures.ldmatrix_x4_quadrants(int(right)), (r, 8))
 
 
+class Schedules09(unittest.TestCase):
+    """The consumers' schedules of note 09's figure: a simulation of the kernel's turns, checked for what
+    must hold whatever the lengths."""
+
+    def rows(self, variant, tiles=4):
+        out = {}
+        for row, start, length, kind, label in figures.schedule_09(variant, tiles):
+            out.setdefault(row, []).append((start, start + length, kind, label))
+        return out
+
+    def test_nothing_overlaps_in_a_row(self):
+        for variant in ("09a", "09b", "09c"):
+            for row, spans in self.rows(variant).items():
+                spans.sort()
+                for (_, end, *_), (start, *_) in zip(spans, spans[1:]):
+                    self.assertLessEqual(end, start + 1e-9, (variant, row))
+
+    def test_every_product_once(self):
+        for variant in ("09a", "09b", "09c"):
+            labels = sorted(label for *_, label in self.rows(variant, 3)["tensor cores"])
+            self.assertEqual(labels, sorted(f"{j}{k} c{c}" for j in ("S", "PV") for k in range(3) for c in (0, 1)))
+
+    def test_the_softmax_waits_for_what_the_variant_says(self):
+        tensor = {label: end for start, end, kind, label in self.rows("09c")["tensor cores"]}
+        soft = {label: start for start, end, kind, label in self.rows("09c")["consumer 0"] if kind == "softmax"}
+        self.assertEqual(soft["softmax S1"], tensor["S1 c0"])  # 09c: S(k) alone, P·V(k-1) still running
+        self.assertLess(soft["softmax S1"], tensor["PV0 c0"])
+        tensor = {label: end for start, end, kind, label in self.rows("09b")["tensor cores"]}
+        soft = {label: start for start, end, kind, label in self.rows("09b")["consumer 0"] if kind == "softmax"}
+        self.assertEqual(soft["softmax S1"], max(tensor["S1 c0"], tensor["PV0 c0"]))  # 09b: both
+
+    def test_the_overlap_keeps_the_tensor_cores_busier(self):
+        def busy(variant):
+            rows = self.rows(variant, 8)
+            end = max(e for spans in rows.values() for _, e, *_ in spans)
+            return sum(e - s for s, e, *_ in rows["tensor cores"]) / end
+        self.assertGreater(busy("09c"), busy("09b"))
+
+
 class SplitKV(unittest.TestCase):
     """Step 10's heuristic, written again in figures.py, against the shapes its note and explain quote."""
 
