@@ -707,8 +707,52 @@ def fig_10(out: Path):
     _save(fig, out / "10_split_kv.png")
 
 
+# ---- step 11: the backward's dataflow (steps/11_backward/kernel.cuh's header) ------------------------
+
+# (name, x, y, kind, text): the tensors and the computations of one K/V block's loop over query tiles.
+BACKWARD_NODES = [
+    ("Q", 0, 4, "input", "Q"), ("K", 0, 3, "input", "K"), ("V", 0, 2, "input", "V"), ("dO", 0, 1, "input", "dO"),
+    ("O", 0, 0, "input", "O"), ("LSE", 0, -0.8, "input", "LSE (forward)"),
+    ("pre", 1.6, -0.4, "kernel", "preprocess_kernel\nD = rowsum(dO ∘ O)\nLSE₂ = LSE·log₂e"),
+    ("P", 3.2, 4.0, "step", "Sᵀ = K·Qᵀ\nPᵀ = exp2(Sᵀ·scale·log2(e) − LSE₂)\n(recomputed)"),
+    ("dP", 3.2, 1.7, "step", "dPᵀ = V·dOᵀ\ndSᵀ = Pᵀ ∘ (dPᵀ − D)"),
+    ("dV", 5.2, 4.6, "output", "dV += Pᵀ·dO\n(registers)"), ("dK", 5.2, 2.9, "output", "dK += dSᵀ·Q\n(registers)"),
+    ("dQ", 5.2, 1.0, "output", "dQ += dS·K\nfp32 atomics, or (deterministic)\na second kernel over K/V tiles"),
+]
+BACKWARD_EDGES = [("Q", "P"), ("K", "P"), ("LSE", "pre"), ("dO", "pre"), ("O", "pre"), ("pre", "P"), ("pre", "dP"),
+                  ("V", "dP"), ("dO", "dP"), ("P", "dP"), ("P", "dV"), ("dO", "dV"), ("dP", "dK"), ("Q", "dK"),
+                  ("dP", "dQ"), ("K", "dQ")]
+
+
+def fig_11(out: Path):
+    """Step 11's dataflow: what a K/V block recomputes and accumulates from the forward's tensors."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(12, 5.6))
+    style = {"input": ("whitesmoke", "gray"), "kernel": ("lightyellow", "goldenrod"),
+             "step": ("lightsteelblue", "tab:blue"), "output": ("honeydew", "tab:green")}
+    boxes, where = {}, {name: (x, y) for name, x, y, _, _ in BACKWARD_NODES}
+    for name, x, y, kind, text in BACKWARD_NODES:
+        face, edge = style[kind]
+        boxes[name] = ax.text(x, y, text, ha="center", va="center", fontsize=8,
+                              bbox={"boxstyle": "round", "fc": face, "ec": edge, "pad": 0.4})
+    for a, b in BACKWARD_EDGES:  # from the edge of one box to the edge of the other
+        vertical = abs(where[a][0] - where[b][0]) < 0.1
+        down = where[a][1] > where[b][1]
+        start, end = ((0.5, 0.0), (0.5, 1.0)) if vertical and down else ((1.0, 0.5), (0.0, 0.5))
+        ax.annotate("", xy=end, xycoords=boxes[b], xytext=start, textcoords=boxes[a],
+                    arrowprops={"arrowstyle": "->", "lw": 0.7, "color": "0.45", "shrinkA": 2, "shrinkB": 2,
+                                "connectionstyle": "arc3,rad=0.0"})
+    ax.set_xlim(-0.7, 6.3)
+    ax.set_ylim(-1.3, 5.3)
+    ax.axis("off")
+    ax.set_title("Step 11: a block owns BLOCK_KV keys of one K/V head and loops over the query tiles that read "
+                 "them; P is rebuilt from the LSE, never stored", fontsize=9)
+    fig.tight_layout()
+    _save(fig, out / "11_backward_dataflow.png")
+
+
 FIGURES = {"01": fig_01, "02": fig_02, "03": fig_03, "04": fig_04, "05": fig_05, "06": fig_06, "07": fig_07,
-           "08": fig_08, "09": fig_09, "10": fig_10}
+           "08": fig_08, "09": fig_09, "10": fig_10, "11": fig_11}
 
 
 def main(argv=None) -> int:

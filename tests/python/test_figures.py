@@ -230,6 +230,23 @@ class Schedules09(unittest.TestCase):
         self.assertGreater(busy("09c"), busy("09b"))
 
 
+class BackwardDataflow(unittest.TestCase):
+    """Note 11's dataflow: its arrows join its boxes, and its equations are the kernel's (kernel.cuh's header)."""
+
+    def test_edges_join_nodes(self):
+        names = {n for n, *_ in figures.BACKWARD_NODES}
+        self.assertTrue(all(a in names and b in names for a, b in figures.BACKWARD_EDGES))
+        self.assertEqual(names, {x for edge in figures.BACKWARD_EDGES for x in edge})
+
+    def test_the_equations_are_the_kernels(self):
+        header = (REPO / "steps" / "11_backward" / "kernel.cuh").read_text().replace("dQ_tile", "dQ")
+        for _, _, _, kind, text in figures.BACKWARD_NODES:
+            if kind in ("step", "output"):
+                for line in text.replace("−", "-").splitlines():
+                    if "=" in line:
+                        self.assertTrue(line in header, f"not in steps/11_backward/kernel.cuh: {line}")
+
+
 class SplitKV(unittest.TestCase):
     """Step 10's heuristic, written again in figures.py, against the shapes its note and explain quote."""
 
