@@ -350,18 +350,19 @@ def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = No
         raise ValueError("no timed step at the ladder shape")
     fig, ax = plt.subplots(figsize=(max(7.0, 0.9 * len(cols) + 2), 4.5))
     xs = range(len(cols))
-    bars = ax.bar(xs, [c["tflops"] for c in cols], color="tab:blue")
+    # The bars in front of the baselines' lines, each value inside its bar's top, where no line crosses it.
+    bars = ax.bar(xs, [c["tflops"] for c in cols], color="tab:blue", zorder=3)
     for bar, c in zip(bars, cols):
-        ax.annotate(f"{c['tflops']:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(f"{c['tflops']:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height() / 1.08),
+                    ha="center", va="top", fontsize=8, color="white", zorder=4)
     for impl in ("torch_flash", "torch_cudnn", "fa4"):
         r = ladder["backends"].get(impl)
         if timed(r):
-            ax.axhline(r["tflops"], color=BACKEND_STYLES[impl]["color"], linestyle="--", linewidth=1,
+            ax.axhline(r["tflops"], color=BACKEND_STYLES[impl]["color"], linestyle="--", linewidth=1, zorder=1,
                        label=f"{label(impl, meta)}: {r['tflops']:.0f}")
     peaks = tensor_ceilings(ceilings, ladder["shape"]["dtype"])
     for (name, value, _), style in zip(peaks, CEILING_STYLES):
-        ax.axhline(value, linewidth=0.8, label=f"{name} ceiling: {value:.0f}", **style)
+        ax.axhline(value, linewidth=0.8, label=f"{name} ceiling: {value:.0f}", zorder=1, **style)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     lowest = min(c["tflops"] for c in cols)
