@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""One readable kernel per sub-step: `python3 bench/substeps.py [--write | --check]`.
+
+Steps 07 and 09 build their lettered sub-steps (07a ... 07g, 09a ... 09d) from one kernel.cuh, where
+`if constexpr (Tr::has(kIdea))` marks each idea's code, so `diff` of two sub-steps is impossible on the
+files themselves. This script writes notes/substeps/<id>.cuh for every sub-step: the kernel with the
+branches of the ideas it does not have pruned and those of the ideas it has kept, so that
+
+    diff notes/substeps/07b_work_order.cuh notes/substeps/07c_ldmatrix_pipeline.cuh
+
+shows 07c's one idea. The views are generated, never edited; `--check` (a ctest entry) fails when one
+is stale. An idea is on in sub-step IDEAS when IDEAS >= its value in traits.h's `enum Idea`.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+from fs_results import REPO, parser
+
+OUT = REPO / "notes" / "substeps"
+# The steps whose sub-steps share one kernel, and folds of their own beyond Tr::has(): 09c's idea is
+# softmax_under_pv(Tr::IDEAS, ...) (traits.h), which is false before kIntraOverlap.
+STEPS = {
+    "07_flash_attention2": {},
+    "09_warp_specialized": {
+        r"softmax_under_pv\(Tr::IDEAS, HAS_S, HAS_PV\)": lambda on: "HAS_S && HAS_PV" if on["kIntraOverlap"] else "false",
+    },
+}
+
+
+def ideas_of(step: Path) -> list[tuple[str, int, str]]:
+    """(enum name, value, sub-step id) of traits.h's `enum Idea`, the ids as step.cu registers them."""
+    traits, registered = (step / "traits.h").read_text(), (step / "step.cu").read_text()
+    enum = re.search(r"enum Idea : int \{(.*?)\};", traits, re.S).group(1)
+    out = []
+    for name, value, prefix in re.findall(r"(k\w+) = (\d+),\s*// (\d\d[a-z])", enum):
+        ids = re.findall(rf'"({prefix}_\w+)"', registered)
+        out.append((name, int(value), ids[0] if ids else prefix))
+    return out
+
+
+def _statement_end(text: str, i: int) -> int:
+    """The index just past the statement starting at text[i] (after whitespace): a { block } or up to
+    its ';' at depth 0 (an if without else, a call)."""
+    while text[i].isspace():
+        i += 1
+    depth = 0
+    opening = text[i] == "{"
+    for j in range(i, len(text)):
+        c = text[j]
+        if c in "({":
+            depth += 1
+        elif c in ")}":
+            depth -= 1
+            if opening and depth == 0:
+                return j + 1
+        elif c == ";" and depth == 0 and not opening:
+            return j + 1
+    raise ValueError(f"no end for the statement at offset {i}")
+
+
+def _body(text: str) -> str:
+    """A statement as it stands in place of its if, without its own indentation: a block's lines
+    without their braces and their common indent."""
+    text = text.strip()
+    if not text.startswith("{"):
+        return text
+    return textwrap.dedent(text[1:-1].strip("\n")).strip()
+
+
+def prune(source: str, on: dict[str, bool], folds: dict) -> str:
+    """The source with every `if constexpr (Tr::has(kX)) A [else B]` replaced by A or B (or nothing), and
+    every other Tr::has(kX) and each fold replaced by its value."""
+    pattern = re.compile(r"if constexpr \(Tr::has\((k\w+)\)\)")
+    while (m := pattern.search(source)) is not None:
+        then_end = _statement_end(source, m.end())
+        rest = source[then_end:]
+        else_m = re.match(r"\s*else\b", rest)
+        else_start = else_end = None
+        if else_m:
+            else_start = then_end + else_m.end()
+            else_end = _statement_end(source, else_start)
+        chosen = source[m.end():then_end] if on[m.group(1)] else (source[else_start:else_end] if else_m else "")
+        end = else_end if else_m else then_end
+        line_start = source.rfind("\n", 0, m.start()) + 1
+        indent = source[line_start:m.start()]
+        body = _body(chosen)
+        replacement = ("\n" + indent).join(body.split("\n")) if body else ""
+        if not replacement:  # the whole line goes
+            after = end + 1 if source[end:end + 1] == "\n" else end
+            source = source[:line_start] + source[after:]
+        else:
+            source = source[:m.start()] + replacement + source[end:]
+    source = re.sub(r"Tr::has\((k\w+)\)", lambda m: "true" if on[m.group(1)] else "false", source)
+    for regex, value in folds.items():
+        source = re.sub(regex, value(on), source)
+    # What the constants leave: `true ? a : b`, `!true || x` (x), `if (!false || x) {` (if (true) {).
+    source = re.sub(r"true \? ([^:;]+?) : [^;]+?;", r"\1;", source)
+    source = re.sub(r"false \? [^:;]+? : ([^;]+?);", r"\1;", source)
+    source = re.sub(r"!true \|\| ", "", source)
+    source = re.sub(r"\(!false \|\| .*\) \{", "(true) {", source)
+    return source
+
+
+def views(steps: Path = REPO / "steps") -> dict[str, str]:
+    """{sub-step id: its view (a banner, then the pruned kernel)}, for every sub-step of STEPS."""
+    return {sid: banner + kernel for sid, (banner, kernel) in parts(steps).items()}
+
+
+def parts(steps: Path = REPO / "steps") -> dict[str, tuple[str, str]]:
+    """{sub-step id: (banner, pruned kernel)}."""
+    out = {}
+    for step_name, folds in STEPS.items():
+        step = steps / step_name
+        ideas = ideas_of(step)
+        kernel = (step / "kernel.cuh").read_text()
+        previous = None
+        for _, value, sid in ideas:
+            on = {name: value >= v for name, v, _ in ideas}
+            pruned = prune(kernel, on, folds)
+            banner = (f"// Generated by bench/substeps.py from steps/{step_name}/kernel.cuh for {sid} (IDEAS = {value}):\n"
+                      f"// the branches of the ideas after it pruned. Do not edit; diff it against the sub-step before.\n")
+            if pruned == previous:  # the idea is in traits.h or step.cu (a tile table), not in the kernel
+                banner += (f"// {sid}'s idea changes no line of the kernel: it is in steps/{step_name}/traits.h and "
+                           "step.cu (the tile table its plan chooses from).\n")
+            out[sid], previous = (banner, pruned), pruned
+    return out
+
+
+def main(argv=None) -> int:
+    ap = parser(__doc__)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="write notes/substeps/<id>.cuh")
+    mode.add_argument("--check", action="store_true", help="exit 1 when a view in notes/substeps/ is stale")
+    ap.add_argument("--out-dir", default=str(OUT), help="where the views are (default: notes/substeps)")
+    args = ap.parse_args(argv)
+    out = Path(args.out_dir)
+    stale = []
+    for sid, text in views().items():
+        path = out / f"{sid}.cuh"
+        if args.write:
+            out.mkdir(parents=True, exist_ok=True)
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+                print(f"substeps.py: wrote {path}", file=sys.stderr)
+        elif args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            print(f"{path}: {len(text.splitlines())} lines")
+    if stale:
+        print("substeps.py: stale (run `python3 bench/substeps.py --write`): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

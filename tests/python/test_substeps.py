@@ -1,0 +1,62 @@
+"""bench/substeps.py: the pruning of `if constexpr (Tr::has(kIdea))` on invented code, and the views in
+notes/substeps/ against the steps (the ctest entry `substeps` runs --check too)."""
+import sys
+import unittest
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent / "bench"))
+
+import substeps  # noqa: E402
+
+SOURCE = """void f() {
+  if constexpr (Tr::has(kA)) {
+    a();
+    if (x) {
+      b();
+    }
+  } else {
+    c();
+  }
+  if constexpr (Tr::has(kB)) d();
+  int t = Tr::has(kB) ? 1 : 2;
+  if (!Tr::has(kA) || g(h(1))) {
+    e();
+  }
+}
+"""
+
+
+class Prune(unittest.TestCase):
+    def test_an_idea_on_keeps_its_branch(self):
+        self.assertEqual(substeps.prune(SOURCE, {"kA": True, "kB": True}, {}),
+                         "void f() {\n  a();\n  if (x) {\n    b();\n  }\n  d();\n  int t = 1;\n"
+                         "  if (g(h(1))) {\n    e();\n  }\n}\n")
+
+    def test_an_idea_off_keeps_the_else_or_nothing(self):
+        self.assertEqual(substeps.prune(SOURCE, {"kA": False, "kB": False}, {}),
+                         "void f() {\n  c();\n  int t = 2;\n  if (true) {\n    e();\n  }\n}\n")
+
+    def test_folds(self):
+        folds = {r"under\(Tr::IDEAS\)": lambda on: "yes" if on["kA"] else "no"}
+        self.assertEqual(substeps.prune("x = under(Tr::IDEAS);", {"kA": True}, folds), "x = yes;")
+
+
+class Views(unittest.TestCase):
+    def test_every_sub_step_has_its_view(self):
+        views = substeps.views()
+        self.assertEqual(sorted(views)[:2], ["07a_rows32", "07b_work_order"])
+        self.assertEqual(len([v for v in views if v.startswith("07")]), 7)
+        self.assertEqual(len([v for v in views if v.startswith("09")]), 4)
+        for sid, text in views.items():
+            self.assertNotIn("Tr::has(", text.split("\n", 4)[-1].split("#pragma once", 1)[-1], sid)  # all pruned
+
+    def test_the_committed_views_are_current(self):
+        for sid, text in substeps.views().items():
+            path = substeps.OUT / f"{sid}.cuh"
+            self.assertTrue(path.exists() and path.read_text() == text,
+                            f"{path} is stale: python3 bench/substeps.py --write")
+
+
+if __name__ == "__main__":
+    unittest.main()
