@@ -605,6 +605,37 @@ def schedule_09(variant: str, tiles: int = 3) -> list[tuple[str, float, float, s
     return spans
 
 
+def ring_state(t: int, stages: int) -> dict:
+    """Visit t of a ring of `stages` (steps/09_warp_specialized/traits.h: kv_stage, kv_parity,
+    waits_for_release, release_parity): its stage, its fill of that stage, the full barrier's parity the
+    consumers wait for, and the empty barrier's parity the producer waits for before the copy (None: fill 0
+    finds the stage empty)."""
+    fill = t // stages
+    return {"stage": t % stages, "fill": fill, "full_parity": fill % 2,
+            "empty_parity": (fill - 1) % 2 if t >= stages else None}
+
+
+def fig_09_ring(out: Path, stages: int = 2, visits: int = 8):
+    """The index/phase view of step 09's K/V ring: for each visit, stage, fill and the parities waited for."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(12, 3.2))
+    rows = ["stage (t % S)", "fill n (t / S)", "consumers wait full[stage], parity n % 2",
+            "producer waits empty[stage], parity (n − 1) % 2"]
+    colours = plt.get_cmap("Pastel1").colors
+    for t in range(visits):
+        r = ring_state(t, stages)
+        cells = [str(r["stage"]), str(r["fill"]), str(r["full_parity"]),
+                 "–  (fill 0: empty)" if r["empty_parity"] is None else str(r["empty_parity"])]
+        for y, text in enumerate(cells):
+            _box(ax, t, y, facecolor=colours[r["stage"] % len(colours)], edgecolor="white", linewidth=1.5)
+            ax.text(t + 0.5, y + 0.5, text, ha="center", va="center", fontsize=8)
+    _grid_axes(ax, len(rows), visits, "visit t (a K/V tile the block reads)", "", ylabels=rows, aspect="auto")
+    ax.set_title(f"Step 09's K/V ring (S = {stages} stages) as index and phase: the consumers wait for phase n of "
+                 "the stage's full barrier, the producer for phase n − 1 of its empty one", fontsize=9)
+    fig.tight_layout()
+    _save(fig, out / "09_ring_phases.png")
+
+
 def fig_09(out: Path):
     """Step 09's consumer schedules: 09a unordered, 09b ping-pong, 09c intra-warpgroup overlap (schematic)."""
     plt = pyplot()
@@ -623,6 +654,7 @@ def fig_09(out: Path):
                titles[variant] + " (schematic)", until)
     fig.tight_layout()
     _save(fig, out / "09_schedules.png")
+    fig_09_ring(out)
 
 
 # ---- step 10: split-KV (steps/10_decoding/traits.h, num_splits_for) ------------------------------
