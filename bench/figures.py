@@ -544,6 +544,23 @@ def fig_07(out: Path):
     _save(fig, out / "07_partition_and_tiles.png")
 
 
+# ---- step 08: wgmma matrix descriptors (steps/08_tma_wgmma/traits.h; PTX ISA "Matrix Descriptor Format")
+
+ROW_BYTES_08 = 128  # a shared row of 64 fp16/bf16 head dims, 128-byte swizzled
+
+
+def matrix_descriptor(start: int, lbo: int, sbo: int) -> int:
+    """traits.h's matrix_descriptor: start, LBO and SBO as (x & 0x3FFFF) >> 4 at bits 0, 16 and 32; 128-byte
+    swizzle (1) at bits 62-63."""
+    field = lambda x: (x & 0x3FFFF) >> 4  # noqa: E731
+    return field(start) | field(lbo) << 16 | field(sbo) << 32 | 1 << 62
+
+
+def k_major_step_offset(rows: int, ks: int) -> int:
+    """Where k16 step ks starts in a K-major tile of `rows` rows: column block ks / 4, then 32 bytes a step."""
+    return ks // 4 * rows * ROW_BYTES_08 + ks % 4 * 32
+
+
 def fig_08(out: Path):
     """Step 08's two-stage K/V ring: which stage and barrier parity each visit uses (schematic)."""
     plt = pyplot()
@@ -568,6 +585,49 @@ def fig_08(out: Path):
            "frees the stage for visit t + 2 (schematic)", t + 0.5)
     fig.tight_layout()
     _save(fig, out / "08_tma_ring.png")
+    fig_08_descriptors(out)
+
+
+def fig_08_descriptors(out: Path, block_kv: int = 128):
+    """The two wgmma operand layouts of step 08 in shared memory, and what LBO and SBO measure in each."""
+    plt = pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1, 1.1]})
+    cmap = plt.get_cmap("tab10")
+    # (a) K-major Q or K: rows of 128 bytes (64 head dims), 16-byte chunks stored at chunk ^ (row % 8)
+    rows = 16
+    for r in range(rows):
+        for p in range(8):
+            logical = p ^ (r % 8)
+            _box(ax, p, r, facecolor=cmap(logical // 2), alpha=0.35 + 0.5 * (logical % 2), edgecolor="white")
+            ax.text(p + 0.5, r + 0.5, str(logical), ha="center", va="center", fontsize=7)
+    _grid_axes(ax, rows, 8, "16-byte chunk stored at (physical position)", "row (query or key)")
+    for r0 in (0, 8):
+        ax.add_patch(plt.Rectangle((0, r0), 8, 8, fill=False, lw=1.6, ec="black"))
+    ax.annotate("", (8.35, 8), (8.35, 0), arrowprops={"arrowstyle": "->", "lw": 1}, annotation_clip=False)
+    ax.text(8.5, 4, f"SBO = {8 * ROW_BYTES_08} bytes:\nthe next 8 rows", fontsize=8, va="center")
+    ax.text(8.5, 11, "LBO unused with the\n128-byte swizzle\n(16 bytes, encoded 1)", fontsize=8, va="center")
+    ax.set_title("K-major Q, K: an atom of 8 rows × 128 bytes (box); the digit is the logical chunk\n"
+                 "(k16 step ks reads chunks 2·ks % 8, +1: it starts 32·(ks % 4) bytes into the row)", fontsize=8.5)
+    # (b) MN-major V: [key][dim] rows; 64 head dims a column block, block_kv rows each
+    bx.set_xlim(0, 2.9)
+    bx.set_ylim(block_kv / 8 + 1.6, -0.3)
+    for b in range(2):
+        for g in range(block_kv // 8):
+            bx.add_patch(plt.Rectangle((b * 1.3, g), 1.0, 1.0, fc=cmap(b + 2), alpha=0.3 + 0.4 * (g // 2 % 2), ec="white"))
+        bx.text(b * 1.3 + 0.5, block_kv / 8 + 0.9, f"head dims {64 * b}-{64 * b + 63}\n(starts +{b * block_kv * ROW_BYTES_08} bytes)",
+                ha="center", va="center", fontsize=7.5)
+    bx.annotate("", (1.3, block_kv / 16), (1.0, block_kv / 16), arrowprops={"arrowstyle": "->", "lw": 1})
+    bx.text(1.15, block_kv / 16 + 1.2, f"LBO = {block_kv}·128\n= {block_kv * ROW_BYTES_08} bytes", ha="center", fontsize=7.5)
+    bx.annotate("", (2.45, 1), (2.45, 0), arrowprops={"arrowstyle": "->", "lw": 1})
+    bx.text(2.5, 0.5, f"SBO = {8 * ROW_BYTES_08} bytes:\nthe next 8 keys", fontsize=7.5, va="center")
+    bx.text(2.5, 3.0, f"k16 step kk: keys 16kk …,\n+{16 * ROW_BYTES_08}·kk bytes", fontsize=7.5, va="center")
+    bx.set_yticks([g + 0.5 for g in range(0, block_kv // 8, 2)])
+    bx.set_yticklabels([f"keys {8 * g}-{8 * g + 7}" for g in range(0, block_kv // 8, 2)], fontsize=7)
+    bx.set_xticks([])
+    bx.set_title(f"MN-major V (imm-trans-b = 1), BLOCK_KV = {block_kv}: bands of 8 keys × 128 bytes,\n"
+                 "two bands (one shade) a k16 step", fontsize=8.5)
+    fig.tight_layout()
+    _save(fig, out / "08_descriptors.png")
 
 
 # ---- step 09: the consumers' schedules (schematic; notes/09, "The schedule, drawn") ------------------

@@ -191,6 +191,24 @@ class AgainstTheCpp(unittest.TestCase):
             self.assertEqual(figures.ldmatrix_x4_quadrants(int(right)), (r, 8))
 
 
+class Descriptors08(unittest.TestCase):
+    """Step 08's wgmma descriptors, written again in figures.py, against explain's table and by hand."""
+
+    def test_by_hand(self):
+        # start 0, LBO 16 (encoded 1), SBO 1024 (encoded 64), 128-byte swizzle (1 << 62)
+        self.assertEqual(figures.matrix_descriptor(0, 16, 1024), 0x4000004000010000)
+        self.assertEqual([figures.k_major_step_offset(128, ks) for ks in (0, 1, 3, 4, 7)], [0, 32, 96, 16384, 16480])
+
+    @unittest.skipUnless(runner_path(), "the flash-steps runner is not built")
+    def test_against_the_runner(self):
+        text = subprocess.run([str(runner_path()), "explain", "--step", "08_tma_wgmma"], capture_output=True,
+                              text=True, check=True).stdout
+        found = re.findall(r"start \+(\d+), LBO (\d+), SBO (\d+), 128-byte swizzle\s+->\s+0x([0-9a-f]+)", text)
+        self.assertGreaterEqual(len(found), 20)
+        for start, lbo, sbo, value in found:
+            self.assertEqual(figures.matrix_descriptor(int(start), int(lbo), int(sbo)), int(value, 16))
+
+
 class Ring09(unittest.TestCase):
     """The ring's (index, phase) view against the rule written out by hand for two and three stages."""
 
