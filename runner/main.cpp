@@ -407,8 +407,7 @@ int explain_steps(const fs::RunnerOptions& o) {
     std::cout << "\n";
   }
   if (!without.empty())
-    std::cout << "no model to explain: " << without
-              << " (explain covers the steps whose shared-memory index math has a bank model)\n";
+    std::cout << "no model to explain: " << without << " (these steps register no explain)\n";
   return 0;
 }
 
