@@ -51,9 +51,9 @@ bool read_decimal(const std::string& text, float& x) {
   return std::isfinite(x) && x > 0;
 }
 
-// kCommand: --help, -h and --list, which name the command. An option applies to run; a kResources one (the
-// problem, --backward, --json) to resources too, where nothing is timed or checked; --step (kSteps) to explain and
-// banks as well. Any other is refused with the command: an option is applied or refused, never ignored.
+// kCommand: --help (reached only as "--help=...": --help or -h alone is answered first) and --list, which
+// name the command. An option applies to run; a kResources one (the problem, --backward, --json) to
+// resources too, where nothing is timed or checked; --step (kSteps) to explain and banks as well. Any other is refused with the command: an option is applied or refused, never ignored.
 enum Scope { kCommand, kRun, kResources, kSteps };
 bool applies(Scope scope, const std::string& command) {
   return command == "run" || (command == "resources" && scope != kRun) ||
@@ -79,7 +79,6 @@ struct Flag {
 
 const Flag kFlags[] = {
     {"--help", kCommand, kSwitch, [](Parse& p) { p.o.command = "help"; }},
-    {"-h", kCommand, kSwitch, [](Parse& p) { p.o.command = "help"; }},
     {"--list", kCommand, kSwitch, [](Parse& p) { p.o.command = "list"; }},
     {"--step", kSteps, {Rule::word, "a step id (see --list)"}, [](Parse& p) {  // repeatable, or comma-separated
        std::stringstream ids(p.text);
@@ -171,15 +170,14 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
   // --seqlen-q and --seqlen-k win over --seqlen whatever the order; decoding: one new token unless told.
   o.seqlen_q = p.seqlen_q.value_or(p.seqlen.value_or(o.decode ? 1 : o.seqlen_q));
   o.seqlen_k = p.seqlen_k.value_or(p.seqlen.value_or(o.seqlen_k));
-  // The paged cache the flags make (decode_problem_from) has batch · ceil(seqlen_k / page_size) pages,
-  // named by int32 block-table entries: said with the flags, which have no num_pages.
-  if (o.page_size > 0) {
-    const int64_t pages = o.batch * std::max<int64_t>(1, o.seqlen_k / o.page_size + (o.seqlen_k % o.page_size != 0));
-    if (pages > INT32_MAX)  // no overflow: batch < 2^31, pages per sequence < 2^28
-      return fail("--batch " + std::to_string(o.batch) + " sequences of --seqlen-k " + std::to_string(o.seqlen_k) +
-                  " keys in pages of --page-size " + std::to_string(o.page_size) + " make " + std::to_string(pages) +
-                  " pages; the cache may hold at most " + std::to_string(INT32_MAX) + " (block table entries are int32)");
-  }
+  // The paged cache the flags make has num_pages = batch · ceil(seqlen_k / page_size) pages, named by
+  // int32 block-table entries: a count past that is said with the flags, which have no num_pages (no
+  // overflow: batch < 2^31, pages per sequence < 2^28).
+  if (const int64_t pages = o.page_size > 0 ? decode_problem_from(o).num_pages : 0; pages > INT32_MAX)
+    return fail("--batch " + std::to_string(o.batch) + " sequences of --seqlen-k " + std::to_string(o.seqlen_k) +
+                " keys in pages of --page-size " + std::to_string(o.page_size) + " make " + std::to_string(pages) +
+                " pages; the cache may hold at most " + std::to_string(INT32_MAX) +
+                " (block table entries are int32)");
   return {o, ""};
 }
 

@@ -171,7 +171,8 @@ fs_status check_dtype(int32_t dtype) {
 }
 
 fs_status check_nonnegative(const char* name, double x) {
-  return std::isfinite(x) && x >= 0 ? FS_OK : fail(FS_ERR_INVALID, fs::sentence(name, " is ", x, "; it must be finite and >= 0"));
+  return std::isfinite(x) && x >= 0 ? FS_OK
+                                    : fail(FS_ERR_INVALID, fs::sentence(name, " is ", x, "; it must be finite and >= 0"));
 }
 
 }  // namespace
