@@ -136,10 +136,6 @@ def label(r: dict, short=lambda step_id: step_id[:10]) -> str:
             + " det" * bool(r.get("deterministic")))
 
 
-def step_number(step_id: str) -> str:
-    return step_id.split("_")[0]
-
-
 # ---- the loop every pass shares -----------------------------------------------------------------------
 
 def fields_of(shape: str, timed: str, check: str = "max_abs_err max_lse_err max_abs_diff_flash mismatches "
@@ -404,7 +400,7 @@ class DecodeSweep(Sweep):
     shape_fields = ("batch", "seqlen_k", "heads_q", "heads_kv", "seqlen_q", "head_dim", "dtype", "causal")
     csv_fields = fields_of("entry page_size batch seqlen_q seqlen_k heads_q heads_kv head_dim dtype causal kv_bytes",
                             "gbs hbm_pct x_cudnn x_flash x_fa4 x_contiguous")
-    short, describe = staticmethod(step_number), staticmethod(decode_describe)
+    short, describe = staticmethod(fr.step_number), staticmethod(decode_describe)
 
     @classmethod
     def plan(cls, args, lib):
@@ -470,7 +466,7 @@ class DecodeSweep(Sweep):
 
 class BackwardSweep(Sweep):
     """--backward: the backward alone timed, each step at deterministic 0 and 1, checked by fs_backward_bound."""
-    mode, name, passes, short = "backward", "compare_torch_backward", ("backward",), staticmethod(step_number)
+    mode, name, passes, short = "backward", "compare_torch_backward", ("backward",), staticmethod(fr.step_number)
     speedups = False
     csv_fields = fields_of("deterministic batch seqlen heads head_dim causal dtype flops",
                             "tflops x_flash x_cudnn x_fa4 forward_step", "dq_err dq_bound dk_err dk_bound dv_err "

@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from fs_results import REPO, parser, pyplot, save_figure
+from fs_results import REPO, RESULTS, hbm_ceiling, parser, pyplot, save_figure
 
 OUT = REPO / "notes" / "figures"
 
@@ -736,11 +736,11 @@ def num_splits_for(base_blocks: int, tiles: int, slots: int = DECODE_SLOTS, max_
     return next((s for s in range(1, most + 1) if 10 * cost(s) <= 11 * best), 1)
 
 
-def decode_rates(results=None) -> dict[str, list[tuple[int, float]]]:
+def decode_rates(results: Path = RESULTS) -> dict[str, list[tuple[int, float]]]:
     """{step: [(seqlen_k, GB/s)]} from the decoding runs (the runner's JSON), the steps that passed."""
     import json
     rates: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted((results or REPO / "bench" / "results").glob(DECODE_SEQLEN_FILES)):
+    for path in sorted(results.glob(DECODE_SEQLEN_FILES)):
         run = json.loads(path.read_text())
         for r in run["rows"]:
             if r["status"] == "PASS":
@@ -750,9 +750,7 @@ def decode_rates(results=None) -> dict[str, list[tuple[int, float]]]:
 
 def hbm_read_tbs() -> float:
     """The measured HBM read ceiling (TB/s) of DECODE_CEILINGS."""
-    import json
-    run = json.loads((REPO / "bench" / "results" / DECODE_CEILINGS).read_text())
-    return next(c["value"] for c in run["ceilings"] if c["id"] == "hbm_read")
+    return hbm_ceiling(RESULTS / DECODE_CEILINGS)["tbs"]
 
 
 def fig_10(out: Path):

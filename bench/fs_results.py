@@ -67,6 +67,11 @@ def load_json(path: str | os.PathLike) -> dict:
         return json.load(f)
 
 
+def step_number(step_id: str) -> str:
+    """A step's number, its id up to the first '_' (fs_speedups' rule): "04" for 04_pad and 04_swizzle, "07b"."""
+    return step_id.split("_")[0]
+
+
 def newest(directory: str | os.PathLike, pattern: str) -> Path | None:
     """The newest file by name: the names carry a UTC date-time, so the name order is the time order."""
     files = sorted(Path(directory).glob(pattern))

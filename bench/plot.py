@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from fs_results import (CEILING_LABELS, REPO, RESULTS, CeilingsError, MarkerError, backend_label, describe,
-                        load_ceilings, load_json, newest, parser, pyplot, same_gpu, save_figure, timed,
+                        load_ceilings, load_json, newest, parser, pyplot, same_gpu, save_figure, step_number, timed,
                         update_between_markers)
 
 BEGIN = "<!-- results:begin -->"
@@ -105,7 +105,7 @@ def previous_note(cols: list[dict]) -> str:
     keys: dict[str, list[dict]] = {}
     for c in cols:
         if "ms" in c and c["id"][:1].isdigit():
-            keys.setdefault(c["id"].split("_")[0], []).append(c)
+            keys.setdefault(step_number(c["id"]), []).append(c)
     order, named = list(keys), []
     for before, after in zip(order, order[1:]):
         if len(keys[before]) > 1:

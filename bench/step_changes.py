@@ -72,11 +72,10 @@ def lessons_by_dir(lib_path: Path) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def substep_rows(step: str, lessons: list[tuple[str, str]]) -> list[str]:
-    """The rows of a step's sub-steps, one view (bench/substeps.py, notes/substeps/) against the next."""
-    if step not in substeps.STEPS:
-        return []
-    kernels, rows = {sid: kernel for sid, (_, kernel) in substeps.parts().items()}, []
+def substep_rows(kernels: dict[str, str], lessons: list[tuple[str, str]]) -> list[str]:
+    """The rows of a step's sub-steps, one view (bench/substeps.py, notes/substeps/: `kernels`, their pruned
+    kernels by id) against the next."""
+    rows = []
     ids = [sid for sid, _ in lessons if sid in kernels]
     for earlier, later in zip(ids, ids[1:]):
         added, removed = count_changes(kernels[earlier].splitlines(), kernels[later].splitlines())
@@ -92,6 +91,8 @@ def table(steps: Path, lessons: dict[str, list[tuple[str, str]]]) -> str:
              "| from → to | files changed (lines + / −) | + / − | what the later step adds |",
              "| --- | --- | ---: | --- |"]
     dirs = step_dirs(steps)
+    kernels = {sid: kernel for sid, (_, kernel) in substeps.parts(steps).items()} if any(
+        d.name in substeps.STEPS for d in dirs) else {}
     for later in dirs[1:]:
         earlier = base_of(later, dirs)
         files = compare_dirs(earlier, later)
@@ -101,7 +102,7 @@ def table(steps: Path, lessons: dict[str, list[tuple[str, str]]]) -> str:
         said = "<br>".join(f"`{sid}`: " + lesson.replace("|", "\\|")  # a '|' would end the cell
                            for sid, lesson in lessons.get(later.name, [])) or "(no step registered from this directory)"
         lines.append(f"| `{earlier.name}` → `{later.name}` | {listed} | +{added} −{removed} | {said} |")
-        lines += substep_rows(later.name, lessons.get(later.name, []))
+        lines += substep_rows(kernels, lessons.get(later.name, []))
     lines += ["", "Lines added and removed from the step a directory extends (its kernel.cuh says which, "
               "\"Extends step NN\"; else the one before) to it (files paired by name and compared line by line; a "
               "file on one side only counts whole): what `diff -ru steps/<from> steps/<to>` shows. Regenerate with "
