@@ -1,0 +1,141 @@
+"""The notes' shape (notes/README.md, "How a note is built"): every step's note is a core lesson of at
+most three pages, with its picture, then an appendix; it ends with References and a Next link; its
+exercises have solutions; every link resolves (files and #anchors) and every results file it names is
+in bench/results/. No GPU, no build needed."""
+import re
+import unittest
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+NOTES = REPO / "notes"
+RESULTS = REPO / "bench" / "results"
+
+CORE_MAX_LINES = 180   # three pages of about 60 lines
+APPENDIX = re.compile(r"^## Appendix\b")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+RESULT_NAME = re.compile(r"bench/results/([A-Za-z0-9_.\-*]+)")
+# words of the project's bookkeeping, not of the lesson ("issue" as a GPU verb is fine)
+BOOKKEEPING = re.compile(r"\bmoonshots?\b|\brequirements?\b|\bissue\s*#\d+|\(issues? \d+|"
+                         r"\bissues? (says?|asks?|text)\b", re.IGNORECASE)
+HTML_ANCHOR = re.compile(r'<a (?:id|name)="([^"]+)"')
+
+
+def step_notes():
+    return sorted(p for p in NOTES.glob("[0-9][0-9]_*.md"))
+
+
+def slug(heading):
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path):
+    seen, out = {}, set()
+    in_code = False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        if in_code:
+            continue
+        out.update(HTML_ANCHOR.findall(line))
+        if not line.startswith("#"):
+            continue
+        base = slug(line.lstrip("#"))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def prose(path):
+    """The note without its fenced code blocks."""
+    out, in_code = [], False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        if not in_code:
+            out.append(line)
+    return out
+
+
+class Slug(unittest.TestCase):
+    def test_github_rules(self):
+        self.assertEqual(slug(" Fix 1 — padding (`04_pad`, `Padded16Layout`)"), "fix-1--padding-04_pad-padded16layout")
+        self.assertEqual(slug(" O += P·V"), "o--pv")
+        self.assertEqual(slug(" Reading path"), "reading-path")
+
+
+class Shape(unittest.TestCase):
+    def test_there_are_eleven_notes(self):
+        self.assertEqual([p.name[:2] for p in step_notes()], [f"{i:02d}" for i in range(1, 12)])
+
+    def test_core_then_appendix(self):
+        for note in step_notes():
+            with self.subTest(note=note.name):
+                lines = note.read_text().splitlines()
+                starts = [i for i, l in enumerate(lines) if APPENDIX.match(l)]
+                self.assertTrue(starts, "no '## Appendix' heading")
+                self.assertLessEqual(starts[0], CORE_MAX_LINES,
+                                     f"the core is {starts[0]} lines; at most {CORE_MAX_LINES}")
+                core = "\n".join(lines[:starts[0]])
+                self.assertRegex(core, r"\]\(figures/[^)]+\.png\)", "the core has no picture")
+                self.assertRegex(core, r"bench/results/", "the core names no measured file")
+
+    def test_references_and_next(self):
+        for note in step_notes():
+            with self.subTest(note=note.name):
+                lines = [l for l in note.read_text().splitlines() if l.strip()]
+                self.assertTrue(any(l.startswith("## References") for l in lines), "no References")
+                self.assertRegex(lines[-1], r"^(Next: \[|This is the last step)", "the note does not end with a Next link")
+
+    def test_exercises_have_solutions(self):
+        for note in step_notes():
+            with self.subTest(note=note.name):
+                text = note.read_text()
+                if re.search(r"^## Exercises?\b", text, re.MULTILINE):
+                    sol = f"solutions/{note.name[:2]}.md"
+                    self.assertTrue((NOTES / sol).is_file(), f"{sol} is missing")
+                    self.assertIn(f"]({sol})", text)
+
+    def test_no_bookkeeping_words(self):
+        for note in step_notes() + [NOTES / "README.md"] + sorted((NOTES / "solutions").glob("*.md")):
+            with self.subTest(note=note.name):
+                for n, line in enumerate(prose(note), 1):
+                    self.assertIsNone(BOOKKEEPING.search(line), f"line {n}: {line}")
+
+
+class Links(unittest.TestCase):
+    def pages(self):
+        return step_notes() + [NOTES / "README.md"] + sorted((NOTES / "solutions").glob("*.md"))
+
+    def test_links_resolve(self):
+        for page in self.pages():
+            for target in LINK.findall("\n".join(prose(page))):
+                if re.match(r"^[a-z]+://", target) or target.startswith("mailto:"):
+                    continue
+                with self.subTest(page=page.name, link=target):
+                    file, _, anchor = target.partition("#")
+                    dest = (page.parent / file).resolve() if file else page
+                    self.assertTrue(dest.exists(), f"{dest} does not exist")
+                    if anchor and dest.suffix == ".md":
+                        self.assertIn(anchor, anchors(dest))
+
+    def test_results_files_exist(self):
+        names = {p.name for p in RESULTS.iterdir()}
+        for page in self.pages() + [REPO / "README.md"]:
+            for name in RESULT_NAME.findall(page.read_text()):
+                name = name.rstrip(".")
+                with self.subTest(page=page.name, file=name):
+                    if name.endswith(("-", "*")) or "*" in name:
+                        prefix = name.split("*")[0]
+                        self.assertTrue(any(n.startswith(prefix) for n in names), f"no file {name}")
+                    elif name:
+                        self.assertIn(name, names)
+
+
+if __name__ == "__main__":
+    unittest.main()
