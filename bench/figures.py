@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -401,45 +402,79 @@ def _gantt(ax, rows, spans, title, until):
     ax.set_title(title, fontsize=9)
 
 
+CP_ASYNC_PROFILES = {"04_swizzle": "ncu-04_swizzle-f562aa8199a8.txt", "05_cp_async": "ncu-05_cp_async-f562aa8199a8.txt"}
+
+
+def ncu_summary(path: Path) -> dict[str, float]:
+    """The numbers of a bench/profile.sh summary (lines "name   value unit"), by name: "duration" in ms,
+    the stall shares in % of warp cycles."""
+    out = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^(duration|stall: [a-z ]+)(?:, %[a-z ]*)?\s{2,}([0-9.]+) (?:ms|%)\s*$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def tile_periods(results: Path = RESULTS) -> dict[str, dict[str, float]]:
+    """One K/V tile of step 04 and of step 05 to scale: the period is the kernel's measured duration (04's
+    is 1), split by the warps' measured stall shares into the wait for the global load (long
+    scoreboard), the barriers, and the rest (issuing: loads, stores, FMAs)."""
+    profiles = {step: ncu_summary(results / name) for step, name in CP_ASYNC_PROFILES.items()}
+    base = profiles["04_swizzle"]["duration"]
+    out = {}
+    for step, p in profiles.items():
+        period = p["duration"] / base
+        wait = period * p["stall: long scoreboard"] / 100
+        barrier = period * p["stall: barrier"] / 100
+        out[step] = {"period": period, "load wait": wait, "barrier": barrier, "rest": period - wait - barrier}
+    return out
+
+
 def fig_05(out: Path):
-    """cp.async double buffering as a timeline (schematic)."""
+    """cp.async double buffering as a timeline, to scale (tile_periods)."""
     plt = pyplot()
-    load, store, compute, sync = 3.0, 0.4, 4.0, 0.3
+    tp = tile_periods()
+    a, b = tp["04_swizzle"], tp["05_cp_async"]
+    tiles = 4
+
+    def share(p, part):
+        return f"{100 * p[part] / p['period']:.1f} %"
+
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 5.2))
     spans, t = [], 0.0
-    for n in range(4):  # step 04's phases, one after the other: (length, [(row, colour, text, hatch), ...])
-        for length, phase in ((sync, [("warps", "0.3", "", None)]),
-                              (load, [("global → registers", "tab:orange", f"LDG tile {n}", None),
-                                      ("warps", "white", "wait for LDG", "//")]),
-                              (store, [("shared buffer", "tab:orange", "", None), ("warps", "tab:orange", "", None)]),
-                              (sync, [("warps", "0.3", "", None)]),
-                              (compute, [("warps", "tab:blue", f"compute tile {n}", None),
-                                         ("shared buffer", "lightsteelblue", f"read tile {n}", None)])):
-            spans += [(row, t, length, *rest) for row, *rest in phase]
-            t += length
-    end1 = t
+    for n in range(tiles):  # step 04: barrier, LDG and its exposed wait, STS + compute
+        half = a["barrier"] / 2
+        spans.append(("warps", t, half, "0.3", "", None))
+        spans.append(("global → registers", t + half, a["load wait"], "tab:orange", "", None))
+        spans.append(("warps", t + half, a["load wait"], "white", "", "//"))
+        spans.append(("warps", t + half + a["load wait"], half, "0.3", "", None))
+        rest0 = t + a["barrier"] + a["load wait"]
+        spans.append(("warps", rest0, a["rest"], "tab:blue", f"STS + compute tile {n}", None))
+        spans.append(("shared buffer", rest0, a["rest"], "lightsteelblue", f"write, read tile {n}", None))
+        t += a["period"]
+    until = t * 1.01
     _gantt(ax1, ["global → registers", "shared buffer", "warps"], spans,
-           "step 04: load (LDG), wait, store (STS), barrier, compute — the next tile is asked for only "
-           "after this one (schematic, not to scale)", end1 + 0.5)
+           f"step 04 (04_swizzle): each tile waits for its own load (hatched: long scoreboard, {share(a, 'load wait')} "
+           f"of the warps' cycles) and at two barriers (grey, {share(a, 'barrier')})", until)
 
     spans, t = [], 0.0
-    spans.append(("copies in flight (cp.async)", t, load, "tab:orange", "Q, K₀, V₀ → buf 0", None))
-    t += load
-    for n in range(4):
-        spans.append(("warps", t, sync, "0.3", "", None))  # wait_group 0 + __syncthreads
-        t += sync
-        buf = n % 2
-        if n + 1 < 4:
-            spans.append(("copies in flight (cp.async)", t, load, "tab:orange",
+    for n in range(tiles):  # step 05: one barrier, then compute while the next tile's copy is in flight
+        spans.append(("warps", t, b["barrier"], "0.3", "", None))
+        start = t + b["barrier"]
+        if n + 1 < tiles:
+            spans.append(("copies in flight (cp.async)", start, b["rest"] * 0.6, "tab:orange",
                           f"K{n + 1}, V{n + 1} → buf {(n + 1) % 2}", None))
-            spans.append((f"buffer {(n + 1) % 2}", t, load, "tab:orange", "being written", None))
-        spans.append(("warps", t, compute, "tab:blue", f"compute tile {n}", None))
-        spans.append((f"buffer {buf}", t, compute, "lightsteelblue", f"read tile {n}", None))
-        t += compute
+        spans.append(("warps", start, b["rest"], "tab:blue", f"compute tile {n}", None))
+        spans.append((f"buffer {n % 2}", start, b["rest"], "lightsteelblue", f"read tile {n}", None))
+        t += b["period"]
     _gantt(ax2, ["copies in flight (cp.async)", "buffer 0", "buffer 1", "warps"], spans,
-           "step 05: wait_group 0 + one barrier (grey), then tile n+1 is copied into the other buffer while "
-           "tile n is computed (schematic)", end1 + 0.5)
-    fig.tight_layout()
+           f"step 05: the next tile is copied while this one is computed: no load wait, one barrier "
+           f"({share(b, 'barrier')}); the 4 tiles take {b['period'] / a['period']:.3f}× the time", until)
+    fig.suptitle("To scale: a tile's period is the kernel's ncu duration (2 × 16 × 2048, d 128, fp16), split by the "
+                 "warps' stall shares; the copy's length (orange, top of step 05) is not measured",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     _save(fig, out / "05_cp_async_timeline.png")
 
 
