@@ -23,8 +23,13 @@ from fs_results import REPO, parser
 OUT = REPO / "notes" / "substeps"
 # The steps whose sub-steps share one kernel, and folds of their own beyond Tr::has(): 09c's idea is
 # softmax_under_pv(Tr::IDEAS, ...) (traits.h), which is false before kIntraOverlap.
+# Before 07g a sub-step has only two K/V buffers (traits.h's has_config: kD64 and kD128_K32), so its
+# view drops the one-buffer pipeline, which 07g's table brings.
 STEPS = {
-    "07_flash_attention2": {},
+    "07_flash_attention2": {
+        r"Tr::KV_STAGES == 2": lambda on: "Tr::KV_STAGES == 2" if on["kHeadDimTable"] else "true",
+        r"Tr::KV_STAGES == 1": lambda on: "Tr::KV_STAGES == 1" if on["kHeadDimTable"] else "false",
+    },
     "09_warp_specialized": {
         r"softmax_under_pv\(Tr::IDEAS, HAS_S, HAS_PV\)": lambda on: "HAS_S && HAS_PV" if on["kIntraOverlap"] else "false",
     },
@@ -71,11 +76,32 @@ def _body(text: str) -> str:
     return textwrap.dedent(text[1:-1].strip("\n")).strip()
 
 
+def _drop_later_entries(source: str, on: dict[str, bool]) -> str:
+    """The kernel's header lists every idea (`//   07c kLdmatrixPipeline  …` and its indented
+    continuation lines); a view keeps the entries of the ideas it has, so that the diff of two views
+    shows the new idea's entry beside its code."""
+    out, dropping = [], False
+    for line in source.split("\n"):
+        entry = re.match(r"^//\s+\d\d[a-z] (k\w+)\s", line)
+        if entry and entry.group(1) in on:
+            dropping = not on[entry.group(1)]
+        elif dropping and not re.match(r"^//\s{10,}\S", line):
+            dropping = False
+        if not dropping:
+            out.append(line)
+    return "\n".join(out)
+
+
 def prune(source: str, on: dict[str, bool], folds: dict) -> str:
     """The source with every `if constexpr (Tr::has(kX)) A [else B]` replaced by A or B (or nothing), and
-    every other Tr::has(kX) and each fold replaced by its value."""
-    pattern = re.compile(r"if constexpr \(Tr::has\((k\w+)\)\)")
+    every other Tr::has(kX) and each fold replaced by its value (a fold that leaves `if constexpr (true)`
+    or `(false)` prunes that branch too)."""
+    source = _drop_later_entries(source, on)
+    for regex, value in folds.items():
+        source = re.sub(regex, value(on), source)
+    pattern = re.compile(r"if constexpr \((?:Tr::has\((k\w+)\)|(true|false))\)")
     while (m := pattern.search(source)) is not None:
+        keep = on[m.group(1)] if m.group(1) else m.group(2) == "true"
         then_end = _statement_end(source, m.end())
         rest = source[then_end:]
         else_m = re.match(r"\s*else\b", rest)
@@ -83,7 +109,7 @@ def prune(source: str, on: dict[str, bool], folds: dict) -> str:
         if else_m:
             else_start = then_end + else_m.end()
             else_end = _statement_end(source, else_start)
-        chosen = source[m.end():then_end] if on[m.group(1)] else (source[else_start:else_end] if else_m else "")
+        chosen = source[m.end():then_end] if keep else (source[else_start:else_end] if else_m else "")
         end = else_end if else_m else then_end
         line_start = source.rfind("\n", 0, m.start()) + 1
         indent = source[line_start:m.start()]
@@ -94,9 +120,9 @@ def prune(source: str, on: dict[str, bool], folds: dict) -> str:
             source = source[:line_start] + source[after:]
         else:
             source = source[:m.start()] + replacement + source[end:]
-    source = re.sub(r"Tr::has\((k\w+)\)", lambda m: "true" if on[m.group(1)] else "false", source)
-    for regex, value in folds.items():
-        source = re.sub(regex, value(on), source)
+    source = "\n".join(line if line.lstrip().startswith("//") else  # comments keep naming the idea
+                       re.sub(r"Tr::has\((k\w+)\)", lambda m: "true" if on[m.group(1)] else "false", line)
+                       for line in source.split("\n"))
     # What the constants leave: `true ? a : b`, `!true || x` (x), `if (!false || x) {` (if (true) {).
     source = re.sub(r"true \? ([^:;]+?) : [^;]+?;", r"\1;", source)
     source = re.sub(r"false \? [^:;]+? : ([^;]+?);", r"\1;", source)

@@ -25,12 +25,6 @@
 //                          before the mma instructions of the current one are issued.
 //   07d kSmemEpilogue      O goes through shared memory (Q's space, which each warp no longer needs)
 //                          and leaves in 16-byte, fully coalesced stores instead of 4-byte ones.
-//   07e kRescaleSkip       once the row maxima settle, every correction factor is exactly 1: a warp
-//                          whose maxima did not grow skips the rescale of O.
-//   07f kFastExp2          exp2 as one MUFU instruction (ex2.approx.ftz) instead of exp2f's range checks.
-//   07g kHeadDimTable      every head_dim and GPU by traits.h's table (tiles 32 … 256 wide, one K/V
-//                          buffer where shared memory is short, 8 warps at 192, 256); 128 × 48 at d 128:
-//                          1.05–1.09× 07f at N 1k–16k (bench/results/compare_torch-20261130-212252.json).
 //
 // Expected speed: FlashAttention-2's work split and pipeline, so about PyTorch's flash backend
 // (FlashAttention-2) on the H200 at head_dim 64 and 128; notes/07_flash_attention2.md has the
@@ -47,22 +41,39 @@
 
 namespace fs::step07 {
 
-// ---- the instructions of steps 05 and 06 (cp.async, ldmatrix, mma.sync), as they wrote them ----
-__device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-// cp.async.cg: 16 bytes global -> shared without registers; src_bytes < 16 zero-fills the rest.
+// ---- step 05's instruction ------------------------------------------------------------------------
+// cp.async.cg.shared.global [dst], [src], 16, src_bytes (sm_80+): copies 16 bytes from global to
+// shared memory without passing through registers, caching in L2 only (.cg: the tile is read once
+// per block, L1 would not help). The thread goes on at once. Only src_bytes bytes are read and the
+// rest of the 16 are zero-filled, so src_bytes = 0 writes 16 zero bytes and reads nothing (the
+// address must still be a valid one).
 __device__ inline void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
 }
+// Closes a group: every cp.async this thread issued since the last commit.
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// No "memory" clobber, as in step 05: a __syncthreads() stands between every copy and every shared
-// access it could race with (see the visit loop), and the compiler moves no memory access across one.
+// Waits until at most N of this thread's committed groups are still in flight. It waits for the
+// thread's own copies only: a __syncthreads() must follow before other threads read the tile.
+// None of the three asm statements has a "memory" clobber, so the compiler may move ordinary loads
+// and stores across them. That is safe here because a __syncthreads(), which the compiler never moves
+// memory accesses across, stands between every copy and every access it could race with: the reads of
+// a tile come after its wait and a barrier, the reads of a buffer's old tile before the barrier that
+// precedes the copy overwriting it.
 template <int N>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// ldmatrix.x4: four 8×8 matrices; lane 8·m + r gives row r of matrix m (frag::ldmatrix_element).
+// ---- step 06's instructions ---------------------------------------------------------------------
+
+// The 32-bit shared-memory address that ldmatrix takes.
+__device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// ldmatrix.m8n8: 8×8 matrices of 16-bit elements from shared memory into registers. Lane 8·m + r
+// gives the 16-byte address of row r of matrix m; afterwards register m of lane l holds two
+// elements of matrix m: row l/4, columns 2·(l%4) and +1 — or, with .trans, column l/4, rows 2·(l%4)
+// and +1 (frag::ldmatrix_element).
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -74,7 +85,9 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
                : "r"(smem_u32(smem)));
 }
 
-// d += a·b for one 16×8×16 tile, fp32 accumulators (frag::mma_a, mma_b, mma_c).
+// d += a·b for one 16×8×16 tile, fp32 accumulators: a = A 16×16 (4 registers of 2 elements,
+// frag::mma_a), b = B 16×8 (2 registers, frag::mma_b), d = C/D 16×8 (4 floats, frag::mma_c).
+// "row.col": A is read row by row and B column by column, which is how both fragments are laid out.
 template <typename T>
 __device__ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
 template <>
@@ -94,7 +107,8 @@ __device__ inline void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Two floats -> one register of two fp16/bf16 (lo in the low half), rounded to nearest.
+// Two floats -> one 32-bit register of two fp16/bf16 (lo in the low half), round to nearest: an A
+// register of P, or two neighbouring elements of O.
 template <typename T>
 __device__ inline uint32_t pack2(float lo, float hi);
 template <>
@@ -189,7 +203,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
   if (kv_tiles > 0) {
     copy_tile_async<Tr, BLOCK_Q>(q_smem, q_tile_ptr, p.q.row, 0, q_rows - 1, head_dim);
     copy_kv_tile(k_smem, k_head, p.k.row, tile_of(0));
-    if constexpr (Tr::KV_STAGES == 2) copy_kv_tile(v_smem, v_head, p.v.row, tile_of(0));
+    copy_kv_tile(v_smem, v_head, p.v.row, tile_of(0));
     cp_async_commit();
   }
 
@@ -220,7 +234,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
   auto process_tile = [&](const int t, auto masked) {
     constexpr bool MASKED = decltype(masked)::value;
     const int j = tile_of(t);
-    const int stage = Tr::KV_STAGES == 2 ? t % 2 : 0;
+    const int stage = t % 2;
     const T* k_tile = k_smem + stage * Tr::KV_ELEMS;  // [BLOCK_KV, HEAD_DIM], swizzled
     const T* v_tile = v_smem + stage * Tr::KV_ELEMS;  // [BLOCK_KV, HEAD_DIM], swizzled
 
@@ -229,13 +243,9 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
     // t-1, so the buffers it used may be refilled.
     cp_async_wait<0>();
     __syncthreads();
-    if constexpr (Tr::KV_STAGES == 2) {
-      if (t + 1 < kv_tiles) {  // the next tile is copied during all of this one
-        copy_kv_tile(k_smem + (stage ^ 1) * Tr::KV_ELEMS, k_head, p.k.row, tile_of(t + 1));
-        copy_kv_tile(v_smem + (stage ^ 1) * Tr::KV_ELEMS, v_head, p.v.row, tile_of(t + 1));
-      }
-    } else {
-      copy_kv_tile(v_smem, v_head, p.v.row, j);  // V(j) is copied during S = Q·Kᵀ
+    if (t + 1 < kv_tiles) {  // the next tile is copied during all of this one
+      copy_kv_tile(k_smem + (stage ^ 1) * Tr::KV_ELEMS, k_head, p.k.row, tile_of(t + 1));
+      copy_kv_tile(v_smem + (stage ^ 1) * Tr::KV_ELEMS, v_head, p.v.row, tile_of(t + 1));
     }
     cp_async_commit();
 
@@ -297,14 +307,6 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
         }
     }
 
-    if constexpr (Tr::KV_STAGES == 1) {
-      // V(j) has landed; every warp is done reading K(j), so the next K may overwrite it and is copied
-      // during the softmax and P·V.
-      cp_async_wait<0>();
-      __syncthreads();
-      if (t + 1 < kv_tiles) copy_kv_tile(k_smem, k_head, p.k.row, tile_of(t + 1));
-      cp_async_commit();
-    }
 
     // ---- online softmax
     // exp(scale·(s - m)) = exp2(s·scale·log2(e) - m·scale·log2(e)): one FMA and one exp2 per score.

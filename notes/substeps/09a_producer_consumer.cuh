@@ -9,7 +9,7 @@
 // tensor pipe busy 54 % of the time and 36 % of the warp cycles spent at the block barrier, because
 // both warpgroups run their softmax at the same time while the tensor cores wait, then both wait for
 // their products. The kernel is templated on Traits<HEAD_DIM, BLOCK_KV, KV_STAGES, IDEAS> (traits.h).
-// 09a is the kernel itself; `false` marks where 09b changes it, softmax_under_pv(Tr::IDEAS,
+// 09a is the kernel itself; `Tr::has(kPingPong)` marks where 09b changes it, softmax_under_pv(Tr::IDEAS,
 // …) the wait 09c splits, and 09d changes only the tile table (choose_config):
 //
 //   09a kWarpSpecialization  warpgroup 0 is a producer: one thread issues every TMA copy, in the order
@@ -20,17 +20,6 @@
 //                            warp once its wgmma reading the stage has completed): no block barrier
 //                            in the loop, so neither consumer waits for the other. The loop is made of
 //                            turns: turn k issues S(k) = Q·K(k)ᵀ and O += P(k-1)·V(k-1) back to back.
-//   09b kPingPong            the consumers take turns: named barriers (bar.sync / bar.arrive) let
-//                            consumer 1 issue its products only after consumer 0 has issued its own,
-//                            and the other way round, so their products reach the tensor cores one
-//                            consumer at a time and one consumer's softmax runs under the other's products.
-//   09c kIntraOverlap        inside a turn, S(k) is committed first and waited for alone
-//                            (wgmma.wait_group 1): the softmax of tile k runs while P·V of tile k - 1 is
-//                            still in the tensor cores; wait_group 0 comes only before the O rescale.
-//   09d kTileSizes           the larger register budget buys wider K/V tiles: 128 × 176 at head_dim 128,
-//                            112 and 80 keys at 192 and 256 (FlashAttention-3's tiles there), 128 × 192 at
-//                            64 (FlashAttention-3: 192 × 192, three consumer warpgroups; here two), 128 keys
-//                            with causal masking at 64 and 128; fewer turns per query tile.
 //
 // One turn of a consumer (09c; kv_stage / kv_parity / release_parity, traits.h, give every phase):
 //
