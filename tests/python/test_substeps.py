@@ -42,6 +42,24 @@ class Prune(unittest.TestCase):
         self.assertEqual(substeps.prune("x = under(Tr::IDEAS);", {"kA": True}, folds), "x = yes;")
 
 
+    def test_a_fold_to_a_constant_prunes_its_branch(self):
+        folds = {r"Tr::N == 2": lambda on: "Tr::N == 2" if on["kA"] else "true"}
+        src = "if constexpr (Tr::N == 2) {\n  two();\n} else {\n  one();\n}\n"
+        self.assertEqual(substeps.prune(src, {"kA": False}, folds), "two();\n")
+        self.assertEqual(substeps.prune(src, {"kA": True}, folds), src)
+
+    def test_comments_keep_the_idea_named(self):
+        src = "// Tr::has(kA) marks it\nint t = Tr::has(kA) ? 1 : 2;\n"
+        self.assertEqual(substeps.prune(src, {"kA": False}, {}), "// Tr::has(kA) marks it\nint t = 2;\n")
+
+    def test_the_header_lists_only_the_ideas_a_view_has(self):
+        src = ("// ideas:\n//   07a kA     first idea,\n//              continued\n//   07b kB     second idea,\n"
+               "//              continued\n//\n// after the list\n")
+        self.assertEqual(substeps.prune(src, {"kA": True, "kB": False}, {}),
+                         "// ideas:\n//   07a kA     first idea,\n//              continued\n//\n// after the list\n")
+        self.assertEqual(substeps.prune(src, {"kA": True, "kB": True}, {}), src)
+
+
 class Views(unittest.TestCase):
     def test_every_sub_step_has_its_view(self):
         views = substeps.views()
