@@ -22,7 +22,8 @@ INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # as common/workload.h
 TORCH_BACKENDS = tuple(fr.SDPA_BACKENDS)
 OPTIONAL_KINDS = ("fa4",)  # an optional baseline's exception is its cell's error, not the run's
 DETERMINISTIC_SUFFIX = ":det"  # the impl of a step's deterministic row: "11_backward:det"
-# Issue 14's shapes: (batch, seqlen_k, heads_q, heads_kv).
+# The decoding shapes (batch, seqlen_k, heads_q, heads_kv): one long sequence, a few medium, many short,
+# many short with 64 query heads, and one without GQA (notes/10).
 DECODE_SHAPES = ((1, 131072, 32, 8), (8, 32768, 32, 8), (64, 4096, 32, 8), (128, 2048, 64, 8), (16, 16384, 32, 32))
 DECODE_DEFAULT_STEPS = "07g,08,09,10"
 CAUSALS = {"off": [False], "on": [True], "both": [False, True]}
@@ -83,7 +84,7 @@ def parse_decode_shape(text: str) -> tuple[int, int, int, int]:
     return b, sk, hq, hkv
 
 
-def decode_shapes(args) -> list[dict]:  # every (shape, seqlen_q, dtype), the issue's order
+def decode_shapes(args) -> list[dict]:  # every (shape, seqlen_q, dtype), DECODE_SHAPES' order
     shapes = [parse_decode_shape(t) for t in args.decode_shapes] if args.decode_shapes else DECODE_SHAPES
     return [{"batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
              "head_dim": args.decode_head_dim, "dtype": dtype, "causal": args.decode_causal and sq > 1}
@@ -474,7 +475,7 @@ class BackwardSweep(Sweep):
 
     @classmethod
     def plan(cls, args, lib):
-        return sweep_shapes(args, lib, min_seqlen=1024), {  # issue 15: N 1k-16k
+        return sweep_shapes(args, lib, min_seqlen=1024), {  # N 1k-16k, as the forward sweep
             "timing": {"timed": "the backward alone: fs_run_backward from our forward's O and LSE; the backends: "
                                 "torch.autograd.grad(o, (q, k, v), dO, retain_graph=True) on one forward's graph, "
                                 "dO in O's layout"},
@@ -697,9 +698,9 @@ def parse_args(argv=None):
     add("--ladder-head-dim", type=int, default=128)
     add("--ladder-dtype", choices=["fp16", "bf16"], default="fp16")
     add("--ladder-causal", action="store_true")
-    add("--decode", action="store_true", help="the decoding shapes of issue 14 instead of the sweep; --steps "
+    add("--decode", action="store_true", help="the decoding shapes (DECODE_SHAPES) instead of the sweep; --steps "
         f"defaults to {DECODE_DEFAULT_STEPS}, --backends to flash,cudnn, --dtypes to fp16 bf16")
-    add("--decode-shapes", nargs="+", metavar="BxSKxHQxHKV", help="e.g. 8x32768x32x8 (default: the issue's five)")
+    add("--decode-shapes", nargs="+", metavar="BxSKxHQxHKV", help="e.g. 8x32768x32x8 (default: the five of DECODE_SHAPES)")
     add("--decode-seqlens-q", type=int, nargs="+", default=[1, 4], help="new tokens per sequence")
     add("--decode-head-dim", type=int, default=128)
     add("--decode-causal", action="store_true", help="bottom-right causal for seqlen_q > 1 (SDPA: causal_lower_right)")

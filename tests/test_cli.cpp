@@ -152,7 +152,7 @@ TEST_CASE("cli: the usage text documents every flag", "[cli]") {
 }
 
 TEST_CASE("cli: decoding flags make a decoding problem", "[cli][decode]") {
-  // The example: one new token against 32k keys, GQA 32/8, pages of 64, ragged lengths.
+  // A typical decode: one new token against 32k keys, GQA 32/8, pages of 64, ragged lengths.
   const fs::ParsedArgs a = parse({"--seqlen-k", "32768", "--heads", "32", "--kv-heads", "8", "--page-size", "64",
                                   "--ragged", "--splits", "4", "--checked", "--hbm-tbs", "4.64", "--seed", "3"});
   REQUIRE(a.error.empty());

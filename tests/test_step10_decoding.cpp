@@ -214,7 +214,8 @@ TEST_CASE("step 10: keys_seen and the mask follow the causal rule of each sequen
 }
 
 TEST_CASE("step 10: the split heuristic", "[step10]") {
-  // The issue's shapes at seqlen_q 1, head_dim 128 on an H200: 132 SMs × 2 blocks = 264 slots, 64-key
+  // The decoding shapes (compare_torch.py's DECODE_SHAPES) at seqlen_q 1, head_dim 128 on an H200:
+  // 132 SMs × 2 blocks = 264 slots, 64-key
   // tiles. b1 sk131072 h32/8: 8 blocks, 2048 tiles; the best cost is 63 tiles per slot (33 splits), the
   // smallest split count within 10 % is 30 (69 tiles). b8 sk32768: 64 blocks, 4 splits (128 tiles).
   // The others have at least 264 blocks: no split.

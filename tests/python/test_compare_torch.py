@@ -73,7 +73,7 @@ class DecodeArguments(unittest.TestCase):
         self.assertEqual(a.backends, "flash,cudnn")
         self.assertEqual(a.page_sizes, [16, 64, 256])
         shapes = ct.decode_shapes(a)
-        self.assertEqual(len(shapes), 5 * 2 * 2)  # the shapes x seqlen_q 1, 4 x fp16, bf16
+        self.assertEqual(len(shapes), 5 * 2 * 2)  # DECODE_SHAPES x seqlen_q 1, 4 x fp16, bf16
         self.assertEqual(ct.decode_describe(shapes[0]), "b1 sk131072 h32/8 sq1 d128 fp16")
         self.assertFalse(any(s["causal"] for s in shapes))
         a = ct.parse_args(["--decode", "--decode-causal", "--decode-shapes", "2x100x4x1", "--dtypes", "bf16",
