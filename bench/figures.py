@@ -410,7 +410,7 @@ def ncu_summary(path: Path) -> dict[str, float]:
     the stall shares in % of warp cycles."""
     out = {}
     for line in path.read_text().splitlines():
-        m = re.match(r"^(duration|stall: [a-z ]+)(?:, %[a-z ]*)?\s{2,}([0-9.]+) (?:ms|%)\s*$", line)
+        m = re.match(r"^(duration|stall: [^,]+?)(?:, %[^0-9]*?)?\s{2,}([0-9.]+) (?:ms|%)\s*$", line)
         if m:
             out[m.group(1)] = float(m.group(2))
     return out

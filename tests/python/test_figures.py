@@ -216,9 +216,10 @@ class Timeline05(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "ncu.txt"
             path.write_text("metric   kernel\nduration          2.500 ms\nstall: long scoreboard, % of warp cycles"
-                            "    10.0 %\nstall: barrier, %     5.0 %\nstall: wait, %   1.0 %\n")
+                            "    10.0 %\nstall: MIO throttle, %   2.0 %\nstall: barrier, %     5.0 %\nstall: wait, %   1.0 %\n")
             self.assertEqual(figures.ncu_summary(path), {"duration": 2.5, "stall: long scoreboard": 10.0,
-                                                         "stall: barrier": 5.0, "stall: wait": 1.0})
+                                                         "stall: MIO throttle": 2.0, "stall: barrier": 5.0,
+                                                         "stall: wait": 1.0})
 
     def test_periods_are_the_measured_ratio(self):
         prof = {s: figures.ncu_summary(figures.RESULTS / n) for s, n in figures.CP_ASYNC_PROFILES.items()}

@@ -25,6 +25,11 @@ def step_notes():
     return sorted(p for p in NOTES.glob("[0-9][0-9]_*.md"))
 
 
+def pages():
+    """Every page of notes/: the step notes, the index and the solutions."""
+    return step_notes() + [NOTES / "README.md"] + sorted((NOTES / "solutions").glob("*.md"))
+
+
 def slug(heading):
     """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
     text = re.sub(r"[`*]", "", heading.strip().lower())
@@ -102,18 +107,15 @@ class Shape(unittest.TestCase):
                     self.assertIn(f"]({sol})", text)
 
     def test_no_bookkeeping_words(self):
-        for note in step_notes() + [NOTES / "README.md"] + sorted((NOTES / "solutions").glob("*.md")):
+        for note in pages():
             with self.subTest(note=note.name):
                 for n, line in enumerate(prose(note), 1):
                     self.assertIsNone(BOOKKEEPING.search(line), f"line {n}: {line}")
 
 
 class Links(unittest.TestCase):
-    def pages(self):
-        return step_notes() + [NOTES / "README.md"] + sorted((NOTES / "solutions").glob("*.md"))
-
     def test_links_resolve(self):
-        for page in self.pages():
+        for page in pages():
             for target in LINK.findall("\n".join(prose(page))):
                 if re.match(r"^[a-z]+://", target) or target.startswith("mailto:"):
                     continue
@@ -126,7 +128,7 @@ class Links(unittest.TestCase):
 
     def test_results_files_exist(self):
         names = {p.name for p in RESULTS.iterdir()}
-        for page in self.pages() + [REPO / "README.md"]:
+        for page in pages() + [REPO / "README.md"]:
             for name in RESULT_NAME.findall(page.read_text()):
                 name = name.rstrip(".")
                 with self.subTest(page=page.name, file=name):
