@@ -183,7 +183,7 @@ UNIT_COLORS = {"fma_f32": "tab:green", "mma_sync": "tab:blue", "wgmma": "tab:pur
 
 def compute_unit(step_id: str) -> str | None:
     """The unit a step computes on, by its number: 01-05 FP32 FMA on the CUDA cores; 06, 07 (07a-07g), 10 and
-    11 mma.sync; 08 and 09 (09a-09d) wgmma. None for an id without a number (no compute ceiling)."""
+    11 mma.sync; 08 and 09 (09a-09e) wgmma. None for an id without a number (no compute ceiling)."""
     if not step_id[:2].isdigit():
         return None
     n = int(step_id[:2])

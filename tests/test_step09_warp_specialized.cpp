@@ -6,7 +6,8 @@
 //   - the register budgets of setmaxnreg (PTX ISA, "setmaxnreg": a per-CTA pool, 24 … 256 in steps
 //     of 8) and the table;
 //   - the producer's copy order and, in one simulation, the whole block's protocol: the producer
-//     thread, the copy engine, the eight consumer warps, their wgmma groups and the tensor cores,
+//     thread, the copy engine, the eight (or, with three consumers, twelve) consumer warps, their
+//     wgmma groups and the tensor cores,
 //     the full and empty mbarriers (PTX ISA, "mbarrier": phases, arrival counts, tx-counts,
 //     try_wait.parity valid for the current and the preceding phase only) and the named barriers
 //     (PTX ISA, "bar, barrier": thread counts in warps, reset on completion, no second operation by
@@ -36,7 +37,7 @@ using fs::step09::frag::Coord;
 // Calls f.template operator()<Traits>() for every row of the table (IDEAS does not change layouts).
 template <class F, int... I>
 void for_each_row(F&& f, std::integer_sequence<int, I...>) {
-  (f(s9::TraitsOf<I, s9::kTileSizes>{}), ...);
+  (f(s9::TraitsOf<I, s9::kThreeConsumers>{}), ...);
 }
 template <class F>
 void for_each_row(F&& f) {
@@ -67,7 +68,7 @@ TEST_CASE("step 09: descriptors have the PTX ISA's fields for every tile of the 
       REQUIRE(field(dv, kBaseOffset) == 0);
       REQUIRE(field(dv, kSwizzle) == 1);
       // Stepping by additions equals encoding the moved address (the start field never carries).
-      for (int c = 0; c < s9::NUM_CONSUMERS; ++c)
+      for (int c = 0; c < Tr::CONSUMERS; ++c)
         for (int ks = 0; ks < Tr::QK_K_STEPS; ++ks) {
           const uint32_t qc = q + uint32_t(c * s9::ROWS_PER_WARPGROUP) * s9::ROW_BYTES;
           const uint32_t off = s9::k_major_step_offset(Tr::BLOCK_Q, ks);
@@ -139,7 +140,7 @@ TEST_CASE("step 09: the swizzle is the ISA's table, and every descriptor reads w
     }
     for (int ks = 0; ks < Tr::QK_K_STEPS; ++ks)
       for (int kk = 0; kk < 16; ++kk) {
-        for (int c = 0; c < s9::NUM_CONSUMERS; ++c) {
+        for (int c = 0; c < Tr::CONSUMERS; ++c) {
           const uint32_t start = q + uint32_t(c * 64) * 128 + s9::k_major_step_offset(Tr::BLOCK_Q, ks);
           for (int m = 0; m < 64; ++m)
             REQUIRE(isa_k_major_address(start, s9::SBO_8_ROWS, m, kk) == tma(q, Tr::BLOCK_Q, 64 * c + m, 16 * ks + kk));
@@ -161,12 +162,12 @@ TEST_CASE("step 09: the swizzle is the ISA's table, and every descriptor reads w
     }
     // The epilogue: consumer c's TMA store reads box [64, 64] cb from q_smem + o_box_offset(c, cb);
     // element (r, col) of that box must be where the consumer wrote O row 64c + r, column 64cb + col.
-    for (int c = 0; c < s9::NUM_CONSUMERS; ++c)
+    for (int c = 0; c < Tr::CONSUMERS; ++c)
       for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-        REQUIRE(s9::o_box_offset(c, cb) % s9::SWIZZLE_ATOM == 0);
+        REQUIRE(s9::o_box_offset(c, cb, Tr::BLOCK_Q) % s9::SWIZZLE_ATOM == 0);
         for (int r = 0; r < s9::ROWS_PER_WARPGROUP; ++r)
           for (int col = 0; col < 64; ++col)
-            REQUIRE(isa_box_address(q + s9::o_box_offset(c, cb), r, col) ==
+            REQUIRE(isa_box_address(q + s9::o_box_offset(c, cb, Tr::BLOCK_Q), r, col) ==
                     q + s9::tile_offset(Tr::BLOCK_Q, 64 * c + r, 64 * cb + col));
       }
   });
@@ -219,20 +220,21 @@ TEST_CASE("step 09: the wgmma fragments of every N of the table, the mask's colu
 }
 
 TEST_CASE("step 09: the epilogue's stores of O into shared memory are conflict-free", "[step09][bank]") {
-  for (int c = 0; c < s9::NUM_CONSUMERS; ++c)
-    for (int w = 0; w < 4; ++w)
-      for (int head_dim : {64, 128, 192, 256})
-        for (int nt = 0; nt < head_dim / 8; ++nt)
-          for (int r = 0; r < 2; ++r) {
-            fs::bank::WarpAccess a{};
-            a.width = 4;
-            for (int lane = 0; lane < 32; ++lane) {
-              const Coord e = s9::wgmma_acc(32 * w + lane, 4 * nt + 2 * r);
-              a.addr[lane] = s9::tile_offset(s9::BLOCK_Q, 64 * c + e.row, e.col);
+  for (int consumers : {2, 3})
+    for (int c = 0; c < consumers; ++c)
+      for (int w = 0; w < 4; ++w)
+        for (int head_dim : {64, 128, 192, 256})
+          for (int nt = 0; nt < head_dim / 8; ++nt)
+            for (int r = 0; r < 2; ++r) {
+              fs::bank::WarpAccess a{};
+              a.width = 4;
+              for (int lane = 0; lane < 32; ++lane) {
+                const Coord e = s9::wgmma_acc(32 * w + lane, 4 * nt + 2 * r);
+                a.addr[lane] = s9::tile_offset(s9::block_q(consumers), 64 * c + e.row, e.col);
+              }
+              CAPTURE(consumers, c, w, head_dim, nt, r);
+              REQUIRE(fs::bank::wavefronts(a) == 1);
             }
-            CAPTURE(c, w, head_dim, nt, r);
-            REQUIRE(fs::bank::wavefronts(a) == 1);
-          }
 }
 
 // ---- TMA boxes and tensor maps -------------------------------------------------------------------
@@ -265,31 +267,47 @@ TEST_CASE("step 09: tiles are HEAD_DIM / 64 boxes the driver accepts, O leaves i
 TEST_CASE("step 09: setmaxnreg moves the block's pool of registers, and the table fits both budgets",
           "[step09]") {
   // By hand: 65536 / 384 = 170.67, rounded down to the granule of 8: 168 at launch (what ptxas
-  // reports for every kernel of the step); 384 × 168 = 64512 in the pool.
-  CHECK(s9::NUM_THREADS == 384);
+  // reports for every two-consumer kernel of the step); 384 × 168 = 64512 in the pool. With three
+  // consumers 65536 / 512 = 128 at launch, and 65536 in the pool.
+  CHECK(s9::num_threads(2) == 384);
+  CHECK(s9::num_threads(3) == 512);
+  CHECK(s9::block_q(3) == 192);
+  CHECK(s9::consumer_warps(3) == 12);
   CHECK(s9::launch_registers(384) == 168);
+  CHECK(s9::launch_registers(512) == 128);
   CHECK(s9::launch_registers(256) == 256);
-  CHECK(s9::registers_after_reallocation() == 128 * 24 + 256 * 240);
-  CHECK(s9::registers_after_reallocation() == 384 * 168);  // the whole pool, not one register more
+  CHECK(s9::registers_after_reallocation(2) == 128 * 24 + 256 * 240);
+  CHECK(s9::registers_after_reallocation(2) == 384 * 168);  // the whole pool, not one register more
+  CHECK(s9::registers_after_reallocation(3) == 128 * 24 + 384 * 160);
+  CHECK(s9::registers_after_reallocation(3) <= 512 * 128);
+  CHECK(s9::registers_after_reallocation(3) + 3 * 128 * 8 > 512 * 128);  // 8 more each would not fit
   for (int r = 0; r <= 264; ++r) CHECK(s9::valid_setmaxnreg(r) == (r >= 24 && r <= 256 && r % 8 == 0));
-  // FlashAttention-3's budgets for two consumer warpgroups with TMA: 24 and 240.
+  // FlashAttention-3's budgets with TMA: 24 for the producer, 240 for two consumer warpgroups, 160
+  // for three.
   CHECK(s9::PRODUCER_REGISTERS == 24);
-  CHECK(s9::CONSUMER_REGISTERS == 240);
+  CHECK(s9::consumer_registers(2) == 240);
+  CHECK(s9::consumer_registers(3) == 160);
+  CHECK((s9::valid_reallocation(2) && s9::valid_reallocation(3)));
 
   for (int i = 0; i < s9::kNumConfigs; ++i) {
     const s9::Config& c = s9::kConfigs[i];
-    CAPTURE(i, c.head_dim, c.block_kv);
+    CAPTURE(i, c.head_dim, c.block_kv, c.consumers);
     CHECK(s9::smem_bytes(c) <= 227 * 1024);
-    CHECK(s9::array_registers(c) <= s9::CONSUMER_REGISTERS - 40);
+    CHECK(s9::array_registers(c) <= s9::consumer_registers(c.consumers) - 32);
+    CHECK(s9::fits_registers(c));
     CHECK(c.block_kv % 16 == 0);
+    CHECK((c.consumers == 2 || (c.consumers == 3 && c.head_dim == 64)));
   }
   // The table's comment, by hand.
   CHECK(s9::array_registers(s9::kConfigs[s9::kD128_N176]) == 64 + 88 + 44);
   CHECK(s9::smem_bytes(s9::kConfigs[s9::kD128_N176]) == 32768 + 4 * 45056 + 8 * 9 + 1024);
   CHECK(s9::smem_bytes(s9::kConfigs[s9::kD256_N80]) == 65536 + 4 * 40960 + 8 * 9 + 1024);
+  CHECK(s9::array_registers(s9::kConfigs[s9::kD64_Q192]) == 32 + 64 + 32);
+  CHECK(s9::smem_bytes(s9::kConfigs[s9::kD64_Q192]) == 24576 + 4 * 16384 + 8 * 9 + 1024);
+  CHECK_FALSE(s9::fits_registers({64, 192, 2, 3}));  // 09d's 192 keys at head_dim 64: 176 of 160
 
   // Every head_dim, masking and sub-step has a row of its own width, with a real column in every box.
-  for (int ideas = s9::kWarpSpecialization; ideas <= s9::kTileSizes; ++ideas)
+  for (int ideas = s9::kWarpSpecialization; ideas <= s9::kThreeConsumers; ++ideas)
     for (bool causal : {false, true})
       for (int64_t d = 8; d <= 256; d += 8) {
         const int i = s9::choose_config(ideas, d, causal);
@@ -311,6 +329,16 @@ TEST_CASE("step 09: setmaxnreg moves the block's pool of registers, and the tabl
   CHECK(s9::kConfigs[s9::choose_config(s9::kTileSizes, 64, true)].block_kv == 128);
   CHECK(s9::kConfigs[s9::choose_config(s9::kTileSizes, 192, true)].block_kv == 112);
   CHECK(s9::kConfigs[s9::choose_config(s9::kTileSizes, 256, false)].block_kv == 80);
+  // 09e: three consumers at head_dim 64, with and without causal masking; 09d's rows elsewhere.
+  for (bool causal : {false, true}) {
+    CHECK(s9::choose_config(s9::kThreeConsumers, 64, causal) == s9::kD64_Q192);
+    CHECK(s9::choose_config(s9::kThreeConsumers, 40, causal) == s9::kD64_Q192);
+    for (int64_t d : {128, 192, 256})
+      CHECK(s9::choose_config(s9::kThreeConsumers, d, causal) == s9::choose_config(s9::kTileSizes, d, causal));
+  }
+  for (int i = 0; i < s9::kNumConfigs; ++i)
+    for (int ideas = s9::kWarpSpecialization; ideas < s9::kThreeConsumers; ++ideas)
+      if (s9::has_config(ideas, i)) CHECK(s9::kConfigs[i].consumers == 2);
   // The mbarriers: distinct, 8-byte aligned, all inside the 8 · num_barriers bytes smem_bytes counts.
   for (int stages = 1; stages <= 4; ++stages) {
     std::set<uint32_t> at;
@@ -318,15 +346,17 @@ TEST_CASE("step 09: setmaxnreg moves the block's pool of registers, and the tabl
     for (int st = 0; st < stages; ++st)
       for (s9::BarrierKind k : {s9::kKFull, s9::kVFull, s9::kKEmpty, s9::kVEmpty}) at.insert(s9::barrier_offset(k, st, stages));
     CHECK(at.size() == size_t(1 + 4 * stages));
-    for (uint32_t o : at) CHECK((o % 8 == 0 && o < uint32_t(8 * s9::num_barriers({64, 128, stages}))));
+    for (uint32_t o : at) CHECK((o % 8 == 0 && o < uint32_t(8 * s9::num_barriers({64, 128, stages, 2}))));
   }
   // Named barriers: 0 is __syncthreads; the others distinct, below 16, thread counts whole warps.
-  std::set<int> ids = {0};
-  for (int c = 0; c < s9::NUM_CONSUMERS; ++c) {
-    CHECK(ids.insert(s9::turn_barrier(c)).second);
-    CHECK(ids.insert(s9::epilogue_barrier(c)).second);
+  for (int consumers : {2, 3}) {
+    std::set<int> ids = {0};
+    for (int c = 0; c < consumers; ++c) {
+      CHECK(ids.insert(s9::turn_barrier(c)).second);
+      CHECK(ids.insert(s9::epilogue_barrier(c, consumers)).second);
+    }
+    CHECK(*ids.rbegin() < 16);
   }
-  CHECK(*ids.rbegin() < 16);
   CHECK(s9::TURN_BARRIER_THREADS == 2 * 128);  // one consumer waits, the other arrives
   CHECK(s9::TURN_BARRIER_THREADS % 32 == 0);
   CHECK(s9::EPILOGUE_BARRIER_THREADS == 128);
@@ -427,12 +457,13 @@ struct Op {
   int a = 0, b = 0;  // Arrive/Sync: barrier id; WaitFull/Release: ring (0 K, 1 V), visit; Issue: turn;
                      // WaitGroups: groups that may stay pending; Finish: turn (O rescale and P rounding)
 };
-std::vector<Op> consumer_program(int ideas, int c, int count) {
+std::vector<Op> consumer_program(int ideas, int c, int count, int consumers) {
   std::vector<Op> prog;
   if (count == 0) return prog;
   const bool ping_pong = ideas >= s9::kPingPong;
+  const int next = s9::turn_barrier(s9::next_consumer(c, consumers));
   prog.push_back({OpKind::WaitQ});
-  if (ping_pong && s9::grants_first_turn(c)) prog.push_back({OpKind::Arrive, s9::turn_barrier(1 - c)});
+  if (ping_pong && s9::grants_first_turn(c, consumers)) prog.push_back({OpKind::Arrive, next});
   for (int k = 0; k < s9::num_turns(count); ++k) {
     const bool has_s = s9::turn_has_s(k, count), has_pv = s9::turn_has_pv(k);
     const bool under = s9::softmax_under_pv(ideas, has_s, has_pv);
@@ -440,7 +471,7 @@ std::vector<Op> consumer_program(int ideas, int c, int count) {
     if (has_pv) prog.push_back({OpKind::WaitFull, 1, k - 1});
     if (ping_pong) prog.push_back({OpKind::Sync, s9::turn_barrier(c)});
     prog.push_back({OpKind::Issue, k});  // S(k) committed first, then P·V(k-1), as kernel.cuh does
-    if (ping_pong && s9::hands_over_after(c, k, count)) prog.push_back({OpKind::Arrive, s9::turn_barrier(1 - c)});
+    if (ping_pong && s9::hands_over_after(c, k, count, consumers)) prog.push_back({OpKind::Arrive, next});
     prog.push_back({OpKind::WaitGroups, under ? 1 : 0});
     if (has_pv && !under) prog.push_back({OpKind::Release, 1, k - 1});
     if (has_s) prog.push_back({OpKind::Release, 0, k});  // after the softmax of S(k)
@@ -460,18 +491,18 @@ struct Group {
 };
 
 // One run of the block: the producer thread, the copy engine (copies land in random order after
-// random delays), the 8 consumer warps, their wgmma groups (completing in any order: the ISA promises
+// random delays), the 4 · consumers consumer warps, their wgmma groups (completing in any order: the ISA promises
 // only what wait_group says), all interleaved at random. Checks, on every operation:
-//   - a copy into a stage is issued only when all 8 warps have released the stage's previous fill
+//   - a copy into a stage is issued only when all consumer warps have released the stage's previous fill
 //     and no wgmma reading the stage is in flight (it would overwrite a tile being read);
 //   - every product reads the tile it should, after its copy has landed;
 //   - every wait's parity is unambiguous (Mbarrier), every named barrier is used by the ISA's rules
 //     (NamedBarrier), a warp touches S's accumulators only once S's group is complete and o_acc or
 //     p_frag only once P·V's is, and releases a stage only once its wgmma reading it is complete;
-//   - with ping-pong, the consumers issue their turns in strict alternation;
+//   - with ping-pong, the consumers issue their turns in strict rotation;
 //   - the run ends (no deadlock), with every barrier back at rest and every fill released.
-void simulate_block(int ideas, int stages, int count, uint32_t seed) {
-  CAPTURE(ideas, stages, count, seed);
+void simulate_block(int ideas, int stages, int count, uint32_t seed, int consumers) {
+  CAPTURE(ideas, stages, count, seed, consumers);
   std::mt19937 rng(seed);
   const int64_t kTileBytes = 4096, kQBytes = 8192;
   const bool ping_pong = ideas >= s9::kPingPong;
@@ -480,7 +511,7 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed) {
   for (int ring = 0; ring < 2; ++ring)
     for (int s = 0; s < stages; ++s) {
       full[ring].emplace_back(1);
-      empty[ring].emplace_back(s9::NUM_CONSUMER_WARPS);
+      empty[ring].emplace_back(s9::consumer_warps(consumers));
     }
   std::vector<int> landed[2] = {std::vector<int>(size_t(stages), -1), std::vector<int>(size_t(stages), -1)};
   std::vector<int> released[2] = {std::vector<int>(size_t(count), 0), std::vector<int>(size_t(count), 0)};
@@ -490,12 +521,12 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed) {
   };
   std::vector<Copy> in_flight;
 
-  constexpr int W = s9::NUM_CONSUMER_WARPS;
+  const int W = s9::consumer_warps(consumers);
   std::vector<std::vector<Op>> prog(W);
   std::vector<size_t> pc(W, 0);
   std::vector<std::vector<Group>> groups(W);
   std::vector<int> waiting_use(W, -1), waiting_id(W, -1), turns_issued(W, 0);
-  for (int w = 0; w < W; ++w) prog[size_t(w)] = consumer_program(ideas, w / 4, count);
+  for (int w = 0; w < W; ++w) prog[size_t(w)] = consumer_program(ideas, w / 4, count, consumers);
 
   // The producer: Q, then copy after copy (kv_load), each after its stage's release.
   int next_copy = count > 0 ? -1 : 2 * count;  // -1: Q
@@ -581,8 +612,9 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed) {
         break;
       case OpKind::Issue: {
         const int k = op.a;
-        if (ping_pong) {  // strict alternation: c0 turn k after c1 turn k - 1, c1 turn k after c0 turn k
-          for (int o = 4 * (1 - c); o < 4 * (1 - c) + 4; ++o) REQUIRE(turns_issued[size_t(o)] == (c == 0 ? k : k + 1));
+        if (ping_pong) {  // strict rotation: turn k of c after turn k of every c' < c, before that of every c' > c
+          for (int o = 0; o < W; ++o)
+            if (o / 4 != c) REQUIRE(turns_issued[size_t(o)] == (o / 4 < c ? k + 1 : k));
         }
         // Registers: S's accumulators and P·V's operands are free (their last groups are complete).
         for (const Group& g : groups[size_t(w)]) REQUIRE(g.done);
@@ -630,11 +662,11 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed) {
       if (pc[size_t(w)] < prog[size_t(w)].size()) return false;
     return true;
   };
-  // Entities: 0 producer, 1 copy engine, 2 tensor cores, 3 … 10 the warps.
+  // Entities: 0 producer, 1 copy engine, 2 tensor cores, 3 … 2 + W the warps.
   auto step = [&](int e) { return e == 0 ? producer_step() : e == 1 ? copy_step() : e == 2 ? tensor_step() : warp_step(e - 3); };
   int rounds = 0;
   while (!finished()) {
-    REQUIRE(++rounds < 200 * (count + 10));
+    REQUIRE(++rounds < 25 * W * (count + 10));
     if (step(int(rng() % (3 + W)))) continue;
     // No progress: some entity must be able to move, or the protocol deadlocks.
     std::vector<int> order(3 + W);
@@ -651,9 +683,9 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed) {
   while (tensor_step()) {
   }
   // At rest: every named barrier idle, each turn barrier used once per turn (with ping-pong), every
-  // fill released by all 8 warps, every barrier in the phase its fills put it in.
+  // fill released by all W warps, every barrier in the phase its fills put it in.
   for (const NamedBarrier& n : named) CHECK(n.arrived == 0);
-  for (int c = 0; c < s9::NUM_CONSUMERS; ++c)
+  for (int c = 0; c < consumers; ++c)
     CHECK(named[s9::turn_barrier(c)].completions == (ping_pong ? s9::num_turns(count) : 0));
   for (int ring = 0; ring < 2; ++ring) {
     for (int v = 0; v < count; ++v) CHECK(released[ring][size_t(v)] == W);
@@ -687,15 +719,22 @@ TEST_CASE("step 09: the block's protocol is safe and ends, for every sub-step, u
   CHECK(s9::softmax_under_pv(s9::kIntraOverlap, true, true));
   CHECK_FALSE(s9::softmax_under_pv(s9::kIntraOverlap, true, false));
   CHECK_FALSE(s9::softmax_under_pv(s9::kTileSizes, false, true));
-  // Consumer 1 grants consumer 0 the first turn and does not hand over after its last.
-  CHECK((s9::grants_first_turn(1) && !s9::grants_first_turn(0)));
-  CHECK((s9::hands_over_after(0, 3, 3) && !s9::hands_over_after(1, 3, 3) && s9::hands_over_after(1, 2, 3)));
+  // The last consumer grants consumer 0 the first turn and does not hand over after its last; the
+  // others hand on to the next.
+  CHECK((s9::grants_first_turn(1, 2) && !s9::grants_first_turn(0, 2)));
+  CHECK((s9::hands_over_after(0, 3, 3, 2) && !s9::hands_over_after(1, 3, 3, 2) && s9::hands_over_after(1, 2, 3, 2)));
+  CHECK((s9::next_consumer(0, 2) == 1 && s9::next_consumer(1, 2) == 0));
+  CHECK((s9::grants_first_turn(2, 3) && !s9::grants_first_turn(1, 3) && !s9::grants_first_turn(0, 3)));
+  CHECK((s9::hands_over_after(1, 3, 3, 3) && !s9::hands_over_after(2, 3, 3, 3) && s9::hands_over_after(2, 2, 3, 3)));
+  CHECK((s9::next_consumer(0, 3) == 1 && s9::next_consumer(1, 3) == 2 && s9::next_consumer(2, 3) == 0));
 
-  for (int ideas = s9::kWarpSpecialization; ideas <= s9::kTileSizes; ++ideas)
-    for (int stages : {1, 2, 3, 4})
-      for (int count : {0, 1, 2, 3, 4, 5, 9, 17})
-        for (uint32_t seed = 1; seed <= 6; ++seed) simulate_block(ideas, stages, count, seed);
-  for (int ideas = s9::kWarpSpecialization; ideas <= s9::kTileSizes; ++ideas) simulate_block(ideas, 2, 150, 99);
+  for (int consumers : {2, 3})
+    for (int ideas = s9::kWarpSpecialization; ideas <= s9::kThreeConsumers; ++ideas) {
+      for (int stages : {1, 2, 3, 4})
+        for (int count : {0, 1, 2, 3, 4, 5, 9, 17})
+          for (uint32_t seed = 1; seed <= 6; ++seed) simulate_block(ideas, stages, count, seed, consumers);
+      simulate_block(ideas, 2, 150, 99, consumers);
+    }
 }
 
 // ---- the work split ----------------------------------------------------------------------------------
@@ -704,10 +743,11 @@ TEST_CASE("step 09: K/V tile ranges and the mask match the causal rule and the e
     for (int64_t sq : {1, 63, 64, 65, 128, 129, 300})
       for (int64_t sk : {1, 63, 64, 65, 96, 129, 300})
         for (int block_kv : {80, 112, 128, 176, 192})
-          for (int64_t q0 = 0; q0 < sq; q0 += s9::BLOCK_Q) {
-            const int64_t q_rows = std::min<int64_t>(s9::BLOCK_Q, sq - q0);
+          for (int64_t bq : {128, 192})  // BLOCK_Q with two consumers and with three
+          for (int64_t q0 = 0; q0 < sq; q0 += bq) {
+            const int64_t q_rows = std::min<int64_t>(bq, sq - q0);
             const s9::KvTiles r = s9::kv_tiles_for(q0, q_rows, block_kv, sq, sk, causal);
-            CAPTURE(causal, sq, sk, block_kv, q0, r.count, r.unmasked);
+            CAPTURE(causal, sq, sk, block_kv, bq, q0, r.count, r.unmasked);
             REQUIRE((0 <= r.unmasked && r.unmasked <= r.count));
             for (int64_t j = 0; j * block_kv < sk; ++j) {
               bool some = false, all = true;
@@ -744,10 +784,11 @@ fs::DeviceInfo fake_device(int cc, size_t smem_optin) {
   return d;
 }
 
-TEST_CASE("step 09: four sub-steps, in idea order, on sm_90 only, each with its tiles", "[step09][registry]") {
-  const char* ids[] = {"09a_producer_consumer", "09b_pingpong", "09c_intra_overlap", "09d_tile_sizes"};
+TEST_CASE("step 09: five sub-steps, in idea order, on sm_90 only, each with its tiles", "[step09][registry]") {
+  const char* ids[] = {"09a_producer_consumer", "09b_pingpong", "09c_intra_overlap", "09d_tile_sizes",
+                       "09e_three_consumers"};
   const fs::DeviceInfo h200 = fake_device(90, 227 * 1024);
-  for (int ideas = 1; ideas <= 4; ++ideas) {
+  for (int ideas = 1; ideas <= 5; ++ideas) {
     const fs::Step* s = fs::find_step(ids[ideas - 1]);
     REQUIRE(s != nullptr);
     CAPTURE(s->id);
@@ -763,9 +804,11 @@ TEST_CASE("step 09: four sub-steps, in idea order, on sm_90 only, each with its 
         CHECK(s->forward.claims(p, h200));
         CHECK(plan.config == s9::choose_config(ideas, d, causal));
         REQUIRE(plan.kernels.size() == 1);
-        CHECK(plan.kernels[0].threads == 384);
+        // 384 threads and 128-row query tiles (8 of 1000 rows), or from 09e at head_dim 64 512 and 192 (6).
+        const bool three = ideas >= s9::kThreeConsumers && d <= 64;
+        CHECK(plan.kernels[0].threads == (three ? 512 : 384));
         CHECK(plan.kernels[0].smem_bytes == size_t(s9::smem_bytes(s9::kConfigs[plan.config])));
-        CHECK(plan.kernels[0].blocks == 8 * 2 * 8);
+        CHECK(plan.kernels[0].blocks == (three ? 6 : 8) * 2 * 8);
         CHECK(plan.kernels[0].function != nullptr);
       }
     const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 128, fs::DType::fp16, false);
@@ -779,7 +822,7 @@ TEST_CASE("step 09: four sub-steps, in idea order, on sm_90 only, each with its 
   const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 128, fs::DType::fp16, false);
   std::set<const void*> kernels;
   for (const char* id : ids) kernels.insert(fs::plan(*fs::find_step(id), p, h200).kernels[0].function);
-  CHECK(kernels.size() == 4);
+  CHECK(kernels.size() == 5);
   // 09d at head_dim 128: 128 × 176 tiles, 209 KiB; a GPU with less shared memory is refused in a sentence.
   CHECK(fs::plan(*fs::find_step("09d_tile_sizes"), p, fake_device(90, 200 * 1024)).refusal ==
         "head_dim 128 runs on 128-wide tiles of 176 keys, which need 214088 bytes of shared memory per block; this "
@@ -789,6 +832,13 @@ TEST_CASE("step 09: four sub-steps, in idea order, on sm_90 only, each with its 
   CHECK(fs::plan(*fs::find_step("09a_producer_consumer"), big, h200).refusal ==
         "this step launches one block per 128 query rows per batch and head, 2147483648 blocks here, more than the "
         "grid limit of 2147483647");
+  // 09e takes that head_dim 64 problem in 192-row tiles: 683 · 16 · 2^17 = 1432354816 blocks fit; with
+  // 1.5 times the batch, 683 · 16 · 196608 = 2148532224 do not.
+  CHECK(fs::plan(*fs::find_step("09e_three_consumers"), big, h200).accepted());
+  const fs::Problem bigger = fs::make_problem(3 << 16, 128 * 1024, 1, 16, 16, 64, fs::DType::fp16, false);
+  CHECK(fs::plan(*fs::find_step("09e_three_consumers"), bigger, h200).refusal ==
+        "this step launches one block per 192 query rows per batch and head, 2148532224 blocks here, more than the "
+        "grid limit of 2147483647");
   // A stride the TMA cannot address.
   fs::Problem far = p;
   far.v.head = int64_t(1) << 39;
@@ -797,9 +847,10 @@ TEST_CASE("step 09: four sub-steps, in idea order, on sm_90 only, each with its 
 }
 
 TEST_CASE("step 09 explains its schedule and protocol without a GPU", "[step09]") {
-  std::ostringstream a, c;
+  std::ostringstream a, c, e;
   fs::find_step("09a_producer_consumer")->explain(a);
   fs::find_step("09c_intra_overlap")->explain(c);
+  fs::find_step("09e_three_consumers")->explain(e);
   CHECK(a.str().find("setmaxnreg.dec 24") != std::string::npos);
   CHECK(a.str().find("384 x 168 = 64512") != std::string::npos);
   CHECK(a.str().find("bar.sync") == std::string::npos);  // 09a has no ping-pong
@@ -810,6 +861,18 @@ TEST_CASE("step 09 explains its schedule and protocol without a GPU", "[step09]"
                      "wait_group 1; softmax S2; release K2; wait_group 0: release V1; rescale O, round P2\n") !=
         std::string::npos);
   CHECK(c.str().find("consumer 1 turn 4: wait V3; bar.sync 2; issue O += P3.V3; wait_group 0: release V3\n") !=
+        std::string::npos);
+  CHECK(c.str().find("With 3 consumers") == std::string::npos);
+  // 09e: both blocks, and the turns of three consumers in rotation (1 -> 2 -> 3 -> 1 on the barriers).
+  CHECK(e.str().find("a pool of 384 x 168 = 64512") != std::string::npos);
+  CHECK(e.str().find("With 3 consumers: 512 threads") != std::string::npos);
+  CHECK(e.str().find("consumers: setmaxnreg.inc 160 (take 3 x 128 x 32)") != std::string::npos);
+  CHECK(e.str().find("HEAD_DIM 64 BLOCK_Q 192 BLOCK_KV 128, 2 stages: registers 32 + 64 + 32 = 128 of 160") !=
+        std::string::npos);
+  CHECK(e.str().find("consumer 2, before its turns: bar.arrive 1 (consumer 0 takes turn 0 first)") != std::string::npos);
+  CHECK(e.str().find("consumer 1 turn 2: wait K2 V1; bar.sync 2; issue S2 = Q.K2 O += P1.V1; bar.arrive 3;") !=
+        std::string::npos);
+  CHECK(e.str().find("consumer 2 turn 4: wait V3; bar.sync 3; issue O += P3.V3; wait_group 0: release V3\n") !=
         std::string::npos);
 }
 

@@ -1,34 +1,39 @@
 // Step 09 — Hopper II: warp specialization, ping-pong and intra-warpgroup overlap. The schedule
-// FlashAttention-3 published, one idea per lettered sub-step (09a … 09d) so that the ladder measures
+// FlashAttention-3 published, one idea per lettered sub-step (09a … 09e) so that the ladder measures
 // what each buys.
 //
 // Extends step 08 (TMA + mbarrier + wgmma, two warpgroups that each load, multiply and exponentiate,
 // a block barrier at the end of every K/V tile). Step 08 measured where that stops (notes/08): the
 // tensor pipe busy 54 % of the time and 36 % of the warp cycles spent at the block barrier, because
 // both warpgroups run their softmax at the same time while the tensor cores wait, then both wait for
-// their products. The kernel is templated on Traits<HEAD_DIM, BLOCK_KV, KV_STAGES, IDEAS> (traits.h).
-// 09a is the kernel itself; `Tr::has(kPingPong)` marks where 09b changes it, softmax_under_pv(Tr::IDEAS,
-// …) the wait 09c splits, and 09d changes only the tile table (choose_config):
+// their products. The kernel is templated on Traits<HEAD_DIM, BLOCK_KV, KV_STAGES, CONSUMERS, IDEAS>
+// (traits.h). 09a is the kernel itself; `Tr::has(kPingPong)` marks where 09b changes it,
+// softmax_under_pv(Tr::IDEAS, …) the wait 09c splits, and 09d and 09e change only the tile table
+// (choose_config):
 //
 //   09a kWarpSpecialization  warpgroup 0 is a producer: one thread issues every TMA copy, in the order
 //                            the consumers need them, and the warpgroup gives its registers away
-//                            (setmaxnreg.dec to 24); warpgroups 1 and 2 are consumers of 64 query rows
-//                            each and take them (setmaxnreg.inc to 240). Each K and V stage has a full
+//                            (setmaxnreg.dec to 24); warpgroups 1 … CONSUMERS (two, three in 09e at
+//                            head_dim 64) are consumers of 64 query rows each and take them
+//                            (setmaxnreg.inc to 240; 160 with three). Each K and V stage has a full
 //                            barrier (the TMA's bytes) and an empty barrier (one arrival per consumer
 //                            warp once its wgmma reading the stage has completed): no block barrier
 //                            in the loop, so neither consumer waits for the other. The loop is made of
 //                            turns: turn k issues S(k) = Q·K(k)ᵀ and O += P(k-1)·V(k-1) back to back.
-//   09b kPingPong            the consumers take turns: named barriers (bar.sync / bar.arrive) let
-//                            consumer 1 issue its products only after consumer 0 has issued its own,
-//                            and the other way round, so their products reach the tensor cores one
-//                            consumer at a time and one consumer's softmax runs under the other's products.
+//   09b kPingPong            the consumers take turns: named barriers (bar.sync / bar.arrive) let a
+//                            consumer issue its products only after the one before it in the rotation
+//                            (0, 1, …, 0, …) has issued its own, so their products reach the tensor
+//                            cores one consumer at a time and one consumer's softmax runs under
+//                            another's products.
 //   09c kIntraOverlap        inside a turn, S(k) is committed first and waited for alone
 //                            (wgmma.wait_group 1): the softmax of tile k runs while P·V of tile k - 1 is
 //                            still in the tensor cores; wait_group 0 comes only before the O rescale.
 //   09d kTileSizes           the larger register budget buys wider K/V tiles: 128 × 176 at head_dim 128,
 //                            112 and 80 keys at 192 and 256 (FlashAttention-3's tiles there), 128 × 192 at
-//                            64 (FlashAttention-3: 192 × 192, three consumer warpgroups; here two), 128 keys
-//                            with causal masking at 64 and 128; fewer turns per query tile.
+//                            64, 128 keys with causal masking at 64 and 128; fewer turns per query tile.
+//   09e kThreeConsumers      at head_dim 64 a third consumer warpgroup: 192 query rows a block (as
+//                            FlashAttention-3 there), 512 threads, 160 registers a consumer thread, so
+//                            tiles of 128 keys; three softmaxes take turns under the tensor cores' work.
 //
 // One turn of a consumer (09c; kv_stage / kv_parity / release_parity, traits.h, give every phase):
 //
@@ -36,7 +41,7 @@
 //     [ping-pong] bar.sync turn_barrier(c)        my turn
 //     S(k) = Q·K(k)ᵀ          wgmma ss, commit    in flight
 //     O += P(k-1)·V(k-1)      wgmma rs, commit    in flight
-//     [ping-pong] bar.arrive turn_barrier(1 - c)  the other consumer's turn
+//     [ping-pong] bar.arrive turn_barrier(next)   the next consumer's turn
 //     wgmma.wait_group 1      S(k) done
 //     mask, row max, exp2, row sums of S(k)       (P·V(k-1) still running)
 //     release K(k)            mbarrier.arrive k_empty
@@ -273,17 +278,19 @@ FS_WGMMA_TYPES(256, FS_WGMMA_REGS_128, FS_WGMMA_ACC_128, "%128", "%129", "%130",
 
 }  // namespace sm90
 
-// One block = BLOCK_Q = 128 query rows of one (batch, head), 384 threads: warpgroup 0 the producer,
-// warpgroups 1 and 2 the consumers; consumer c = warpgroup - 1 owns rows 64·c … 64·c + 63. In thread
-// t of a consumer, row state r (0, 1) belongs to the row wgmma_acc(t, 2r).row of its 64: rows g and
-// g + 8 of its warp's 16 (g = lane / 4). __launch_bounds__(NUM_THREADS, 1) caps the registers at
-// launch (168 a thread), which setmaxnreg needs.
+// One block = BLOCK_Q = 64 · CONSUMERS query rows of one (batch, head), 128 · (1 + CONSUMERS) threads:
+// warpgroup 0 the producer, warpgroups 1 … CONSUMERS the consumers; consumer c = warpgroup - 1 owns
+// rows 64·c … 64·c + 63. In thread t of a consumer, row state r (0, 1) belongs to the row
+// wgmma_acc(t, 2r).row of its 64: rows g and g + 8 of its warp's 16 (g = lane / 4).
+// __launch_bounds__(NUM_THREADS, 1) caps the registers at launch (168 a thread with two consumers,
+// 128 with three), which setmaxnreg needs.
 template <typename T, class Tr>
-__global__ void __launch_bounds__(NUM_THREADS, 1)
+__global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     warp_specialized_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                             const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
                             float* __restrict__ lse, const Problem p, const float scale_log2) {
   constexpr int HEAD_DIM = Tr::HEAD_DIM, BLOCK_KV = Tr::BLOCK_KV, KV_STAGES = Tr::KV_STAGES;
+  constexpr int BLOCK_Q = Tr::BLOCK_Q, CONSUMERS = Tr::CONSUMERS;
 
   // The swizzle repeats every 1024 bytes from an aligned address, and TMA and wgmma both assume
   // tiles that start on it: round the base up (SMEM_BYTES includes the 1024 bytes of slack).
@@ -323,8 +330,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     for (int s = 0; s < KV_STAGES; ++s) {
       sm90::mbarrier_init(k_full(s), 1);
       sm90::mbarrier_init(v_full(s), 1);
-      sm90::mbarrier_init(k_empty(s), NUM_CONSUMER_WARPS);
-      sm90::mbarrier_init(v_empty(s), NUM_CONSUMER_WARPS);
+      sm90::mbarrier_init(k_empty(s), Tr::NUM_CONSUMER_WARPS);
+      sm90::mbarrier_init(v_empty(s), Tr::NUM_CONSUMER_WARPS);
     }
     sm90::fence_proxy_async_shared();
   }
@@ -359,7 +366,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 
       // ---- load K and V, in the order the consumers' turns need them (kv_load): K0, K1 V0, K2 V1, …
       // Visit t reads tile count - 1 - t from its stage t % KV_STAGES; a stage's fill n ≥ 1 waits
-      // until all 8 consumer warps have released fill n - 1.
+      // until every consumer warp has released fill n - 1.
       for (int i = 0; i < 2 * kv_tiles; ++i) {
         const KvLoad l = kv_load(i, kv_tiles);
         const int s = kv_stage(l.visit, KV_STAGES);
@@ -372,7 +379,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     }
   } else {
     // ======== consumers ==========================================================================
-    sm90::setmaxnreg_inc<CONSUMER_REGISTERS>();
+    sm90::setmaxnreg_inc<Tr::CONSUMER_REGISTERS>();
     const int c = consumer_of(wg), t = threadIdx.x % 128, lane = threadIdx.x % 32;
 
     float o_acc[Tr::O_REGS] = {};  // [64 rows, HEAD_DIM] fp32 of this consumer, wgmma_acc layout
@@ -435,9 +442,10 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
           sm90::Wgmma<HEAD_DIM, T>::rs(o_acc, p_frag[kk], advance(v_desc, mn_major_step_offset(kk)));
         sm90::wgmma_commit();
       }
-      // Ping-pong: the products are in the tensor cores' queue; the other consumer may issue its own.
+      // Ping-pong: the products are in the tensor cores' queue; the next consumer may issue its own.
       if constexpr (Tr::has(kPingPong))
-        if (hands_over_after(c, k, kv_tiles)) sm90::named_barrier_arrive(turn_barrier(1 - c), TURN_BARRIER_THREADS);
+        if (hands_over_after(c, k, kv_tiles, CONSUMERS))
+          sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
 
       // ---- wait for S(k) (and, unless the softmax runs under it, for P·V(k-1) too)
       sm90::wgmma_wait<SOFTMAX_UNDER_PV ? 1 : 0>();
@@ -533,7 +541,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     if (kv_tiles > 0) {
       sm90::mbarrier_wait(q_full, 0);
       if constexpr (Tr::has(kPingPong))
-        if (grants_first_turn(c)) sm90::named_barrier_arrive(turn_barrier(1 - c), TURN_BARRIER_THREADS);
+        if (grants_first_turn(c, CONSUMERS))
+          sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
       // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first), turn count (P·V only).
       if (masked_tiles > 0)
         turn(0, std::true_type{}, std::false_type{}, std::true_type{});
@@ -563,8 +572,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     // back (tile_offset): a warp's 4-byte stores cover 8 rows × 16 bytes of 8 different chunks, one
     // wavefront. Those rows were last read by this consumer's wgmma, complete since its last wait
     // (whose completion the ISA follows with an implicit generic-async proxy fence), and written by
-    // the TMA before the wait on q_full: ordinary stores may overwrite them. The other consumer
-    // reads only its own rows.
+    // the TMA before the wait on q_full: ordinary stores may overwrite them. The other consumers
+    // read only their own rows.
 #pragma unroll
     for (int nt = 0; nt < HEAD_DIM / 8; ++nt)
 #pragma unroll
@@ -577,13 +586,13 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     // towards it, then the consumer's own named barrier (its 128 threads, not the block) makes all
     // of them precede the store its first thread issues.
     sm90::fence_proxy_async_shared();
-    sm90::named_barrier_sync(epilogue_barrier(c), EPILOGUE_BARRIER_THREADS);
+    sm90::named_barrier_sync(epilogue_barrier(c, CONSUMERS), EPILOGUE_BARRIER_THREADS);
     // A consumer whose rows all lie past seqlen_q (a short last query tile) stores nothing.
     if (t == 0 && c * ROWS_PER_WARPGROUP < q_rows) {
 #pragma unroll
       for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
         const BoxCoord e = tma_box(cb, q0 + c * ROWS_PER_WARPGROUP, h, b);  // past seqlen_q, head_dim: not written
-        sm90::tma_store_4d(&o_map, q_smem + o_box_offset(c, cb), e.col, e.row, e.head, e.batch);
+        sm90::tma_store_4d(&o_map, q_smem + o_box_offset(c, cb, BLOCK_Q), e.col, e.row, e.head, e.batch);
       }
       sm90::tma_store_commit();
       // The block's shared memory must outlive the store's reads of it; the writes to global memory

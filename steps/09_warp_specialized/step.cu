@@ -1,4 +1,4 @@
-// Step 09 — the sub-steps 09a … 09d of the warp-specialized kernel (kernel.cuh): limits, the row of
+// Step 09 — the sub-steps 09a … 09e of the warp-specialized kernel (kernel.cuh): limits, the row of
 // the tile table (traits.h) each picks for a problem, the four tensor maps, the launch; and
 // explain(), which prints the schedule and the barrier protocol without a GPU.
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver is reached through the runtime
@@ -56,15 +56,16 @@ constexpr int max_smem_bytes(int ideas) {
 // grid fits in 2^31 - 1 blocks, on a GPU of compute capability 9.0 (H100, H200: 227 KiB per block).
 template <int IDEAS>
 bool claims(const Problem& p, const DeviceInfo& dev) {
+  const int block_q = step09::block_q(kConfigs[choose_config(IDEAS, p.head_dim, p.causal != 0)].consumers);
   return dev.compute_capability == 90 && dev.smem_per_block_optin >= size_t(max_smem_bytes(IDEAS)) &&
-         limits(p).empty() && grid_blocks(p) <= INT32_MAX;
+         limits(p).empty() && grid_blocks(p, block_q) <= INT32_MAX;
 }
 
 template <int IDEAS>
 Plan plan(const Problem& p, const DeviceInfo& dev) {
   Plan pl;
   pl.config = choose_config(IDEAS, p.head_dim, p.causal != 0);
-  const int smem = smem_bytes(kConfigs[pl.config]);
+  const int smem = smem_bytes(kConfigs[pl.config]), block_q = step09::block_q(kConfigs[pl.config].consumers);
   if (dev.smem_per_block_optin < size_t(smem)) {
     std::ostringstream m;
     m << "head_dim " << p.head_dim << " runs on " << padded_head_dim(p.head_dim) << "-wide tiles of "
@@ -73,10 +74,10 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
     pl.refusal = m.str();
     return pl;
   }
-  const int64_t blocks = grid_blocks(p);
+  const int64_t blocks = grid_blocks(p, block_q);
   if (blocks > INT32_MAX) {
     std::ostringstream m;
-    m << "this step launches one block per " << BLOCK_Q << " query rows per batch and head, " << blocks
+    m << "this step launches one block per " << block_q << " query rows per batch and head, " << blocks
       << " blocks here, more than the grid limit of " << INT32_MAX;
     pl.refusal = m.str();
     return pl;
@@ -86,7 +87,7 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
     with_config<kNumConfigs>(pl.config, [&](auto c) {
       if constexpr (has_config(IDEAS, decltype(c)::value)) {
         using Tr = TraitsOf<decltype(c)::value, IDEAS>;
-        pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&warp_specialized_kernel<T, Tr>), NUM_THREADS,
+        pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&warp_specialized_kernel<T, Tr>), Tr::NUM_THREADS,
                                    size_t(Tr::SMEM_BYTES), blocks}};
       }
     });
@@ -139,7 +140,7 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
         // Q arrives in one tile of BLOCK_Q rows, K and V in tiles of BLOCK_KV; O leaves per consumer,
         // 64 rows at a time.
         const CUtensorMap q_map =
-            make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, p.seqlen_q, p.heads_q, p.batch, p.head_dim, BLOCK_Q));
+            make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, p.seqlen_q, p.heads_q, p.batch, p.head_dim, Tr::BLOCK_Q));
         const CUtensorMap k_map = make_tensor_map(
             "K", t.k, type, tensor_map_shape(p.k, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
         const CUtensorMap v_map = make_tensor_map(
@@ -147,7 +148,7 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
         const CUtensorMap o_map = make_tensor_map(
             "O", t.o, type, tensor_map_shape(p.o, p.seqlen_q, p.heads_q, p.batch, p.head_dim, ROWS_PER_WARPGROUP));
         CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
-        kernel<<<unsigned(plan.kernels.front().blocks), NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
+        kernel<<<unsigned(plan.kernels.front().blocks), Tr::NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
             q_map, k_map, v_map, o_map, t.lse, p, scale_log2);
         CHECK_LAUNCH();
       }
@@ -162,33 +163,43 @@ std::string load_name(const KvLoad& l) {
   return name += std::to_string(l.visit);
 }
 
+// The block with `consumers` consumer warpgroups: its warpgroups and the register reallocation.
+void explain_block(std::ostream& out, int consumers) {
+  const int threads = num_threads(consumers), launch = launch_registers(threads), mine = consumer_registers(consumers);
+  out << "With " << consumers << " consumers: " << threads << " threads a block. Warpgroup " << PRODUCER_WARPGROUP
+      << " is the producer (one thread issues every TMA copy); warpgroups 1-" << consumers << " are consumers 0-"
+      << consumers - 1 << ",\n64 query rows each of the block's " << block_q(consumers) << ".\n";
+  out << "Registers (setmaxnreg): __launch_bounds__(" << threads << ", 1) caps a thread at 65536 / " << threads
+      << " -> " << launch << " at launch, a pool of " << threads << " x " << launch << " = " << threads * launch
+      << ".\n  producer:  setmaxnreg.dec " << PRODUCER_REGISTERS << "  (gives back 128 x " << launch - PRODUCER_REGISTERS
+      << ")\n  consumers: setmaxnreg.inc " << mine << " (take " << consumers << " x 128 x " << mine - launch
+      << ")\n  after: 128 x " << PRODUCER_REGISTERS << " + " << consumers * 128 << " x " << mine << " = "
+      << registers_after_reallocation(consumers) << " of the pool's " << threads * launch << "\n\n";
+}
+
 // What sub-step IDEAS does, from the functions of traits.h the kernel calls: its tiles, the
 // register reallocation, the producer's copies and the consumers' turns for a short query tile,
 // and a drawing of the schedule.
 template <int IDEAS>
 void explain(std::ostream& out) {
-  out << "Warpgroups: " << NUM_THREADS << " threads a block. Warpgroup " << PRODUCER_WARPGROUP
-      << " is the producer (one thread issues every TMA copy); warpgroups 1 and 2 are consumers 0 and 1,\n"
-         "query rows 0-63 and 64-127 of the block's "
-      << BLOCK_Q << ".\n\n";
+  int most = 0;  // the most consumers a row of this sub-step has: its turns are drawn for those
+  for (int consumers = 2; consumers <= 3; ++consumers)
+    for (int i = 0; i < kNumConfigs; ++i)
+      if (has_config(IDEAS, i) && kConfigs[i].consumers == consumers) {
+        explain_block(out, consumers);
+        most = consumers;
+        break;
+      }
 
-  out << "Registers (setmaxnreg): __launch_bounds__(" << NUM_THREADS << ", 1) caps a thread at 65536 / " << NUM_THREADS
-      << " -> " << launch_registers(NUM_THREADS) << " at launch, a pool of " << NUM_THREADS << " x "
-      << launch_registers(NUM_THREADS) << " = " << NUM_THREADS * launch_registers(NUM_THREADS)
-      << ".\n  producer:  setmaxnreg.dec " << PRODUCER_REGISTERS << "  (gives back 128 x "
-      << launch_registers(NUM_THREADS) - PRODUCER_REGISTERS << ")\n  consumers: setmaxnreg.inc "
-      << CONSUMER_REGISTERS << " (take 2 x 128 x " << CONSUMER_REGISTERS - launch_registers(NUM_THREADS)
-      << ")\n  after: 128 x " << PRODUCER_REGISTERS << " + 256 x " << CONSUMER_REGISTERS << " = "
-      << registers_after_reallocation() << " of the pool's " << NUM_THREADS * launch_registers(NUM_THREADS) << "\n\n";
-
-  out << "Tiles of this sub-step (BLOCK_Q " << BLOCK_Q << "; registers per consumer thread: o_acc + s_acc + p_frag):\n";
+  out << "Tiles of this sub-step (registers per consumer thread: o_acc + s_acc + p_frag):\n";
   for (int i = 0; i < kNumConfigs; ++i) {
     if (!has_config(IDEAS, i)) continue;
     const Config& c = kConfigs[i];
     const bool n = choose_config(IDEAS, c.head_dim, false) == i, y = choose_config(IDEAS, c.head_dim, true) == i;
-    out << "  HEAD_DIM " << c.head_dim << " BLOCK_KV " << c.block_kv << ", " << c.kv_stages << " stages: registers "
-        << c.head_dim / 2 << " + " << c.block_kv / 2 << " + " << c.block_kv / 4 << " = " << array_registers(c)
-        << ", shared memory " << smem_bytes(c) << " bytes" << (n && y ? "" : n ? " (not causal)" : " (causal)") << "\n";
+    out << "  HEAD_DIM " << c.head_dim << " BLOCK_Q " << block_q(c.consumers) << " BLOCK_KV " << c.block_kv << ", "
+        << c.kv_stages << " stages: registers " << c.head_dim / 2 << " + " << c.block_kv / 2 << " + " << c.block_kv / 4
+        << " = " << array_registers(c) << " of " << consumer_registers(c.consumers) << ", shared memory "
+        << smem_bytes(c) << " bytes" << (n && y ? "" : n ? " (not causal)" : " (causal)") << "\n";
   }
 
   constexpr int n = 4, stages = 2;
@@ -207,17 +218,19 @@ void explain(std::ostream& out) {
   }
 
   constexpr bool ping_pong = IDEAS >= kPingPong;
-  out << "\nThe turns of the two consumers for the same tile";
-  if (ping_pong)
-    out << " (ping-pong: named barriers " << turn_barrier(0) << " and " << turn_barrier(1) << ", "
-        << TURN_BARRIER_THREADS << " threads each)";
+  out << "\nThe turns of the " << most << " consumers for the same tile";
+  if (ping_pong) {
+    out << " (ping-pong: named barriers";
+    for (int c = 0; c < most; ++c) out << " " << turn_barrier(c);
+    out << ", " << TURN_BARRIER_THREADS << " threads each)";
+  }
   out << ":\n";
-  for (int c = 0; c < NUM_CONSUMERS; ++c)
-    if (ping_pong && grants_first_turn(c))
-      out << "  consumer " << c << ", before its turns: bar.arrive " << turn_barrier(1 - c) << " (consumer " << 1 - c
-          << " takes turn 0 first)\n";
+  for (int c = 0; c < most; ++c)
+    if (ping_pong && grants_first_turn(c, most))
+      out << "  consumer " << c << ", before its turns: bar.arrive " << turn_barrier(next_consumer(c, most))
+          << " (consumer " << next_consumer(c, most) << " takes turn 0 first)\n";
   for (int k = 0; k < num_turns(n); ++k)
-    for (int c = 0; c < NUM_CONSUMERS; ++c) {
+    for (int c = 0; c < most; ++c) {
       const bool has_s = turn_has_s(k, n), has_pv = turn_has_pv(k);
       out << "  consumer " << c << " turn " << k << ": wait";
       if (has_s) out << " K" << k;
@@ -226,7 +239,7 @@ void explain(std::ostream& out) {
       out << "; issue";
       if (has_s) out << " S" << k << " = Q.K" << k;
       if (has_pv) out << " O += P" << k - 1 << ".V" << k - 1;
-      if (ping_pong && hands_over_after(c, k, n)) out << "; bar.arrive " << turn_barrier(1 - c);
+      if (ping_pong && hands_over_after(c, k, n, most)) out << "; bar.arrive " << turn_barrier(next_consumer(c, most));
       const bool under = softmax_under_pv(IDEAS, has_s, has_pv);
       out << (under ? "; wait_group 1" : "; wait_group 0");
       if (has_pv && !under) out << ": release V" << k - 1;
@@ -239,7 +252,14 @@ void explain(std::ostream& out) {
   out << "\nThe schedule in steady state (time to the right, not to scale; [..] a turn: its products issued\n"
          "back to back; S/PV the tensor cores' work, sm the softmax):\n"
          "  producer    K3 V2 ... K4 V3 ... K5 V4 ...    (each copy once its stage is released)\n";
-  if (IDEAS >= kIntraOverlap)
+  if (IDEAS >= kThreeConsumers)
+    out << "  consumer 0  [S3 PV2] sm S3 | O, P3 ............ [S4 PV3] sm S4 | O, P4 ...\n"
+           "  consumer 1   ..... [S3 PV2] sm S3 | O, P3 ............ [S4 PV3] ...\n"
+           "  consumer 2   .......... [S3 PV2] sm S3 | O, P3 ............ [S4 PV3] ...\n"
+           "  tensor      S3 PV2 (c0) S3 PV2 (c1) S3 PV2 (c2) S4 PV3 (c0) S4 PV3 (c1) ...\n"
+           "  (head_dim 64) Two consumers' softmaxes run under the third's products: the tensor cores wait\n"
+           "  less where a softmax takes as long as the products, as at head_dim 64.\n";
+  else if (IDEAS >= kIntraOverlap)
     out << "  consumer 0  [S3 PV2] sm S3 | O, P3 [S4 PV3] sm S4 | O, P4 [S5 PV4] ...\n"
            "  consumer 1   ..... [S3 PV2] sm S3 | O, P3 [S4 PV3] sm S4 | O, P4 ...\n"
            "  tensor      S3 PV2 (c0) S3 PV2 (c1) S4 PV3 (c0) S4 PV3 (c1) S5 PV4 (c0) ...\n"
@@ -282,8 +302,11 @@ void register_step_09_warp_specialized(Registry& r) {
   r.add(sub_step<kIntraOverlap>("09c_intra_overlap", "Hopper II: intra-warpgroup overlap",
                                 "+ S of tile k waited for alone: its softmax runs under P·V of tile k - 1"));
   r.add(sub_step<kTileSizes>("09d_tile_sizes", "Hopper II: FlashAttention-3 tiles",
-                             "+ wider K/V tiles for the larger register budget (128 x 176 at head_dim 128): the "
-                             "FlashAttention-3 forward schedule (no persistent scheduler, fp8, varlen or backward)"));
+                             "+ wider K/V tiles for the larger register budget (128 x 176 at head_dim 128)"));
+  r.add(sub_step<kThreeConsumers>("09e_three_consumers", "Hopper II: three consumers",
+                                  "+ three consumer warpgroups at head_dim 64 (192 x 128 tiles, setmaxnreg 160): the "
+                                  "FlashAttention-3 forward schedule (no persistent scheduler, fp8, varlen or "
+                                  "backward)"));
 }
 
 }  // namespace fs

@@ -1,17 +1,17 @@
 // Step 09 — the compile-time choices of the warp-specialized kernel (kernel.cuh) and all of its
-// index math and synchronization protocols: the ideas of the sub-steps 09a … 09d, the tile table,
+// index math and synchronization protocols: the ideas of the sub-steps 09a … 09e, the tile table,
 // the warpgroup roles and their register budgets, where the TMA puts each element of a tile (the
 // 128-byte swizzle), the wgmma matrix descriptors and register fragments, the TMA boxes, the order
 // in which the producer issues the copies, the mbarrier phase every wait tests (full and empty
 // rings), the consumers' turns and the named barriers that order them. Plain C++:
 // tests/test_step09_warp_specialized.cpp checks every function here against tables written from
 // the PTX ISA and the CUDA driver API, and runs the whole block's protocol (producer, copy engine,
-// eight consumer warps, tensor cores, named barriers) in a simulation under random timings, so the
+// eight or twelve consumer warps, tensor cores, named barriers) in a simulation under random timings, so the
 // protocol that runs on the GPU is the protocol that was tested.
 //
 // Copied from step 08's traits.h: the swizzle, the descriptors, the fragments, the boxes, the
-// tensor-map shapes and the work split (unchanged); changed: the warpgroups (a producer and two
-// consumers) and the table (by sub-step); added: the register budgets, the producer's load order,
+// tensor-map shapes and the work split (unchanged); changed: the warpgroups (a producer and two or
+// three consumers) and the table (by sub-step); added: the register budgets, the producer's load order,
 // the empty barriers, the turns, the named barriers.
 #pragma once
 
@@ -32,7 +32,7 @@ FS_HD constexpr bool operator!=(Coord a, Coord b) { return !(a == b); }
 }  // namespace frag
 
 // ---- the ideas of step 09 ----------------------------------------------------------------------
-// Step 09 adds four ideas to step 08, one per lettered sub-step; sub-step 09x has every idea up to
+// Step 09 adds five ideas to step 08, one per lettered sub-step; sub-step 09x has every idea up to
 // its own (the kernel's IDEAS parameter), so the runner's "x prev" column is what each idea buys.
 enum Idea : int {
   kWarpSpecialization = 1,  // 09a  a producer warpgroup issues the TMA copies, two consumer warpgroups
@@ -44,51 +44,65 @@ enum Idea : int {
                             //      for alone: the softmax of tile k runs under that P·V
   kTileSizes = 4,           // 09d  tiles for the larger register budget: 176 keys at head_dim 128,
                             //      192 at 64, 112 at 192, 80 at 256 (128 with causal at 64 and 128)
+  kThreeConsumers = 5,      // 09e  at head_dim 64, three consumer warpgroups: 192 query rows a block,
+                            //      tiles of 128 keys, 160 registers a consumer thread
 };
 
 // ---- the warpgroups ----------------------------------------------------------------------------
 // Warpgroup 0 is the producer: one of its threads issues every TMA copy, the other 127 have nothing
-// to do. Warpgroups 1 and 2 are the consumers: consumer c = warpgroup - 1 owns query rows
-// 64·c … 64·c + 63 of the block (wgmma's M is 64), so BLOCK_Q = 128 and a block has 384 threads.
+// to do. Warpgroups 1 … n are the n consumers (a row of the table says how many: two, or three from
+// 09e at head_dim 64): consumer c = warpgroup - 1 owns query rows 64·c … 64·c + 63 of the block
+// (wgmma's M is 64), so BLOCK_Q = 64·n and a block has 128·(1 + n) threads: BLOCK_Q 128 and 384
+// threads with two consumers, 192 and 512 with three.
 inline constexpr int ROWS_PER_WARPGROUP = 64;  // wgmma's M
-inline constexpr int NUM_CONSUMERS = 2;
 inline constexpr int PRODUCER_WARPGROUP = 0;
-inline constexpr int NUM_WARPGROUPS = 1 + NUM_CONSUMERS;
-inline constexpr int BLOCK_Q = NUM_CONSUMERS * ROWS_PER_WARPGROUP;
-inline constexpr int NUM_THREADS = NUM_WARPGROUPS * 128;
-inline constexpr int NUM_CONSUMER_WARPS = NUM_CONSUMERS * 4;  // the arrivals that release a K or V stage
+FS_HD constexpr int block_q(int consumers) { return consumers * ROWS_PER_WARPGROUP; }
+FS_HD constexpr int num_threads(int consumers) { return (1 + consumers) * 128; }
+FS_HD constexpr int consumer_warps(int consumers) { return 4 * consumers; }  // the arrivals that release a stage
 FS_HD constexpr int consumer_of(int warpgroup) { return warpgroup - 1; }
 
 // ---- register reallocation (setmaxnreg) --------------------------------------------------------
 // An SM has 65536 32-bit registers and runs one block of this kernel. Under
-// __launch_bounds__(NUM_THREADS, 1) a thread may have at most the register file split evenly over
-// the block, rounded down to the allocation granule of 8: 65536 / 384 = 170.7 -> 168. The block
-// starts with 384 × 168 = 64512 registers in its pool. The producer warpgroup gives most of its
-// share back (setmaxnreg.dec to 24: 128 × 144 registers into the pool) and each consumer warpgroup
-// takes what it needs for the accumulators (setmaxnreg.inc to 240: 128 × 72 each out of the pool):
+// __launch_bounds__(threads, 1) a thread may have at most the register file split evenly over the
+// block, rounded down to the allocation granule of 8: 65536 / 384 = 170.7 -> 168 with two consumers.
+// The block starts with 384 × 168 = 64512 registers in its pool. The producer warpgroup gives most
+// of its share back (setmaxnreg.dec to 24: 128 × 144 registers into the pool) and each consumer
+// warpgroup takes what it needs for the accumulators (setmaxnreg.inc to 240: 128 × 72 each out of
+// the pool):
 //     128 × 24 + 2 × 128 × 240 = 3072 + 61440 = 64512,
 // the whole pool, no more (setmaxnreg.inc would wait for ever for registers nobody gives back).
+// With three consumers: 65536 / 512 = 128 at launch, a pool of 65536; the producer gives back 104
+// a thread and each consumer takes (65536 - 3072) / 384 = 162.7 -> 160:
+//     128 × 24 + 3 × 128 × 160 = 3072 + 61440 = 64512 of the 65536.
 inline constexpr int REGISTER_FILE = 65536;
 inline constexpr int REGISTER_GRANULE = 8;
 FS_HD constexpr int launch_registers(int threads) {
   return REGISTER_FILE / threads / REGISTER_GRANULE * REGISTER_GRANULE;
 }
 inline constexpr int PRODUCER_REGISTERS = 24;
-inline constexpr int CONSUMER_REGISTERS = 240;
 // setmaxnreg's operand: a multiple of 8 from 24 to 256 (PTX ISA, setmaxnreg).
 FS_HD constexpr bool valid_setmaxnreg(int registers) {
   return registers >= 24 && registers <= 256 && registers % 8 == 0;
 }
-FS_HD constexpr int registers_after_reallocation() {
-  return 128 * PRODUCER_REGISTERS + NUM_CONSUMERS * 128 * CONSUMER_REGISTERS;
+// What each consumer thread gets: the pool less the producer's share, split over the consumers,
+// rounded down to the granule (at most 256, setmaxnreg's largest operand).
+FS_HD constexpr int consumer_registers(int consumers) {
+  const int pool = num_threads(consumers) * launch_registers(num_threads(consumers));
+  const int each = (pool - 128 * PRODUCER_REGISTERS) / (consumers * 128) / REGISTER_GRANULE * REGISTER_GRANULE;
+  return each < 256 ? each : 256;
 }
-static_assert(valid_setmaxnreg(PRODUCER_REGISTERS) && valid_setmaxnreg(CONSUMER_REGISTERS),
-              "setmaxnreg takes a multiple of 8 from 24 to 256");
-static_assert(PRODUCER_REGISTERS <= launch_registers(NUM_THREADS) &&
-                  CONSUMER_REGISTERS >= launch_registers(NUM_THREADS),
-              "the producer decreases its registers, the consumers increase theirs");
-static_assert(registers_after_reallocation() <= NUM_THREADS * launch_registers(NUM_THREADS),
-              "the consumers take no more registers than the block's pool holds");
+FS_HD constexpr int registers_after_reallocation(int consumers) {
+  return 128 * PRODUCER_REGISTERS + consumers * 128 * consumer_registers(consumers);
+}
+FS_HD constexpr bool valid_reallocation(int consumers) {
+  const int threads = num_threads(consumers), consumer = consumer_registers(consumers);
+  return valid_setmaxnreg(PRODUCER_REGISTERS) && valid_setmaxnreg(consumer) &&
+         PRODUCER_REGISTERS <= launch_registers(threads) && consumer >= launch_registers(threads) &&
+         registers_after_reallocation(consumers) <= threads * launch_registers(threads);
+}
+static_assert(valid_reallocation(2) && valid_reallocation(3),
+              "setmaxnreg operands are multiples of 8 from 24 to 256, the producer decreases its registers, "
+              "the consumers increase theirs, and they take no more than the block's pool holds");
 
 // ---- the tile table ----------------------------------------------------------------------------
 // Every tile is made of 64-column blocks (one 128-byte swizzle span per row), as in step 08: the
@@ -98,8 +112,10 @@ static_assert(registers_after_reallocation() <= NUM_THREADS * launch_registers(N
 //     s_acc  BLOCK_KV / 2 fp32     the scores of tile k
 //     p_frag BLOCK_KV / 4 × 32 bit P of tile k - 1 as fp16/bf16 pairs, wgmma's A operand, live until
 //                                  P·V of tile k - 1 completes (the turn structure needs it beside s_acc)
-// within the 240 registers a consumer thread has after setmaxnreg. Shared memory, two K/V stages:
-// Q + 2 · 2 · BLOCK_KV · HEAD_DIM · 2 bytes, within the 227 KiB an sm_90 block may opt in to.
+// within the 240 registers a consumer thread has after setmaxnreg (160 with three consumers), with
+// at least 32 left for addresses and the softmax (ptxas -v: no row of the table spills). Shared
+// memory, two K/V stages: Q + 2 · 2 · BLOCK_KV · HEAD_DIM · 2 bytes, within the 227 KiB an sm_90
+// block may opt in to.
 //
 // The sub-steps before 09d keep step 08's tiles (sized for 08's 255-register, 256-thread budget
 // with s_acc and P as one set), so that the ablation measures the schedule and not the tiles:
@@ -115,11 +131,15 @@ static_assert(registers_after_reallocation() <= NUM_THREADS * launch_registers(N
 //     HEAD_DIM 256: BLOCK_KV  80   registers 128 + 40 + 20   smem  64 + 160     = 224 KiB
 // except with causal masking at HEAD_DIM 64 and 128, where it keeps 128 keys: a query tile of 128
 // rows then crosses the diagonal in one K/V tile, not two (less masking work, fewer wasted keys).
+// 09e gives head_dim 64 a third consumer (FlashAttention-3's 192 query rows there), with or without
+// causal masking; 160 registers a thread hold 32 + 64 + 32 = 128 of arrays, so 128 keys:
+//     HEAD_DIM  64: BLOCK_Q 192, BLOCK_KV 128   registers 32 + 64 + 32    smem  24 + 64 KiB  =  88 KiB
 // (Each plus 1 KiB of alignment slack and the barriers; see smem_bytes.)
 struct Config {
   int head_dim;   // HEAD_DIM: tile width, a multiple of 64
   int block_kv;   // BLOCK_KV: keys per K/V tile, the N of S = Q·Kᵀ
   int kv_stages;  // KV_STAGES: K/V tiles in flight in the TMA ring
+  int consumers;  // consumer warpgroups: BLOCK_Q = 64 · consumers
 };
 
 enum ConfigId : int {
@@ -131,17 +151,21 @@ enum ConfigId : int {
   kD128_N176,
   kD192_N112,
   kD256_N80,
+  kD64_Q192,   // 09e: three consumers
   kNumConfigs
 };
 
 inline constexpr Config kConfigs[kNumConfigs] = {
-    {64, 128, 2}, {128, 128, 2}, {192, 96, 2}, {256, 64, 2},
-    {64, 192, 2}, {128, 176, 2}, {192, 112, 2}, {256, 80, 2},
+    {64, 128, 2, 2}, {128, 128, 2, 2}, {192, 96, 2, 2}, {256, 64, 2, 2},
+    {64, 192, 2, 2}, {128, 176, 2, 2}, {192, 112, 2, 2}, {256, 80, 2, 2},
+    {64, 128, 2, 3},
 };
 
 // Whether sub-step IDEAS has configuration `config`.
 FS_HD constexpr bool has_config(int ideas, int config) {
-  return ideas >= kTileSizes ? config != kD192 && config != kD256 : config < kD64_N192;
+  if (ideas >= kThreeConsumers) return config == kD128 || (config >= kD128_N176 && config <= kD64_Q192);
+  if (ideas >= kTileSizes) return config != kD192 && config != kD256 && config != kD64_Q192;
+  return config < kD64_N192;
 }
 
 // The tile width a head_dim (a multiple of 8, at most 256) is padded to.
@@ -151,6 +175,7 @@ FS_HD constexpr int padded_head_dim(int64_t head_dim) { return int((head_dim + 6
 FS_HD constexpr int choose_config(int ideas, int64_t head_dim, bool causal) {
   const int width = padded_head_dim(head_dim);
   if (ideas < kTileSizes) return width / 64 - 1;  // kD64 … kD256
+  if (ideas >= kThreeConsumers && width == 64) return kD64_Q192;
   return width == 64 ? (causal ? kD64 : kD64_N192)
          : width == 128 ? (causal ? kD128 : kD128_N176)
          : width == 192 ? kD192_N112
@@ -167,25 +192,33 @@ inline constexpr uint32_t SWIZZLE_ATOM = 1024;  // 8 rows of 128 bytes: the swiz
 FS_HD constexpr int tile_bytes(int rows, int head_dim) { return rows * head_dim * 2; }
 FS_HD constexpr int num_barriers(const Config& c) { return 1 + 4 * c.kv_stages; }
 FS_HD constexpr int smem_bytes(const Config& c) {
-  return tile_bytes(BLOCK_Q, c.head_dim) + 2 * c.kv_stages * tile_bytes(c.block_kv, c.head_dim) +
+  return tile_bytes(block_q(c.consumers), c.head_dim) + 2 * c.kv_stages * tile_bytes(c.block_kv, c.head_dim) +
          8 * num_barriers(c) + int(SWIZZLE_ATOM);
 }
 
 // The registers of one consumer thread's three arrays (o_acc, s_acc, p_frag), for the table's budget.
 FS_HD constexpr int array_registers(const Config& c) { return c.head_dim / 2 + c.block_kv / 2 + c.block_kv / 4; }
 
+// Whether a row leaves a consumer thread 32 registers beside its three arrays.
+FS_HD constexpr bool fits_registers(const Config& c) {
+  return array_registers(c) <= consumer_registers(c.consumers) - 32;
+}
+
 // Everything the kernel derives from one row of the table and the sub-step, as named constants.
-template <int HEAD_DIM_, int BLOCK_KV_, int KV_STAGES_, int IDEAS_>
+template <int HEAD_DIM_, int BLOCK_KV_, int KV_STAGES_, int CONSUMERS_, int IDEAS_>
 struct Traits {
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int BLOCK_KV = BLOCK_KV_;
   static constexpr int KV_STAGES = KV_STAGES_;
+  static constexpr int CONSUMERS = CONSUMERS_;
   static constexpr int IDEAS = IDEAS_;
   FS_HD static constexpr bool has(Idea idea) { return IDEAS >= idea; }
-  static constexpr int BLOCK_Q = step09::BLOCK_Q;
-  static constexpr int NUM_THREADS = step09::NUM_THREADS;
+  static constexpr int BLOCK_Q = block_q(CONSUMERS);
+  static constexpr int NUM_THREADS = num_threads(CONSUMERS);
   static constexpr int NUM_WARPS = NUM_THREADS / 32;
-  static constexpr Config kConfig = {HEAD_DIM, BLOCK_KV, KV_STAGES};
+  static constexpr int NUM_CONSUMER_WARPS = consumer_warps(CONSUMERS);
+  static constexpr int CONSUMER_REGISTERS = consumer_registers(CONSUMERS);
+  static constexpr Config kConfig = {HEAD_DIM, BLOCK_KV, KV_STAGES, CONSUMERS};
 
   static constexpr int COL_BLOCKS = HEAD_DIM / COLS_PER_BLOCK;  // TMA boxes per tile
   static constexpr int QK_K_STEPS = HEAD_DIM / 16;              // wgmma k16 steps of S = Q·Kᵀ
@@ -212,13 +245,15 @@ struct Traits {
                     (BLOCK_KV * ROW_BYTES) % SWIZZLE_ATOM == 0 && (BLOCK_Q * ROW_BYTES) % SWIZZLE_ATOM == 0,
                 "every tile and every column block starts on the swizzle's 1024-byte repeat");
   static_assert(SMEM_BYTES <= 227 * 1024, "an sm_90 block may opt in to 227 KiB of shared memory");
-  static_assert(array_registers(kConfig) <= CONSUMER_REGISTERS - 40,
-                "o_acc, s_acc and p_frag leave a consumer thread 40 registers for addresses and the softmax");
+  static_assert(fits_registers(kConfig),
+                "o_acc, s_acc and p_frag leave a consumer thread 32 registers for addresses and the softmax");
+  static_assert(BLOCK_Q <= 256, "Q arrives in boxes of BLOCK_Q rows, and a TMA box's rows are at most 256");
 };
 
 // The Traits of row CONFIG of the table for sub-step IDEAS.
 template <int CONFIG, int IDEAS>
-using TraitsOf = Traits<kConfigs[CONFIG].head_dim, kConfigs[CONFIG].block_kv, kConfigs[CONFIG].kv_stages, IDEAS>;
+using TraitsOf = Traits<kConfigs[CONFIG].head_dim, kConfigs[CONFIG].block_kv, kConfigs[CONFIG].kv_stages,
+                        kConfigs[CONFIG].consumers, IDEAS>;
 
 // ---- the 128-byte swizzle ----------------------------------------------------------------------
 // What CU_TENSOR_MAP_SWIZZLE_128B makes the TMA write and what swizzle mode 1 makes wgmma read:
@@ -311,10 +346,10 @@ FS_HD constexpr BoxCoord tma_box(int cb, int row0, int head, int batch) { return
 FS_HD constexpr uint32_t box_offset(int rows, int cb) { return uint32_t(cb) * uint32_t(rows) * ROW_BYTES; }
 FS_HD constexpr uint32_t box_bytes(int rows) { return uint32_t(rows) * ROW_BYTES; }
 // O leaves per consumer: consumer c stores its own 64 rows, box [64, 64] cb of them starting
-// o_box_offset(c, cb) bytes into q_smem (a multiple of 1024: the swizzle pattern the TMA reads is
-// the one tile_offset wrote), at the coordinates tma_box(cb, q0 + 64·c, …).
-FS_HD constexpr uint32_t o_box_offset(int consumer, int cb) {
-  return box_offset(BLOCK_Q, cb) + uint32_t(consumer * ROWS_PER_WARPGROUP) * ROW_BYTES;
+// o_box_offset(c, cb, BLOCK_Q) bytes into q_smem (a multiple of 1024: the swizzle pattern the TMA
+// reads is the one tile_offset wrote), at the coordinates tma_box(cb, q0 + 64·c, …).
+FS_HD constexpr uint32_t o_box_offset(int consumer, int cb, int block_q) {
+  return box_offset(block_q, cb) + uint32_t(consumer * ROWS_PER_WARPGROUP) * ROW_BYTES;
 }
 
 // What cuTensorMapEncodeTiled gets for one tensor (cuuint64_t and cuuint32_t are these types).
@@ -365,8 +400,8 @@ FS_HD constexpr bool softmax_under_pv(int ideas, bool has_s, bool has_pv) {
 // K and V have a ring of KV_STAGES stages each; visit t's K goes to K stage t % KV_STAGES, its V to
 // V stage t % KV_STAGES. Each stage has two mbarriers:
 //   full   1 arrival (the producer's arrive.expect_tx) + the bytes of the tile: "the tile is here";
-//   empty  NUM_CONSUMER_WARPS arrivals (lane 0 of each consumer warp, after the wgmma that read the
-//          stage has completed for its warp): "no one reads the stage any more".
+//   empty  one arrival per consumer warp (Traits::NUM_CONSUMER_WARPS: lane 0 of each, after the
+//          wgmma that read the stage has completed for its warp): "no one reads the stage any more".
 // Fill n of a stage (visit t = n·KV_STAGES + stage) completes phase n of its full barrier, so the
 // consumers wait for parity n % 2 (kv_parity). Before fill n ≥ 1 the producer waits for the
 // release of fill n - 1, phase n - 1 of the empty barrier: parity (n - 1) % 2 (release_parity).
@@ -402,29 +437,34 @@ FS_HD constexpr KvLoad kv_load(int i, int count) {
 }
 
 // ---- ping-pong: the consumers' turns on named barriers -----------------------------------------
-// With kPingPong the two consumers issue their products in strict alternation:
-//     consumer 0 turn 0, consumer 1 turn 0, consumer 0 turn 1, consumer 1 turn 1, …
+// With kPingPong the n consumers issue their products in strict rotation:
+//     consumer 0 turn 0, consumer 1 turn 0, …, consumer n-1 turn 0, consumer 0 turn 1, …
 // Consumer c takes turn k with bar.sync on its turn barrier (256 threads: its own 128 waiting, the
-// other consumer's 128 arriving), issues the turn's products, then hands the turn over with
-// bar.arrive on the other consumer's barrier. Consumer 1 grants consumer 0 its first turn before
-// its own turns start; consumer 1 hands nothing over after its last turn, since consumer 0 has no
-// turn count + 1 to take (an arrival nobody waits for would be left on the barrier). So each turn
-// barrier completes exactly num_turns(count) times, and a warp never arrives twice on a barrier
-// before it completes (the ISA's rule for bar.arrive): the CPU test checks both by simulation.
+// previous consumer's 128 arriving), issues the turn's products, then hands the turn on with
+// bar.arrive on the next consumer's barrier (next_consumer: c + 1, after the last consumer 0). The
+// last consumer grants consumer 0 its first turn before its own turns start, and hands nothing on
+// after its last turn, since consumer 0 has no turn count + 1 to take (an arrival nobody waits for
+// would be left on the barrier). So each turn barrier completes exactly num_turns(count) times, and
+// a warp never arrives twice on a barrier before it completes (the ISA's rule for bar.arrive): the
+// CPU test checks both by simulation, with two consumers and with three.
 // Barrier 0 is __syncthreads (used once, before the roles split); every id is below 16.
 inline constexpr int TURN_BARRIER_THREADS = 2 * 128;
 inline constexpr int EPILOGUE_BARRIER_THREADS = 128;
 FS_HD constexpr int turn_barrier(int consumer) { return 1 + consumer; }
-FS_HD constexpr int epilogue_barrier(int consumer) { return 1 + NUM_CONSUMERS + consumer; }  // O staged: 3, 4
-FS_HD constexpr bool grants_first_turn(int consumer) { return consumer == NUM_CONSUMERS - 1; }
-FS_HD constexpr bool hands_over_after(int consumer, int k, int count) {
-  return !(consumer == NUM_CONSUMERS - 1 && k == count);
+FS_HD constexpr int next_consumer(int consumer, int consumers) { return (consumer + 1) % consumers; }
+// O staged: barriers 3 and 4 with two consumers, 4 to 6 with three.
+FS_HD constexpr int epilogue_barrier(int consumer, int consumers) { return 1 + consumers + consumer; }
+FS_HD constexpr bool grants_first_turn(int consumer, int consumers) { return consumer == consumers - 1; }
+FS_HD constexpr bool hands_over_after(int consumer, int k, int count, int consumers) {
+  return !(consumer == consumers - 1 && k == count);
 }
-static_assert(NUM_CONSUMERS == 2, "the turn protocol is written for two consumers taking turns");
 
 // ---- the work split (as step 08) ---------------------------------------------------------------
-// One block per (batch·head, query tile) in a 1-D grid; plan() refuses more than 2^31 - 1 blocks.
-FS_HD constexpr int64_t grid_blocks(const Problem& p) { return (p.seqlen_q + BLOCK_Q - 1) / BLOCK_Q * p.batch * p.heads_q; }
+// One block per (batch·head, query tile of block_q rows) in a 1-D grid; plan() refuses more than
+// 2^31 - 1 blocks.
+FS_HD constexpr int64_t grid_blocks(const Problem& p, int block_q) {
+  return (p.seqlen_q + block_q - 1) / block_q * p.batch * p.heads_q;
+}
 
 // Block x works on head bh = x / q_tiles, the last query tile of a head first (with causal masking
 // it has the most keys); neighbouring blocks share a head, and a GQA group's K/V, in L2.
