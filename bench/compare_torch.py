@@ -20,6 +20,7 @@ import flash_steps  # noqa: E402  (the one ctypes layer of common/flash_steps.h)
 
 INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # as common/workload.h
 TORCH_BACKENDS = tuple(fr.SDPA_BACKENDS)
+ROUNDS = 4  # timed(): a shape's implementations are timed in this many interleaved rounds
 OPTIONAL_KINDS = ("fa4",)  # an optional baseline's exception is its cell's error, not the run's
 DETERMINISTIC_SUFFIX = ":det"  # the impl of a step's deterministic row: "11_backward:det"
 # The decoding shapes (batch, seqlen_k, heads_q, heads_kv): one long sequence, a few medium, many short,
@@ -271,24 +272,32 @@ class Sweep:
     # ---- the loop ----
 
     def shape(self, si: int, shape: dict) -> list[dict]:
-        t, rows = self.tensors(si, shape), []
+        """Every implementation checked and probed in turn, then all of them timed together (timed)."""
+        t, rows, ready = self.tensors(si, shape), [], []
         for fields, what in self.impls:
             row = dict(shape, **fields, **t["fields"], status="", reason="")
             rows.append(row)
             backend = fields["kind"] != "step"
+            context = what.context if backend else contextlib.nullcontext
             try:
                 if backend and what.name == "math" and self.math_too_big(row):
                     continue
-                with what.context() if backend else contextlib.nullcontext():
+                with context():
                     launch = self.backend(row, what, t) if backend else self.step(row, what, t)
-                    if launch:
-                        self.measure(row, *launch)
+                    plan = self.prepare(row, *launch) if launch else None
+                if plan:
+                    ready.append((row, context, plan))
             except Exception as e:  # one implementation's failure must not end the sweep
-                msg = fr.first_line(e)
-                unsupported = fields["kind"] == "torch" and ("No available kernel" in msg or "not supported" in msg.lower())
-                row.update(status="unsupported" if unsupported else "error", reason=msg)
+                self.failed(row, e)
+        self.timed(ready)
         self.finish(rows)
         return rows
+
+    @staticmethod
+    def failed(row: dict, e: Exception) -> None:
+        msg = fr.first_line(e)
+        unsupported = row["kind"] == "torch" and ("No available kernel" in msg or "not supported" in msg.lower())
+        row.update(status="unsupported" if unsupported else "error", reason=msg)
 
     def math_too_big(self, row: dict) -> bool:
         """Marks the row skipped when SDPA's math backend would need more memory than --math-max-gib."""
@@ -301,7 +310,14 @@ class Sweep:
         return need > cap
 
     def measure(self, row: dict, fn, checked) -> None:
-        """Skip if too slow; one checked launch; one timed probe; warm-up; the timed launches."""
+        """One implementation alone: prepare, then timed."""
+        plan = self.prepare(row, fn, checked)
+        if plan:
+            self.timed([(row, contextlib.nullcontext, plan)])
+
+    def prepare(self, row: dict, fn, checked):
+        """Skip if too slow; one checked launch; one timed probe. Returns (fn, launches to time, warm-up, the
+        check's verdict) for timed(), or None when the row is skipped (its status and reason say why)."""
         args, work, limit = self.args, row[self.work], self.limit_ms
         prev = self.last.setdefault((row["impl"], row.get("page_size")), {})
         group = (row["head_dim"], row["causal"], row["dtype"])
@@ -322,13 +338,36 @@ class Sweep:
             return
         n = max(args.min_iters, min(args.iters, int(args.budget_ms / max(probe, 1e-3))))
         warmup = min(args.warmup, int(args.budget_ms / max(probe, 1e-3)))  # slow launches: checked + probe suffice
-        if warmup:
-            self.timer.times(fn, warmup)
-        ts = self.timer.times(fn, n)
-        ms = fr.median(ts)
-        prev[group] = prev["any"] = (work, ms)
-        row.update(status="ok" if chk["pass"] else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=n,
-                   **self.rate_of(row, ms), **({} if chk["pass"] else {"reason": why}))
+        return fn, n, warmup, (chk["pass"], why)
+
+    def timed(self, ready: list) -> None:
+        """The timed launches of a shape's implementations (prepare()'s rows), interleaved: ROUNDS rounds,
+        each a share of every implementation's launches, in the list's order, then reversed, and so on. A
+        GPU's clock falls as it heats over the seconds of a shape, so an implementation always timed last
+        would read slower than the same kernel timed first; alternating the order gives each the same
+        mean position. The median, min and max over all of an implementation's launches."""
+        samples: dict[int, list[float]] = {id(row): [] for row, *_ in ready}
+        for r in range(ROUNDS):
+            for row, context, (fn, n, warmup, _) in ready if r % 2 == 0 else reversed(ready):
+                if row.get("status") == "error":
+                    continue
+                share = n // ROUNDS + (r < n % ROUNDS)
+                try:
+                    with context():
+                        if r == 0 and warmup:
+                            self.timer.times(fn, warmup)
+                        samples[id(row)] += self.timer.times(fn, share) if share else []
+                except Exception as e:  # as in shape(): this implementation's error, not the sweep's
+                    self.failed(row, e)
+        for row, _, (fn, n, warmup, (passed, why)) in ready:
+            ts = samples[id(row)]
+            if row.get("status") == "error" or not ts:
+                continue
+            ms = fr.median(ts)
+            prev = self.last[(row["impl"], row.get("page_size"))]
+            prev[(row["head_dim"], row["causal"], row["dtype"])] = prev["any"] = (row[self.work], ms)
+            row.update(status="ok" if passed else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=len(ts),
+                       **self.rate_of(row, ms), **({} if passed else {"reason": why}))
 
     # ---- our launch ----
 

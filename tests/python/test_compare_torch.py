@@ -465,6 +465,50 @@ class Measure(unittest.TestCase):
         self.assertAlmostEqual(other["gbs"], 4000.0)
         self.assertAlmostEqual(other["hbm_pct"], 100.0)
 
+    def test_a_shapes_implementations_are_timed_interleaved(self):
+        class Recorder(FakeTimer):  # which implementation each batch of launches was
+            def __init__(self):
+                super().__init__(2.0)
+                self.order = []
+
+            def times(self, fn, n):
+                self.order += [fn.__name__] * n
+                return super().times(fn, n)
+
+        def a():
+            pass
+
+        def b():
+            pass
+
+        s = sweep_of(ct.Sweep, ["--iters", "8", "--min-iters", "8", "--warmup", "0"], timer=Recorder())
+        rows = [dict(self.row, impl="a"), dict(self.row, impl="b")]
+        ready = [(r, contextlib.nullcontext, s.prepare(r, fn, lambda: dict(self.ok))) for r, fn in zip(rows, (a, b))]
+        s.timer.order.clear()  # the probes
+        s.timed(ready)
+        # Four rounds of two launches each: in order, reversed, in order, reversed.
+        self.assertEqual("".join(s.timer.order), "aabbbbaaaabbbbaa")
+        self.assertEqual([(r["status"], r["iters"]) for r in rows], [("ok", 8), ("ok", 8)])
+        # An implementation that raises mid-way is that row's error; the others are still timed.
+        def c():
+            raise RuntimeError("lost the device")
+
+        class Calling(FakeTimer):  # launches fn, as the real timer does
+            def times(self, fn, n):
+                for _ in range(n):
+                    fn()
+                return super().times(fn, n)
+
+        s.timer = Calling(2.0)
+        row_c = dict(self.row, impl="c", kind="step")
+        plan_c = (c, 8, 0, (True, ""))
+        row_a = dict(self.row, impl="a")
+        s.prepare(row_a, a, lambda: dict(self.ok))
+        s.last.setdefault(("c", None), {})
+        s.timed([(row_c, contextlib.nullcontext, plan_c), (row_a, contextlib.nullcontext, (a, 8, 0, (True, "")))])
+        self.assertEqual((row_c["status"], row_c["reason"]), ("error", "lost the device"))
+        self.assertEqual((row_a["status"], row_a["iters"]), ("ok", 8))
+
     def test_a_failed_check_is_timed_and_says_why(self):
         s = sweep_of(ct.Sweep)
         row = dict(self.row)
