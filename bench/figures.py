@@ -670,24 +670,27 @@ def fig_08_descriptors(out: Path, block_kv: int = 128):
 GEMM, SOFTMAX, RESCALE = 1.0, 1.6, 0.4  # schematic lengths: one batch of wgmma, the softmax of S, O's rescale
 
 
-def schedule_09(variant: str, tiles: int = 3) -> list[tuple[str, float, float, str, str]]:
-    """(row, start, length, kind, label) of two consumers and the tensor cores over `tiles` K/V tiles, by the
+def schedule_09(variant: str, tiles: int = 3, consumers: int = 2,
+                gemm: float = GEMM) -> list[tuple[str, float, float, str, str]]:
+    """(row, start, length, kind, label) of the consumers and the tensor cores over `tiles` K/V tiles, by the
     kernel's loop (kernel.cuh, `turn`): turn k issues S(k) and P·V(k-1), waits, then runs the softmax of S(k)
     and O's rescale. The tensor cores take the products in the order they were issued. 09a: nothing orders
-    the consumers (here both start together); 09b: ping-pong, a consumer issues only after the other issued
-    its turn; 09c: as 09b, and it waits for S(k) alone, so the softmax runs under P·V(k-1)."""
-    spans, tensor_free, last_issue, ready = [], 0.0, 0.0, [0.0, 0.0]
+    the consumers (here all start together); 09b: ping-pong, a consumer issues only after the one before it
+    in the rotation issued its turn; 09c (and 09e, with three consumers): as 09b, and it waits for S(k)
+    alone, so the softmax runs under P·V(k-1). `gemm`: the length of one batch of wgmma (half at head_dim 64
+    of what it is at 128, the softmax the same)."""
+    spans, tensor_free, last_issue, ready = [], 0.0, 0.0, [0.0] * consumers
     for k in range(tiles + 1):  # the last turn has P·V(tiles - 1) only
-        for c in (0, 1):
+        for c in range(consumers):
             issue = ready[c] if variant == "09a" else max(ready[c], last_issue)
             last_issue = issue
             done = {}
             for job, tile in (("S", k), ("PV", k - 1)):
                 if 0 <= tile < tiles:
                     start = max(tensor_free, issue)
-                    tensor_free = done[job] = start + GEMM
-                    spans.append(("tensor cores", start, GEMM, "gemm", f"{'S' if job == 'S' else 'PV'}{tile} c{c}"))
-            waited = done["S"] if variant == "09c" and "S" in done else max(done.values())
+                    tensor_free = done[job] = start + gemm
+                    spans.append(("tensor cores", start, gemm, "gemm", f"{'S' if job == 'S' else 'PV'}{tile} c{c}"))
+            waited = done["S"] if variant in ("09c", "09e") and "S" in done else max(done.values())
             if waited > issue:
                 spans.append((f"consumer {c}", issue, waited - issue, "wait", "wait" if waited - issue > 0.5 else ""))
             if "S" not in done:
@@ -750,6 +753,26 @@ def fig_09(out: Path):
     fig.tight_layout()
     _save(fig, out / "09_schedules.png")
     fig_09_ring(out)
+    fig_09_three(out, colours)
+
+
+def fig_09_three(out: Path, colours: dict):
+    """09e at head_dim 64: the same turns with two consumers and with three, products half as long (schematic)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 1, figsize=(12, 5.6))
+    panels = (("09c", 2, "09c/09d at head_dim 64: two consumers; a softmax outlasts the other consumer's turn, "
+                         "and the tensor cores wait"),
+              ("09e", 3, "09e: three consumers; two softmaxes run under the third's turn"))
+    until = max(start + length for v, n, _ in panels for _, start, length, _, _ in schedule_09(v, 4, n, GEMM / 2)) + 0.3
+    for ax, (variant, n, title) in zip(axes, panels):
+        spans = schedule_09(variant, 4, n, GEMM / 2)
+        busy = sum(length for row, _, length, _, _ in spans if row == "tensor cores") / max(s + l for _, s, l, _, _ in spans)
+        _gantt(ax, [f"consumer {c}" for c in range(n)] + ["tensor cores"],
+               [(row, start, length, colours[kind], text, "//" if kind == "wait" else None)
+                for row, start, length, kind, text in spans],
+               f"{title} (schematic; tensor cores busy {100 * busy:.0f} % of the time)", until)
+    fig.tight_layout()
+    _save(fig, out / "09_three_consumers.png")
 
 
 # ---- step 10: split-KV (steps/10_decoding/traits.h, num_splits_for) ------------------------------

@@ -285,6 +285,22 @@ class Schedules09(unittest.TestCase):
             return sum(e - s for s, e, *_ in rows["tensor cores"]) / end
         self.assertGreater(busy("09c"), busy("09b"))
 
+    def test_three_consumers_at_head_dim_64(self):
+        """09e's picture: with products half as long as at 128, a third consumer keeps the tensor cores busier,
+        every product of every consumer runs once, and the rotation holds (c0, c1, c2, c0, ...)."""
+        def spans(variant, n):
+            return figures.schedule_09(variant, 6, n, figures.GEMM / 2)
+
+        def busy(variant, n):
+            sp = spans(variant, n)
+            return sum(l for row, _, l, _, _ in sp if row == "tensor cores") / max(s + l for _, s, l, _, _ in sp)
+        self.assertGreater(busy("09e", 3), busy("09c", 2) + 0.05)
+        labels = sorted(label for row, *_, label in spans("09e", 3) if row == "tensor cores")
+        self.assertEqual(labels, sorted(f"{j}{k} c{c}" for j in ("S", "PV") for k in range(6) for c in range(3)))
+        order = [label.split()[1] for row, start, _, _, label in sorted(spans("09e", 3), key=lambda x: x[1])
+                 if row == "tensor cores" and label.startswith("S")]
+        self.assertEqual(order[:6], ["c0", "c1", "c2", "c0", "c1", "c2"])
+
 
 class BackwardDataflow(unittest.TestCase):
     """Note 11's dataflow: its arrows join its boxes, and its equations are the kernel's (kernel.cuh's header)."""
