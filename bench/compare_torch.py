@@ -147,10 +147,12 @@ def fields_of(shape: str, timed: str, check: str = "max_abs_err max_lse_err max_
 
 class Sweep:
     """The forward sweep, and the loop every pass shares: on each shape the same tensors for everyone, the
-    backends first (our steps are also compared with PyTorch flash's output), then our steps, each launched,
-    checked, then measured. A pass is a subclass saying what differs: its steps, shapes (plan), tensors, our
-    launch (step), a backend's (backend), the row's fields and rate, and its tables."""
+    backends first (our steps are also compared with PyTorch flash's output), then our steps, each launched
+    and checked, then all of them timed, interleaved (timed). A pass is a subclass saying what differs: its
+    steps, shapes (plan), tensors, our launch (step), a backend's (backend), the row's fields and rate, its
+    tables, and whether its implementations may be held at once to be interleaved (`interleaved`)."""
     mode, name, passes, default_steps, speedups = None, "compare_torch", ("forward",), "", True
+    interleaved = True  # the forward's implementations hold only an output each between rounds
     work, work_name, rate, unit, digits = "flops", "FLOPs", "tflops", "TFLOP/s", 1
     shape_fields = ("batch", "seqlen", "heads", "head_dim", "causal", "dtype")
     csv_fields = fields_of("batch seqlen heads head_dim causal dtype flops",
@@ -285,8 +287,10 @@ class Sweep:
                 with context():
                     launch = self.backend(row, what, t) if backend else self.step(row, what, t)
                     plan = self.prepare(row, *launch) if launch else None
-                if plan:
+                if plan and self.interleaved:
                     ready.append((row, context, plan))
+                elif plan:  # timed now, so that what the launch holds is freed before the next one
+                    self.timed([(row, context, plan)])
             except Exception as e:  # one implementation's failure must not end the sweep
                 self.failed(row, e)
         self.timed(ready)
@@ -343,13 +347,13 @@ class Sweep:
     def timed(self, ready: list) -> None:
         """The timed launches of a shape's implementations (prepare()'s rows), interleaved: ROUNDS rounds,
         each a share of every implementation's launches, in the list's order, then reversed, and so on. A
-        GPU's clock falls as it heats over the seconds of a shape, so an implementation always timed last
-        would read slower than the same kernel timed first; alternating the order gives each the same
-        mean position. The median, min and max over all of an implementation's launches."""
+        GPU timed the same kernel slower at the end of a shape's list than alone (its clock, not recorded,
+        is the likely cause: a GPU slows as it heats), so alternating the order gives each implementation
+        the same mean position. The median, min and max over all of an implementation's launches."""
         samples: dict[int, list[float]] = {id(row): [] for row, *_ in ready}
         for r in range(ROUNDS):
             for row, context, (fn, n, warmup, _) in ready if r % 2 == 0 else reversed(ready):
-                if row.get("status") == "error":
+                if row.get("status"):  # failed() in an earlier round: error, or unsupported
                     continue
                 share = n // ROUNDS + (r < n % ROUNDS)
                 try:
@@ -361,7 +365,7 @@ class Sweep:
                     self.failed(row, e)
         for row, _, (fn, n, warmup, (passed, why)) in ready:
             ts = samples[id(row)]
-            if row.get("status") == "error" or not ts:
+            if row.get("status") or not ts:
                 continue
             ms = fr.median(ts)
             prev = self.last[(row["impl"], row.get("page_size"))]
@@ -435,6 +439,7 @@ class Sweep:
 class DecodeSweep(Sweep):
     """--decode: the steps with a decode pass on the cache and on paged copies, the others through fs_run."""
     mode, name, passes, default_steps = "decode", "compare_torch-decode", ("forward", "decode"), DECODE_DEFAULT_STEPS
+    interleaved = False  # a paged copy of the caches per page size would stay allocated
     speedups = False
     work, work_name, rate, unit, digits = "kv_bytes", "bytes", "gbs", "GB/s of K+V read", 0
     shape_fields = ("batch", "seqlen_k", "heads_q", "heads_kv", "seqlen_q", "head_dim", "dtype", "causal")
@@ -507,6 +512,7 @@ class DecodeSweep(Sweep):
 class BackwardSweep(Sweep):
     """--backward: the backward alone timed, each step at deterministic 0 and 1, checked by fs_backward_bound."""
     mode, name, passes, short = "backward", "compare_torch_backward", ("backward",), staticmethod(fr.step_number)
+    interleaved = False  # each backend keeps its autograd graph (retain_graph) for its launches
     speedups = False
     csv_fields = fields_of("deterministic batch seqlen heads head_dim causal dtype flops",
                             "tflops x_flash x_cudnn x_fa4 forward_step", "dq_err dq_bound dk_err dk_bound dv_err "
@@ -697,7 +703,9 @@ def run(args) -> int:
     date, commit = datetime.datetime.now(datetime.timezone.utc), args.commit or fr.git_commit()
     timing = {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
               "budget_ms": args.budget_ms, "max_launch_ms": args.max_launch_ms, **head.pop("timing", {}),
-              "l2_flush": True, "sleep_us": args.sleep_us, "events": "one pair per launch"}
+              "l2_flush": True, "sleep_us": args.sleep_us, "events": "one pair per launch",
+              "order": f"a shape's implementations interleaved, {ROUNDS} rounds, in order then reversed"
+                       if cls.interleaved else "each implementation's launches together"}
     result = {**fr.result_head("compare_torch", cls.mode, date, commit, env, lib.path), "timing": timing, **head,
               "steps": steps, "backends": backends, "notes": notes, "complete": False, "rows": []}
     hbm = head.get("hbm")

@@ -835,6 +835,8 @@ TEST_CASE("step 09: five sub-steps, in idea order, on sm_90 only, each with its 
   // 09e takes that head_dim 64 problem in 192-row tiles: 683 · 16 · 2^17 = 1432354816 blocks fit; with
   // 1.5 times the batch, 683 · 16 · 196608 = 2148532224 do not.
   CHECK(fs::plan(*fs::find_step("09e_three_consumers"), big, h200).accepted());
+  CHECK(fs::find_step("09e_three_consumers")->forward.claims(big, h200));
+  CHECK_FALSE(fs::find_step("09a_producer_consumer")->forward.claims(big, h200));
   const fs::Problem bigger = fs::make_problem(3 << 16, 128 * 1024, 1, 16, 16, 64, fs::DType::fp16, false);
   CHECK(fs::plan(*fs::find_step("09e_three_consumers"), bigger, h200).refusal ==
         "this step launches one block per 192 query rows per batch and head, 2148532224 blocks here, more than the "

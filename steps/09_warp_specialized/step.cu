@@ -56,7 +56,9 @@ constexpr int max_smem_bytes(int ideas) {
 // grid fits in 2^31 - 1 blocks, on a GPU of compute capability 9.0 (H100, H200: 227 KiB per block).
 template <int IDEAS>
 bool claims(const Problem& p, const DeviceInfo& dev) {
-  const int block_q = step09::block_q(kConfigs[choose_config(IDEAS, p.head_dim, p.causal != 0)].consumers);
+  const int config = choose_config(IDEAS, p.head_dim, p.causal != 0);
+  if (config < 0 || config >= kNumConfigs) return false;  // a head_dim the harness refuses anyway
+  const int block_q = step09::block_q(kConfigs[config].consumers);
   return dev.compute_capability == 90 && dev.smem_per_block_optin >= size_t(max_smem_bytes(IDEAS)) &&
          limits(p).empty() && grid_blocks(p, block_q) <= INT32_MAX;
 }

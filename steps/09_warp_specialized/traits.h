@@ -113,7 +113,8 @@ static_assert(valid_reallocation(2) && valid_reallocation(3),
 //     p_frag BLOCK_KV / 4 × 32 bit P of tile k - 1 as fp16/bf16 pairs, wgmma's A operand, live until
 //                                  P·V of tile k - 1 completes (the turn structure needs it beside s_acc)
 // within the 240 registers a consumer thread has after setmaxnreg (160 with three consumers), with
-// at least 32 left for addresses and the softmax (ptxas -v: no row of the table spills). Shared
+// at least 32 left for addresses and the softmax (ptxas -v: no row of the table spills,
+// bench/results/ptxas-09_warp_specialized-6450ec6.txt). Shared
 // memory, two K/V stages: Q + 2 · 2 · BLOCK_KV · HEAD_DIM · 2 bytes, within the 227 KiB an sm_90
 // block may opt in to.
 //
