@@ -69,11 +69,15 @@ def _statement_end(text: str, i: int) -> int:
 
 def _body(text: str) -> str:
     """A statement as it stands in place of its if, without its own indentation: a block's lines
-    without their braces and their common indent."""
+    without their braces and their common indent (preprocessor lines, `#pragma unroll`, stand at column
+    0 in the source and are left out of that indent, and kept at column 0)."""
     text = text.strip()
     if not text.startswith("{"):
         return text
-    return textwrap.dedent(text[1:-1].strip("\n")).strip()
+    lines = text[1:-1].strip("\n").split("\n")
+    code = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    cut = min((len(line) - len(line.lstrip()) for line in code), default=0)
+    return "\n".join(line.lstrip() if line.lstrip().startswith("#") else line[cut:] for line in lines).strip()
 
 
 def _drop_later_entries(source: str, on: dict[str, bool]) -> str:
@@ -93,15 +97,25 @@ def _drop_later_entries(source: str, on: dict[str, bool]) -> str:
 
 
 def prune(source: str, on: dict[str, bool], folds: dict) -> str:
-    """The source with every `if constexpr (Tr::has(kX)) A [else B]` replaced by A or B (or nothing), and
-    every other Tr::has(kX) and each fold replaced by its value (a fold that leaves `if constexpr (true)`
-    or `(false)` prunes that branch too)."""
+    """The source with every Tr::has(kX) outside comments and each fold replaced by its value, then every
+    `if constexpr (true) A [else B]` (or `(false)`) replaced by A or B (or nothing), as is a plain
+    `if (true) A` left by a condition the constants decide."""
     source = _drop_later_entries(source, on)
     for regex, value in folds.items():
         source = re.sub(regex, value(on), source)
-    pattern = re.compile(r"if constexpr \((?:Tr::has\((k\w+)\)|(true|false))\)")
+    source = "\n".join(line if line.lstrip().startswith("//") else  # comments keep naming the idea
+                       re.sub(r"Tr::has\((k\w+)\)", lambda m: "true" if on[m.group(1)] else "false", line)
+                       for line in source.split("\n"))
+    # What the constants leave: `true ? a : b`, `!true || x` (x), `if (!false || x) {` (if (true) {).
+    source = re.sub(r"true \? ([^:;]+?) : [^;]+?;", r"\1;", source)
+    source = re.sub(r"false \? [^:;]+? : ([^;]+?);", r"\1;", source)
+    source = re.sub(r"!true \|\| ", "", source)
+    source = re.sub(r"\(!false \|\| .*\) \{", "(true) {", source)
+    # Every `if constexpr (true|false) A [else B]`, and every plain `if (true) A` the constants left, is
+    # replaced by A or B (or nothing).
+    pattern = re.compile(r"if (?:constexpr )?\((true|false)\)")
     while (m := pattern.search(source)) is not None:
-        keep = on[m.group(1)] if m.group(1) else m.group(2) == "true"
+        keep = m.group(1) == "true"
         then_end = _statement_end(source, m.end())
         rest = source[then_end:]
         else_m = re.match(r"\s*else\b", rest)
@@ -114,20 +128,14 @@ def prune(source: str, on: dict[str, bool], folds: dict) -> str:
         line_start = source.rfind("\n", 0, m.start()) + 1
         indent = source[line_start:m.start()]
         body = _body(chosen)
-        replacement = ("\n" + indent).join(body.split("\n")) if body else ""
+        # Each line at the if's indent plus its own; preprocessor lines at column 0, as in the source.
+        replacement = "\n".join(line if line.startswith("#") or not line else indent + line
+                                for line in body.split("\n"))
         if not replacement:  # the whole line goes
             after = end + 1 if source[end:end + 1] == "\n" else end
             source = source[:line_start] + source[after:]
         else:
-            source = source[:m.start()] + replacement + source[end:]
-    source = "\n".join(line if line.lstrip().startswith("//") else  # comments keep naming the idea
-                       re.sub(r"Tr::has\((k\w+)\)", lambda m: "true" if on[m.group(1)] else "false", line)
-                       for line in source.split("\n"))
-    # What the constants leave: `true ? a : b`, `!true || x` (x), `if (!false || x) {` (if (true) {).
-    source = re.sub(r"true \? ([^:;]+?) : [^;]+?;", r"\1;", source)
-    source = re.sub(r"false \? [^:;]+? : ([^;]+?);", r"\1;", source)
-    source = re.sub(r"!true \|\| ", "", source)
-    source = re.sub(r"\(!false \|\| .*\) \{", "(true) {", source)
+            source = source[:line_start] + replacement + source[end:]
     return source
 
 

@@ -331,21 +331,19 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
       }
     // Rescaling O costs HEAD_DIM/4 multiplies per row and tile. With kRescaleSkip a warp whose rows'
     // maxima did not grow skips it (every correction is exactly 1); the vote keeps the branch uniform.
-    if (true) {
 #pragma unroll
-      for (int mi = 0; mi < M_TILES; ++mi)
+    for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          // Each lane keeps the sum of its own columns; the 4 lanes of a row share `correction`, so
-          // their partial sums are added once, in the epilogue.
-          row_sum[mi][r] *= correction[mi][r];
+      for (int r = 0; r < 2; ++r) {
+        // Each lane keeps the sum of its own columns; the 4 lanes of a row share `correction`, so
+        // their partial sums are added once, in the epilogue.
+        row_sum[mi][r] *= correction[mi][r];
 #pragma unroll
-          for (int nt = 0; nt < Tr::O_N_TILES; ++nt) {
-            o_acc[mi][nt][2 * r] *= correction[mi][r];
-            o_acc[mi][nt][2 * r + 1] *= correction[mi][r];
-          }
+        for (int nt = 0; nt < Tr::O_N_TILES; ++nt) {
+          o_acc[mi][nt][2 * r] *= correction[mi][r];
+          o_acc[mi][nt][2 * r + 1] *= correction[mi][r];
         }
-    }
+      }
 #pragma unroll
     for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
@@ -428,19 +426,19 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
 
   T* o_tile = o + offset_of(p.o, b, q0, h);
   // Step 06's stores: each lane writes its two neighbouring columns of a row, 4 bytes at a time.
-  #pragma unroll
-      for (int mi = 0; mi < M_TILES; ++mi)
-  #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const frag::Coord c = frag::mma_c(lane, 2 * r);
-          const int row = warp_row0 + mi * 16 + c.row;
-          if (row >= q_rows) continue;
-  #pragma unroll
-          for (int nt = 0; nt < Tr::O_N_TILES; ++nt)
-            if (nt * 8 + c.col < head_dim)
-              *reinterpret_cast<uint32_t*>(o_tile + row * p.o.row + nt * 8 + c.col) =
-                  pack2<T>(o_acc[mi][nt][2 * r] * inv_sum[mi][r], o_acc[mi][nt][2 * r + 1] * inv_sum[mi][r]);
-        }
+#pragma unroll
+  for (int mi = 0; mi < M_TILES; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const frag::Coord c = frag::mma_c(lane, 2 * r);
+      const int row = warp_row0 + mi * 16 + c.row;
+      if (row >= q_rows) continue;
+#pragma unroll
+      for (int nt = 0; nt < Tr::O_N_TILES; ++nt)
+        if (nt * 8 + c.col < head_dim)
+          *reinterpret_cast<uint32_t*>(o_tile + row * p.o.row + nt * 8 + c.col) =
+              pack2<T>(o_acc[mi][nt][2 * r] * inv_sum[mi][r], o_acc[mi][nt][2 * r + 1] * inv_sum[mi][r]);
+    }
 }
 
 // The grid: with kWorkOrder one block per (batch·head, query tile) in a 1-D grid (block_tile);

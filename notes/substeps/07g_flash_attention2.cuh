@@ -450,29 +450,29 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
 
   T* o_tile = o + offset_of(p.o, b, q0, h);
   // O, normalized and rounded, into this warp's own rows of q_smem (no other warp reads them: each
-      // warp reads only its own rows of Q), then out in 16-byte chunks, consecutive lanes writing
-      // consecutive chunks of a row. Both passes are conflict-free with the swizzle.
-      T* o_smem = q_smem;  // [BLOCK_Q, HEAD_DIM], swizzled
-      __syncwarp();        // this warp's last ldmatrix of Q is behind every lane
-  #pragma unroll
-      for (int mi = 0; mi < M_TILES; ++mi)
-  #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const frag::Coord c = frag::mma_c(lane, 2 * r);  // elements 2r, 2r+1: one row, two columns
-  #pragma unroll
-          for (int nt = 0; nt < Tr::O_N_TILES; ++nt)
-            *reinterpret_cast<uint32_t*>(o_smem + Layout::offset(warp_row0 + mi * 16 + c.row, nt * 8 + c.col)) =
-                pack2<T>(o_acc[mi][nt][2 * r] * inv_sum[mi][r], o_acc[mi][nt][2 * r + 1] * inv_sum[mi][r]);
-        }
-      __syncwarp();  // every lane's part of the warp's rows is in shared memory
-  #pragma unroll
-      for (int i = 0; i < Tr::ROWS_PER_WARP * Tr::CHUNKS_PER_ROW / 32; ++i) {
-        const int c = i * 32 + lane;
-        const int row = warp_row0 + c / Tr::CHUNKS_PER_ROW, col = (c % Tr::CHUNKS_PER_ROW) * 8;
-        if (row < q_rows && col < head_dim)
-          *reinterpret_cast<uint4*>(o_tile + row * p.o.row + col) =
-              *reinterpret_cast<const uint4*>(o_smem + Layout::offset(row, col));
-      }
+  // warp reads only its own rows of Q), then out in 16-byte chunks, consecutive lanes writing
+  // consecutive chunks of a row. Both passes are conflict-free with the swizzle.
+  T* o_smem = q_smem;  // [BLOCK_Q, HEAD_DIM], swizzled
+  __syncwarp();        // this warp's last ldmatrix of Q is behind every lane
+#pragma unroll
+  for (int mi = 0; mi < M_TILES; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const frag::Coord c = frag::mma_c(lane, 2 * r);  // elements 2r, 2r+1: one row, two columns
+#pragma unroll
+      for (int nt = 0; nt < Tr::O_N_TILES; ++nt)
+        *reinterpret_cast<uint32_t*>(o_smem + Layout::offset(warp_row0 + mi * 16 + c.row, nt * 8 + c.col)) =
+            pack2<T>(o_acc[mi][nt][2 * r] * inv_sum[mi][r], o_acc[mi][nt][2 * r + 1] * inv_sum[mi][r]);
+    }
+  __syncwarp();  // every lane's part of the warp's rows is in shared memory
+#pragma unroll
+  for (int i = 0; i < Tr::ROWS_PER_WARP * Tr::CHUNKS_PER_ROW / 32; ++i) {
+    const int c = i * 32 + lane;
+    const int row = warp_row0 + c / Tr::CHUNKS_PER_ROW, col = (c % Tr::CHUNKS_PER_ROW) * 8;
+    if (row < q_rows && col < head_dim)
+      *reinterpret_cast<uint4*>(o_tile + row * p.o.row + col) =
+          *reinterpret_cast<const uint4*>(o_smem + Layout::offset(row, col));
+  }
 }
 
 // The grid: with kWorkOrder one block per (batch·head, query tile) in a 1-D grid (block_tile);

@@ -35,7 +35,13 @@ class Prune(unittest.TestCase):
 
     def test_an_idea_off_keeps_the_else_or_nothing(self):
         self.assertEqual(substeps.prune(SOURCE, {"kA": False, "kB": False}, {}),
-                         "void f() {\n  c();\n  int t = 2;\n  if (true) {\n    e();\n  }\n}\n")
+                         "void f() {\n  c();\n  int t = 2;\n  e();\n}\n")  # `if (true) {...}` unwrapped too
+
+    def test_preprocessor_lines_stay_at_column_0(self):
+        src = ("  if constexpr (Tr::has(kA)) {\n#pragma unroll\n    for (;;)\n#pragma unroll\n      for (;;) x();\n"
+               "  }\n")
+        self.assertEqual(substeps.prune(src, {"kA": True}, {}),
+                         "#pragma unroll\n  for (;;)\n#pragma unroll\n    for (;;) x();\n")
 
     def test_folds(self):
         folds = {r"under\(Tr::IDEAS\)": lambda on: "yes" if on["kA"] else "no"}
