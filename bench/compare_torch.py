@@ -323,8 +323,7 @@ class Sweep:
         """Skip if too slow; one checked launch; one timed probe. Returns (fn, launches to time, warm-up, the
         check's verdict) for timed(), or None when the row is skipped (its status and reason say why)."""
         args, work, limit = self.args, row[self.work], self.limit_ms
-        prev = self.last.setdefault((row["impl"], row.get("page_size")), {})
-        group = (row["head_dim"], row["causal"], row["dtype"])
+        prev, group = self.history(row)
         base = prev.get(group) or prev.get("any")
         if base and base[1] * work / base[0] > limit:
             row.update(status="skipped", reason=f"a launch would take about {base[1] * work / base[0]:.0f} ms "
@@ -335,7 +334,7 @@ class Sweep:
         row.update(chk)
         why = row.pop("why", "")
         probe = self.timer.times(fn, 1)[0]
-        prev[group] = prev["any"] = (work, probe)
+        self.remember(row, probe)
         if probe > limit:
             row.update(status="skipped", probe_ms=probe,
                        reason=f"one launch took {probe:.0f} ms, over the limit of {limit:g} ms (--max-launch-ms)")
@@ -343,6 +342,15 @@ class Sweep:
         n = max(args.min_iters, min(args.iters, int(args.budget_ms / max(probe, 1e-3))))
         warmup = min(args.warmup, int(args.budget_ms / max(probe, 1e-3)))  # slow launches: checked + probe suffice
         return fn, n, warmup, (chk["pass"], why)
+
+    def history(self, row: dict) -> tuple[dict, tuple]:
+        """This implementation's last (work, ms), by (head_dim, causal, dtype) and under "any", and the row's key."""
+        return self.last.setdefault((row["impl"], row.get("page_size")), {}), (row["head_dim"], row["causal"], row["dtype"])
+
+    def remember(self, row: dict, ms: float) -> None:
+        """A launch of the row took ms: what prepare() scales the next shape's launch from."""
+        prev, group = self.history(row)
+        prev[group] = prev["any"] = (row[self.work], ms)
 
     def timed(self, ready: list) -> None:
         """The timed launches of a shape's implementations (prepare()'s rows), interleaved: ROUNDS rounds,
@@ -368,8 +376,7 @@ class Sweep:
             if row.get("status") or not ts:
                 continue
             ms = fr.median(ts)
-            prev = self.last[(row["impl"], row.get("page_size"))]
-            prev[(row["head_dim"], row["causal"], row["dtype"])] = prev["any"] = (row[self.work], ms)
+            self.remember(row, ms)
             row.update(status="ok" if passed else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=len(ts),
                        **self.rate_of(row, ms), **({} if passed else {"reason": why}))
 

@@ -763,9 +763,9 @@ def fig_09_three(out: Path, colours: dict):
     panels = (("09c", 2, "09c/09d at head_dim 64: two consumers; a softmax outlasts the other consumer's turn, "
                          "and the tensor cores wait"),
               ("09e", 3, "09e: three consumers; two softmaxes run under the third's turn"))
-    until = max(start + length for v, n, _ in panels for _, start, length, _, _ in schedule_09(v, 4, n, GEMM / 2)) + 0.3
-    for ax, (variant, n, title) in zip(axes, panels):
-        spans = schedule_09(variant, 4, n, GEMM / 2)
+    schedules = [schedule_09(variant, 4, n, GEMM / 2) for variant, n, _ in panels]
+    until = max(start + length for spans in schedules for _, start, length, _, _ in spans) + 0.3
+    for ax, (variant, n, title), spans in zip(axes, panels, schedules):
         busy = sum(length for row, _, length, _, _ in spans if row == "tensor cores") / max(s + l for _, s, l, _, _ in spans)
         _gantt(ax, [f"consumer {c}" for c in range(n)] + ["tensor cores"],
                [(row, start, length, colours[kind], text, "//" if kind == "wait" else None)

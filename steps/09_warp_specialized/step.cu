@@ -184,14 +184,12 @@ void explain_block(std::ostream& out, int consumers) {
 // and a drawing of the schedule.
 template <int IDEAS>
 void explain(std::ostream& out) {
-  int most = 0;  // the most consumers a row of this sub-step has: its turns are drawn for those
-  for (int consumers = 2; consumers <= 3; ++consumers)
-    for (int i = 0; i < kNumConfigs; ++i)
-      if (has_config(IDEAS, i) && kConfigs[i].consumers == consumers) {
-        explain_block(out, consumers);
-        most = consumers;
-        break;
-      }
+  unsigned counts = 0;  // bit n: a row of this sub-step has n consumers
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (has_config(IDEAS, i)) counts |= 1u << kConfigs[i].consumers;
+  int most = 0;  // the most consumers a row has: the turns below are drawn for those
+  for (int n = 1; n < 32; ++n)
+    if (counts >> n & 1u) explain_block(out, most = n);
 
   out << "Tiles of this sub-step (registers per consumer thread: o_acc + s_acc + p_frag):\n";
   for (int i = 0; i < kNumConfigs; ++i) {
