@@ -300,10 +300,10 @@ TEST_CASE("step 09: setmaxnreg moves the block's pool of registers, and the tabl
   }
   // The table's comment, by hand.
   CHECK(s9::array_registers(s9::kConfigs[s9::kD128_N176]) == 64 + 88 + 44);
-  CHECK(s9::smem_bytes(s9::kConfigs[s9::kD128_N176]) == 32768 + 4 * 45056 + 8 * 9 + 1024);
-  CHECK(s9::smem_bytes(s9::kConfigs[s9::kD256_N80]) == 65536 + 4 * 40960 + 8 * 9 + 1024);
+  CHECK(s9::smem_bytes(s9::kConfigs[s9::kD128_N176]) == 32768 + 4 * 45056 + 8 * 10 + 1024);
+  CHECK(s9::smem_bytes(s9::kConfigs[s9::kD256_N80]) == 65536 + 4 * 40960 + 8 * 10 + 1024);
   CHECK(s9::array_registers(s9::kConfigs[s9::kD64_Q192]) == 32 + 64 + 32);
-  CHECK(s9::smem_bytes(s9::kConfigs[s9::kD64_Q192]) == 24576 + 4 * 16384 + 8 * 9 + 1024);
+  CHECK(s9::smem_bytes(s9::kConfigs[s9::kD64_Q192]) == 24576 + 4 * 16384 + 8 * 10 + 1024);
   CHECK_FALSE(s9::fits_registers({64, 192, 2, 3}));  // 09d's 192 keys at head_dim 64: 176 of 160
 
   // Every head_dim, masking and sub-step has a row of its own width, with a real column in every box.
@@ -343,9 +343,10 @@ TEST_CASE("step 09: setmaxnreg moves the block's pool of registers, and the tabl
   for (int stages = 1; stages <= 4; ++stages) {
     std::set<uint32_t> at;
     at.insert(s9::barrier_offset(s9::kQFull, 0, stages));
+    at.insert(s9::barrier_offset(s9::kQEmpty, 0, stages));
     for (int st = 0; st < stages; ++st)
       for (s9::BarrierKind k : {s9::kKFull, s9::kVFull, s9::kKEmpty, s9::kVEmpty}) at.insert(s9::barrier_offset(k, st, stages));
-    CHECK(at.size() == size_t(1 + 4 * stages));
+    CHECK(at.size() == size_t(2 + 4 * stages));
     for (uint32_t o : at) CHECK((o % 8 == 0 && o < uint32_t(8 * s9::num_barriers({64, 128, stages, 2}))));
   }
   // Named barriers: 0 is __syncthreads; the others distinct, below 16, thread counts whole warps.
@@ -450,63 +451,78 @@ struct NamedBarrier {
   }
 };
 
-// What a consumer warp does, op by op, generated from traits.h as kernel.cuh does it.
-enum class OpKind { Arrive, WaitQ, WaitFull, Sync, Issue, WaitGroups, Release, Finish };
+// What a consumer warp does, op by op, generated from traits.h as kernel.cuh does it, for the tiles
+// of one block (counts[n]: the K/V tiles tile n visits; one tile before 09f, any number from it).
+enum class OpKind { Arrive, WaitQ, WaitFull, Sync, Issue, WaitGroups, Release, Finish, Epilogue, ReleaseQ };
 struct Op {
   OpKind kind;
-  int a = 0, b = 0;  // Arrive/Sync: barrier id; WaitFull/Release: ring (0 K, 1 V), visit; Issue: turn;
-                     // WaitGroups: groups that may stay pending; Finish: turn (O rescale and P rounding)
+  int a = 0, b = 0;  // Arrive/Sync: barrier id; WaitQ/Epilogue/ReleaseQ: tile; WaitFull/Release: ring (0 K,
+                     // 1 V), the block's visit; Issue: turn, tile; WaitGroups: groups that may stay pending;
+                     // Finish: turn (O rescale and P rounding)
 };
-std::vector<Op> consumer_program(int ideas, int c, int count, int consumers) {
+std::vector<Op> consumer_program(int ideas, int warp, const std::vector<int>& counts, int consumers) {
   std::vector<Op> prog;
-  if (count == 0) return prog;
   const bool ping_pong = ideas >= s9::kPingPong;
-  const int next = s9::turn_barrier(s9::next_consumer(c, consumers));
-  prog.push_back({OpKind::WaitQ});
-  if (ping_pong && s9::grants_first_turn(c, consumers)) prog.push_back({OpKind::Arrive, next});
-  for (int k = 0; k < s9::num_turns(count); ++k) {
-    const bool has_s = s9::turn_has_s(k, count), has_pv = s9::turn_has_pv(k);
-    const bool under = s9::softmax_under_pv(ideas, has_s, has_pv);
-    if (has_s) prog.push_back({OpKind::WaitFull, 0, k});
-    if (has_pv) prog.push_back({OpKind::WaitFull, 1, k - 1});
-    if (ping_pong) prog.push_back({OpKind::Sync, s9::turn_barrier(c)});
-    prog.push_back({OpKind::Issue, k});  // S(k) committed first, then P·V(k-1), as kernel.cuh does
-    if (ping_pong && s9::hands_over_after(c, k, count, consumers)) prog.push_back({OpKind::Arrive, next});
-    prog.push_back({OpKind::WaitGroups, under ? 1 : 0});
-    if (has_pv && !under) prog.push_back({OpKind::Release, 1, k - 1});
-    if (has_s) prog.push_back({OpKind::Release, 0, k});  // after the softmax of S(k)
-    if (under) {
-      prog.push_back({OpKind::WaitGroups, 0});
-      prog.push_back({OpKind::Release, 1, k - 1});
+  const int c = warp / 4, next = s9::turn_barrier(s9::next_consumer(c, consumers));
+  int base = 0;  // visits of the earlier tiles
+  for (int n = 0; n < int(counts.size()); ++n) {
+    const int count = counts[size_t(n)];
+    prog.push_back({OpKind::WaitQ, n});
+    if (count > 0 && ping_pong && s9::grants_first_turn(c, consumers)) prog.push_back({OpKind::Arrive, next});
+    for (int k = 0; k < s9::num_turns(count); ++k) {
+      const bool has_s = s9::turn_has_s(k, count), has_pv = s9::turn_has_pv(k);
+      const bool under = s9::softmax_under_pv(ideas, has_s, has_pv);
+      if (has_s) prog.push_back({OpKind::WaitFull, 0, base + k});
+      if (has_pv) prog.push_back({OpKind::WaitFull, 1, base + k - 1});
+      if (ping_pong) prog.push_back({OpKind::Sync, s9::turn_barrier(c)});
+      prog.push_back({OpKind::Issue, k, n});  // S(k) committed first, then P·V(k-1), as kernel.cuh does
+      if (ping_pong && s9::hands_over_after(c, k, count, consumers)) prog.push_back({OpKind::Arrive, next});
+      prog.push_back({OpKind::WaitGroups, under ? 1 : 0});
+      if (has_pv && !under) prog.push_back({OpKind::Release, 1, base + k - 1});
+      if (has_s) prog.push_back({OpKind::Release, 0, base + k});  // after the softmax of S(k)
+      if (under) {
+        prog.push_back({OpKind::WaitGroups, 0});
+        prog.push_back({OpKind::Release, 1, base + k - 1});
+      }
+      if (has_s) prog.push_back({OpKind::Finish, k});
     }
-    if (has_s) prog.push_back({OpKind::Finish, k});
+    // O into the consumer's rows of q_smem, its named barrier, the TMA store; its first warp then
+    // releases q_smem (after the store has read it).
+    prog.push_back({OpKind::Epilogue, n});
+    if (warp % 4 == 0) prog.push_back({OpKind::ReleaseQ, n});
+    base += count;
   }
   return prog;
 }
 
 struct Group {
   bool pv;
-  int turn;
+  int visit;  // the block's visit whose K (S) or V (P·V) it reads
   bool done;
 };
 
-// One run of the block: the producer thread, the copy engine (copies land in random order after
-// random delays), the 4 · consumers consumer warps, their wgmma groups (completing in any order: the ISA promises
-// only what wait_group says), all interleaved at random. Checks, on every operation:
+// One run of a block over its tiles: the producer thread, the copy engine (copies land in random
+// order after random delays), the 4 · consumers consumer warps, their wgmma groups (completing in any
+// order: the ISA promises only what wait_group says), all interleaved at random. Checks, on every
+// operation:
 //   - a copy into a stage is issued only when all consumer warps have released the stage's previous fill
 //     and no wgmma reading the stage is in flight (it would overwrite a tile being read);
-//   - every product reads the tile it should, after its copy has landed;
+//   - Q is loaded only when no consumer warp still writes or stores the previous tile's O from q_smem;
+//   - every product reads the tile it should, after its copy has landed, and Q of its own tile;
 //   - every wait's parity is unambiguous (Mbarrier), every named barrier is used by the ISA's rules
 //     (NamedBarrier), a warp touches S's accumulators only once S's group is complete and o_acc or
 //     p_frag only once P·V's is, and releases a stage only once its wgmma reading it is complete;
-//   - with ping-pong, the consumers issue their turns in strict rotation;
+//   - with ping-pong, the consumers issue their turns in strict rotation, across tiles too;
 //   - the run ends (no deadlock), with every barrier back at rest and every fill released.
-void simulate_block(int ideas, int stages, int count, uint32_t seed, int consumers) {
-  CAPTURE(ideas, stages, count, seed, consumers);
+void simulate_block(int ideas, int stages, const std::vector<int>& counts, uint32_t seed, int consumers) {
+  CAPTURE(ideas, stages, counts, seed, consumers);
   std::mt19937 rng(seed);
   const int64_t kTileBytes = 4096, kQBytes = 8192;
   const bool ping_pong = ideas >= s9::kPingPong;
-  Mbarrier q_full(1);
+  const int tiles = int(counts.size());
+  int visits = 0;
+  for (int count : counts) visits += count;
+  Mbarrier q_full(1), q_empty(consumers);
   std::vector<Mbarrier> full[2], empty[2];  // [ring: K, V][stage]
   for (int ring = 0; ring < 2; ++ring)
     for (int s = 0; s < stages; ++s) {
@@ -514,10 +530,11 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed, int consume
       empty[ring].emplace_back(s9::consumer_warps(consumers));
     }
   std::vector<int> landed[2] = {std::vector<int>(size_t(stages), -1), std::vector<int>(size_t(stages), -1)};
-  std::vector<int> released[2] = {std::vector<int>(size_t(count), 0), std::vector<int>(size_t(count), 0)};
+  std::vector<int> released[2] = {std::vector<int>(size_t(visits), 0), std::vector<int>(size_t(visits), 0)};
+  int q_landed = -1;  // the tile whose Q is in q_smem
   NamedBarrier named[16];
   struct Copy {
-    int ring, stage, visit;  // ring -1: Q
+    int ring, stage, visit;  // ring -1: Q of tile `visit`
   };
   std::vector<Copy> in_flight;
 
@@ -525,35 +542,44 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed, int consume
   std::vector<std::vector<Op>> prog(W);
   std::vector<size_t> pc(W, 0);
   std::vector<std::vector<Group>> groups(W);
-  std::vector<int> waiting_use(W, -1), waiting_id(W, -1), turns_issued(W, 0);
-  for (int w = 0; w < W; ++w) prog[size_t(w)] = consumer_program(ideas, w / 4, count, consumers);
+  std::vector<int> waiting_use(W, -1), waiting_id(W, -1), turns_issued(W, 0), s_visit(W, -1), tile_of(W, -1);
+  std::vector<int> epilogues(W, 0);  // tiles whose O the warp has written and (its consumer) stored
+  for (int w = 0; w < W; ++w) prog[size_t(w)] = consumer_program(ideas, w, counts, consumers);
 
-  // The producer: Q, then copy after copy (kv_load), each after its stage's release.
-  int next_copy = count > 0 ? -1 : 2 * count;  // -1: Q
+  // The producer: per tile, Q at q_load_position among its copies (kv_load), each copy after its
+  // stage's release, Q after q_smem's.
+  int tile = 0, next_copy = 0, base = 0;  // next_copy: position among the tile's 2·count + 1 copies
   auto producer_step = [&]() -> bool {
-    if (next_copy >= 2 * count) return false;
-    if (next_copy == -1) {
-      q_full.arrive(kQBytes);
-      in_flight.push_back({-1, 0, 0});
-      ++next_copy;
-      return true;
+    if (tile >= tiles) return false;
+    const int count = counts[size_t(tile)], q_at = s9::q_load_position(ideas, count);
+    if (next_copy == q_at) {
+      if (tile > 0 && !q_empty.try_wait_parity(uint32_t((tile - 1) & 1), tile - 1)) return false;
+      for (int w = 0; w < W; ++w) REQUIRE(epilogues[size_t(w)] >= tile);  // no one writes or stores O there
+      if (count > 0) {
+        q_full.arrive(kQBytes);
+        in_flight.push_back({-1, 0, tile});
+      } else {
+        q_full.arrive(0);
+      }
+    } else {
+      const s9::KvLoad l = s9::kv_load(next_copy - (next_copy > q_at ? 1 : 0), count);
+      const int visit = base + l.visit, ring = l.v ? 1 : 0, s = s9::kv_stage(visit, stages);
+      if (s9::waits_for_release(visit, stages) &&
+          !empty[ring][size_t(s)].try_wait_parity(s9::release_parity(visit, stages), visit / stages - 1))
+        return false;
+      // The stage is free: the previous fill released by every warp, no wgmma reading it in flight.
+      if (visit >= stages) REQUIRE(released[ring][size_t(visit - stages)] == W);
+      for (int w = 0; w < W; ++w)
+        for (const Group& g : groups[size_t(w)])
+          if (!g.done) REQUIRE(!(g.pv == bool(ring) && s9::kv_stage(g.visit, stages) == s));
+      full[ring][size_t(s)].arrive(kTileBytes);
+      in_flight.push_back({ring, s, visit});
     }
-    const s9::KvLoad l = s9::kv_load(next_copy, count);
-    const int ring = l.v ? 1 : 0, s = s9::kv_stage(l.visit, stages);
-    if (s9::waits_for_release(l.visit, stages) &&
-        !empty[ring][size_t(s)].try_wait_parity(s9::release_parity(l.visit, stages), l.visit / stages - 1))
-      return false;
-    // The stage is free: the previous fill released by every warp, no wgmma reading it in flight.
-    if (l.visit >= stages) REQUIRE(released[ring][size_t(l.visit - stages)] == W);
-    for (int w = 0; w < W; ++w)
-      for (const Group& g : groups[size_t(w)])
-        if (!g.done) {
-          const int read_visit = g.pv ? g.turn - 1 : g.turn;
-          REQUIRE(!(g.pv == bool(ring) && s9::kv_stage(read_visit, stages) == s));
-        }
-    full[ring][size_t(s)].arrive(kTileBytes);
-    in_flight.push_back({ring, s, l.visit});
-    ++next_copy;
+    if (++next_copy > 2 * count) {
+      next_copy = 0;
+      base += count;
+      ++tile;
+    }
     return true;
   };
   auto copy_step = [&]() -> bool {
@@ -562,6 +588,7 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed, int consume
     const Copy c = in_flight[i];
     in_flight.erase(in_flight.begin() + long(i));
     if (c.ring < 0) {
+      q_landed = c.visit;
       q_full.complete_tx(kQBytes);
     } else {
       landed[c.ring][size_t(c.stage)] = c.visit;
@@ -579,9 +606,9 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed, int consume
     groups[size_t(w)][g].done = true;
     return true;
   };
-  auto group_done = [&](int w, bool pv, int turn) {
+  auto group_done = [&](int w, bool pv, int visit) {
     for (const Group& g : groups[size_t(w)])
-      if (g.pv == pv && g.turn == turn) return g.done;
+      if (g.pv == pv && g.visit == visit) return g.done;
     return false;
   };
   auto warp_step = [&](int w) -> bool {
@@ -590,7 +617,8 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed, int consume
     const int c = w / 4;
     switch (op.kind) {
       case OpKind::WaitQ:
-        if (!q_full.try_wait_parity(0, 0)) return false;
+        if (!q_full.try_wait_parity(uint32_t(op.a & 1), op.a)) return false;
+        tile_of[size_t(w)] = op.a;
         break;
       case OpKind::WaitFull: {
         const int s = s9::kv_stage(op.b, stages);
@@ -611,21 +639,28 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed, int consume
         waiting_id[size_t(w)] = -1;
         break;
       case OpKind::Issue: {
-        const int k = op.a;
-        if (ping_pong) {  // strict rotation: turn k of c after turn k of every c' < c, before that of every c' > c
+        const int k = op.a, count = counts[size_t(op.b)], turn = turns_issued[size_t(w)];
+        if (ping_pong) {  // strict rotation: turn T of c after turn T of every c' < c, before that of every c' > c
           for (int o = 0; o < W; ++o)
-            if (o / 4 != c) REQUIRE(turns_issued[size_t(o)] == (o / 4 < c ? k + 1 : k));
+            if (o / 4 != c) REQUIRE(turns_issued[size_t(o)] == (o / 4 < c ? turn + 1 : turn));
         }
         // Registers: S's accumulators and P·V's operands are free (their last groups are complete).
         for (const Group& g : groups[size_t(w)]) REQUIRE(g.done);
         groups[size_t(w)].clear();
+        int base_of_tile = 0;
+        for (int n = 0; n < op.b; ++n) base_of_tile += counts[size_t(n)];
+        s_visit[size_t(w)] = -1;
         if (s9::turn_has_s(k, count)) {
-          REQUIRE(landed[0][size_t(s9::kv_stage(k, stages))] == k);  // S(k) reads K(k)
-          groups[size_t(w)].push_back({false, k, false});
+          const int v = base_of_tile + k;
+          REQUIRE(q_landed == op.b);                                 // S(k) reads this tile's Q
+          REQUIRE(landed[0][size_t(s9::kv_stage(v, stages))] == v);  // and K(k)
+          groups[size_t(w)].push_back({false, v, false});
+          s_visit[size_t(w)] = v;
         }
         if (s9::turn_has_pv(k)) {
-          REQUIRE(landed[1][size_t(s9::kv_stage(k - 1, stages))] == k - 1);  // P·V(k-1) reads V(k-1)
-          groups[size_t(w)].push_back({true, k, false});
+          const int v = base_of_tile + k - 1;
+          REQUIRE(landed[1][size_t(s9::kv_stage(v, stages))] == v);  // P·V(k-1) reads V(k-1)
+          groups[size_t(w)].push_back({true, v, false});
         }
         ++turns_issued[size_t(w)];
         break;
@@ -636,14 +671,11 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed, int consume
         for (size_t g = 0; g + size_t(op.a) < gs.size(); ++g)
           if (!gs[g].done) return false;
         // What the turn reads next: S's accumulators (the softmax) need S's group complete.
-        const int k = turns_issued[size_t(w)] - 1;
-        if (s9::turn_has_s(k, count)) REQUIRE(group_done(w, false, k));
+        if (s_visit[size_t(w)] >= 0) REQUIRE(group_done(w, false, s_visit[size_t(w)]));
         break;
       }
       case OpKind::Release: {
-        const int k = turns_issued[size_t(w)] - 1;
-        REQUIRE(group_done(w, op.a == 1, k));  // the wgmma that read the stage has completed
-        REQUIRE(op.b == (op.a == 1 ? k - 1 : k));
+        REQUIRE(group_done(w, op.a == 1, op.b));  // the wgmma that read the stage has completed
         empty[op.a][size_t(s9::kv_stage(op.b, stages))].arrive(0);
         ++released[op.a][size_t(op.b)];
         break;
@@ -651,13 +683,24 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed, int consume
       case OpKind::Finish:
         for (const Group& g : groups[size_t(w)]) REQUIRE(g.done);  // o_acc and p_frag are free
         break;
+      case OpKind::Epilogue:
+        for (const Group& g : groups[size_t(w)]) REQUIRE(g.done);  // O is final; Q is read no more
+        REQUIRE(tile_of[size_t(w)] == op.a);
+        ++epilogues[size_t(w)];
+        break;
+      case OpKind::ReleaseQ:
+        // The consumer's first thread, after the named barrier: all its 4 warps have written O.
+        for (int o = 4 * c; o < 4 * c + 4; ++o)
+          if (epilogues[size_t(o)] <= op.a) return false;
+        q_empty.arrive(0);
+        break;
     }
     ++pc[size_t(w)];
     return true;
   };
 
   auto finished = [&]() {
-    if (next_copy < 2 * count || !in_flight.empty()) return false;
+    if (tile < tiles || !in_flight.empty()) return false;
     for (int w = 0; w < W; ++w)
       if (pc[size_t(w)] < prog[size_t(w)].size()) return false;
     return true;
@@ -666,7 +709,7 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed, int consume
   auto step = [&](int e) { return e == 0 ? producer_step() : e == 1 ? copy_step() : e == 2 ? tensor_step() : warp_step(e - 3); };
   int rounds = 0;
   while (!finished()) {
-    REQUIRE(++rounds < 25 * W * (count + 10));
+    REQUIRE(++rounds < 25 * W * (visits + 10 * tiles + 10));
     if (step(int(rng() % (3 + W)))) continue;
     // No progress: some entity must be able to move, or the protocol deadlocks.
     std::vector<int> order(3 + W);
@@ -684,18 +727,20 @@ void simulate_block(int ideas, int stages, int count, uint32_t seed, int consume
   }
   // At rest: every named barrier idle, each turn barrier used once per turn (with ping-pong), every
   // fill released by all W warps, every barrier in the phase its fills put it in.
+  int turns = 0;
+  for (int count : counts) turns += s9::num_turns(count);
   for (const NamedBarrier& n : named) CHECK(n.arrived == 0);
-  for (int c = 0; c < consumers; ++c)
-    CHECK(named[s9::turn_barrier(c)].completions == (ping_pong ? s9::num_turns(count) : 0));
+  for (int c = 0; c < consumers; ++c) CHECK(named[s9::turn_barrier(c)].completions == (ping_pong ? turns : 0));
   for (int ring = 0; ring < 2; ++ring) {
-    for (int v = 0; v < count; ++v) CHECK(released[ring][size_t(v)] == W);
+    for (int v = 0; v < visits; ++v) CHECK(released[ring][size_t(v)] == W);
     for (int s = 0; s < stages; ++s) {
-      const int fills = count > s ? (count - s + stages - 1) / stages : 0;
+      const int fills = visits > s ? (visits - s + stages - 1) / stages : 0;
       CHECK(full[ring][size_t(s)].phase == fills);
       CHECK(empty[ring][size_t(s)].phase == fills);
     }
   }
-  CHECK(q_full.phase == (count > 0 ? 1 : 0));
+  CHECK(q_full.phase == tiles);
+  CHECK(q_empty.phase == tiles);
 }
 
 TEST_CASE("step 09: the block's protocol is safe and ends, for every sub-step, under random timings",
@@ -728,12 +773,19 @@ TEST_CASE("step 09: the block's protocol is safe and ends, for every sub-step, u
   CHECK((s9::hands_over_after(1, 3, 3, 3) && !s9::hands_over_after(2, 3, 3, 3) && s9::hands_over_after(2, 2, 3, 3)));
   CHECK((s9::next_consumer(0, 3) == 1 && s9::next_consumer(1, 3) == 2 && s9::next_consumer(2, 3) == 0));
 
+  // A block of 09a … 09e has one tile; from 09f it works through several, the rings, the Q barriers
+  // and the turn rotation running on from one to the next (tiles of 0 keys included: causal, Sq > Sk).
+  const std::vector<std::vector<int>> persistent = {{1, 1, 1}, {3, 0, 5}, {0, 0, 2, 1}, {17, 4, 9, 2, 1}, {2, 150, 3}};
   for (int consumers : {2, 3})
-    for (int ideas = s9::kWarpSpecialization; ideas <= s9::kThreeConsumers; ++ideas) {
+    for (int ideas = s9::kWarpSpecialization; ideas <= s9::kPersistent; ++ideas) {
       for (int stages : {1, 2, 3, 4})
         for (int count : {0, 1, 2, 3, 4, 5, 9, 17})
-          for (uint32_t seed = 1; seed <= 6; ++seed) simulate_block(ideas, stages, count, seed, consumers);
-      simulate_block(ideas, 2, 150, 99, consumers);
+          for (uint32_t seed = 1; seed <= 6; ++seed) simulate_block(ideas, stages, {count}, seed, consumers);
+      simulate_block(ideas, 2, {150}, 99, consumers);
+      if (ideas >= s9::kPersistent)
+        for (int stages : {1, 2, 3})
+          for (const std::vector<int>& counts : persistent)
+            for (uint32_t seed = 1; seed <= 4; ++seed) simulate_block(ideas, stages, counts, seed, consumers);
     }
 }
 
@@ -784,11 +836,11 @@ fs::DeviceInfo fake_device(int cc, size_t smem_optin) {
   return d;
 }
 
-TEST_CASE("step 09: five sub-steps, in idea order, on sm_90 only, each with its tiles", "[step09][registry]") {
+TEST_CASE("step 09: six sub-steps, in idea order, on sm_90 only, each with its tiles", "[step09][registry]") {
   const char* ids[] = {"09a_producer_consumer", "09b_pingpong", "09c_intra_overlap", "09d_tile_sizes",
-                       "09e_three_consumers"};
+                       "09e_three_consumers", "09f_persistent"};
   const fs::DeviceInfo h200 = fake_device(90, 227 * 1024);
-  for (int ideas = 1; ideas <= 5; ++ideas) {
+  for (int ideas = 1; ideas <= 6; ++ideas) {
     const fs::Step* s = fs::find_step(ids[ideas - 1]);
     REQUIRE(s != nullptr);
     CAPTURE(s->id);
@@ -808,7 +860,11 @@ TEST_CASE("step 09: five sub-steps, in idea order, on sm_90 only, each with its 
         const bool three = ideas >= s9::kThreeConsumers && d <= 64;
         CHECK(plan.kernels[0].threads == (three ? 512 : 384));
         CHECK(plan.kernels[0].smem_bytes == size_t(s9::smem_bytes(s9::kConfigs[plan.config])));
-        CHECK(plan.kernels[0].blocks == (three ? 6 : 8) * 2 * 8);
+        // One block per tile, or from 09f one per SM (132) where there are more tiles.
+        const int64_t tiles = (three ? 6 : 8) * 2 * 8;
+        CHECK(plan.kernels[0].blocks == tiles);
+        CHECK(s->forward.plan(fs::make_problem(4, 4000, 1000, 8, 2, d, fs::DType::bf16, causal), h200).kernels[0].blocks ==
+              (ideas >= s9::kPersistent ? 132 : (three ? 21 : 32) * 4 * 8));
         CHECK(plan.kernels[0].function != nullptr);
       }
     const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 128, fs::DType::fp16, false);
@@ -822,10 +878,10 @@ TEST_CASE("step 09: five sub-steps, in idea order, on sm_90 only, each with its 
   const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 128, fs::DType::fp16, false);
   std::set<const void*> kernels;
   for (const char* id : ids) kernels.insert(fs::plan(*fs::find_step(id), p, h200).kernels[0].function);
-  CHECK(kernels.size() == 5);
+  CHECK(kernels.size() == 6);
   // 09d at head_dim 128: 128 × 176 tiles, 209 KiB; a GPU with less shared memory is refused in a sentence.
   CHECK(fs::plan(*fs::find_step("09d_tile_sizes"), p, fake_device(90, 200 * 1024)).refusal ==
-        "head_dim 128 runs on 128-wide tiles of 176 keys, which need 214088 bytes of shared memory per block; this "
+        "head_dim 128 runs on 128-wide tiles of 176 keys, which need 214096 bytes of shared memory per block; this "
         "GPU allows 204800");
   // 2^31 query tiles of 128 rows: one 1-D grid cannot hold them.
   const fs::Problem big = fs::make_problem(1 << 17, 128 * 1024, 1, 16, 16, 64, fs::DType::fp16, false);

@@ -2,7 +2,7 @@
 // the branches of the ideas after it pruned. Do not edit; diff it against the sub-step before.
 // 09d_tile_sizes's idea changes no line of the kernel: it is in steps/09_warp_specialized/traits.h and step.cu (the tile table its plan chooses from).
 // Step 09 — Hopper II: warp specialization, ping-pong and intra-warpgroup overlap. The schedule
-// FlashAttention-3 published, one idea per lettered sub-step (09a … 09e) so that the ladder measures
+// FlashAttention-3 published, one idea per lettered sub-step (09a … 09f) so that the ladder measures
 // what each buys.
 //
 // Extends step 08 (TMA + mbarrier + wgmma, two warpgroups that each load, multiply and exponentiate,
@@ -11,8 +11,8 @@
 // both warpgroups run their softmax at the same time while the tensor cores wait, then both wait for
 // their products. The kernel is templated on Traits<HEAD_DIM, BLOCK_KV, KV_STAGES, CONSUMERS, IDEAS>
 // (traits.h). 09a is the kernel itself; `Tr::has(kPingPong)` marks where 09b changes it,
-// softmax_under_pv(Tr::IDEAS, …) the wait 09c splits, and 09d and 09e change only the tile table
-// (choose_config):
+// softmax_under_pv(Tr::IDEAS, …) the wait 09c splits, 09d and 09e change only the tile table
+// (choose_config), and `Tr::has(kPersistent)` the grid 09f makes persistent:
 //
 //   09a kWarpSpecialization  warpgroup 0 is a producer: one thread issues every TMA copy, in the order
 //                            the consumers need them, and the warpgroup gives its registers away
@@ -302,24 +302,37 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   const uint32_t q_smem = base + Tr::Q_OFFSET;  // [BLOCK_Q, HEAD_DIM] as COL_BLOCKS boxes [BLOCK_Q, 64], swizzled; O at the end
   const uint32_t k_smem = base + Tr::K_OFFSET;  // [KV_STAGES][BLOCK_KV, HEAD_DIM], the same layout
   const uint32_t v_smem = base + Tr::V_OFFSET;  // [KV_STAGES][BLOCK_KV, HEAD_DIM], the same layout
-  // mbarriers, 8 bytes each (barrier_offset): Q's, then per stage K full, V full, K empty, V empty.
+  // mbarriers, 8 bytes each (barrier_offset): Q's two, then per stage K full, V full, K empty, V empty.
   const uint32_t barriers = base + Tr::BARRIER_OFFSET;
   const uint32_t q_full = barriers + barrier_offset(kQFull, 0, KV_STAGES);
+  const uint32_t q_empty = barriers + barrier_offset(kQEmpty, 0, KV_STAGES);
   auto k_full = [&](int stage) { return barriers + barrier_offset(kKFull, stage, KV_STAGES); };
   auto v_full = [&](int stage) { return barriers + barrier_offset(kVFull, stage, KV_STAGES); };
   auto k_empty = [&](int stage) { return barriers + barrier_offset(kKEmpty, stage, KV_STAGES); };
   auto v_empty = [&](int stage) { return barriers + barrier_offset(kVEmpty, stage, KV_STAGES); };
 
-  // Block and head indices are below 2^31 (plan() checks the grid): 32-bit divisions do.
+  // Tile and head indices are below 2^31 (plan() checks the tiles): 32-bit divisions do.
   const int seqlen_q = int(p.seqlen_q), seqlen_k = int(p.seqlen_k);
   const unsigned q_tiles = (unsigned(seqlen_q) + BLOCK_Q - 1) / BLOCK_Q;
-  const BlockTile tile = block_tile(blockIdx.x, q_tiles);
-  const int h = int(tile.bh % unsigned(p.heads_q)), b = int(tile.bh / unsigned(p.heads_q));
-  const int h_kv = int(unsigned(h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
-  const int q0 = tile.q_tile * BLOCK_Q;
-  const int q_rows = min(BLOCK_Q, seqlen_q - q0);  // real query rows in this tile
-  const KvTiles kv = kv_tiles_for(q0, q_rows, BLOCK_KV, seqlen_q, seqlen_k, p.causal != 0);
-  const int kv_tiles = kv.count, masked_tiles = kv.count - kv.unmasked;
+  const unsigned num_tiles = q_tiles * unsigned(p.batch * p.heads_q);
+  // The tiles of this block: tile blockIdx.x alone, or from 09f every gridDim.x-th from it.
+  const unsigned tile_stride = num_tiles;
+  struct Work {
+    uint32_t bh;
+    int h, b, h_kv, q0, q_rows, kv_tiles, masked_tiles;
+  };
+  auto work_of = [&](const unsigned w) {
+    const BlockTile tile = block_tile(w, q_tiles);
+    Work x;
+    x.bh = tile.bh;
+    x.h = int(tile.bh % unsigned(p.heads_q)), x.b = int(tile.bh / unsigned(p.heads_q));
+    x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
+    x.q0 = tile.q_tile * BLOCK_Q;
+    x.q_rows = min(BLOCK_Q, seqlen_q - x.q0);  // real query rows in this tile
+    const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, p.causal != 0);
+    x.kv_tiles = kv.count, x.masked_tiles = kv.count - kv.unmasked;
+    return x;
+  };
 
   // Full barriers: one arrival per phase (the producer's arrive.expect_tx), completed by the TMA's
   // bytes. Empty barriers: one arrival per consumer warp. mbarrier.init writes through the generic
@@ -328,6 +341,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   // the kernel's only block-wide barrier.
   if (threadIdx.x == 0) {
     sm90::mbarrier_init(q_full, 1);
+    sm90::mbarrier_init(q_empty, CONSUMERS);
     for (int s = 0; s < KV_STAGES; ++s) {
       sm90::mbarrier_init(k_full(s), 1);
       sm90::mbarrier_init(v_full(s), 1);
@@ -349,45 +363,57 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     // The whole warpgroup gives its registers back (every warp must execute setmaxnreg); then one
     // thread issues every copy, and the other 127 are done.
     sm90::setmaxnreg_dec<PRODUCER_REGISTERS>();
-    // A tile whose rows see no key at all (causal, seqlen_q > seqlen_k) loads nothing.
-    if (threadIdx.x == 0 && kv_tiles > 0) {
-      // A tile is COL_BLOCKS boxes [rows, 64]; rows past seqlen and columns past head_dim come in as
-      // zeros, and count in the bytes the barrier expects all the same.
-      auto load_tile = [&](const CUtensorMap& map, uint32_t dst, uint32_t bar, int rows, int row0, int head) {
+    if (threadIdx.x == 0) {
+      int visits = 0;  // K/V visits of this block's earlier tiles: where the rings stand
+      for (unsigned w = blockIdx.x, n = 0; w < num_tiles; w += tile_stride, ++n) {
+        const Work x = work_of(w);
+        // A tile is COL_BLOCKS boxes [rows, 64]; rows past seqlen and columns past head_dim come in as
+        // zeros, and count in the bytes the barrier expects all the same.
+        auto load_tile = [&](const CUtensorMap& map, uint32_t dst, uint32_t bar, int rows, int row0, int head) {
 #pragma unroll
-        for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-          const BoxCoord c = tma_box(cb, row0, head, b);
-          sm90::tma_load_4d(dst + box_offset(rows, cb), &map, bar, c.col, c.row, c.head, c.batch);
+          for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
+            const BoxCoord c = tma_box(cb, row0, head, x.b);
+            sm90::tma_load_4d(dst + box_offset(rows, cb), &map, bar, c.col, c.row, c.head, c.batch);
+          }
+        };
+        // ---- load Q, once the consumers have stored the previous tile's O from q_smem. A tile whose
+        // rows see no key at all (causal, seqlen_q > seqlen_k) loads nothing, and its phase of
+        // q_full completes on the arrival alone.
+        auto load_q = [&] {
+          if (n > 0) sm90::mbarrier_wait(q_empty, (n - 1) & 1u);
+          if (x.kv_tiles > 0) {
+            sm90::mbarrier_arrive_expect_tx(q_full, Tr::Q_BYTES);
+            load_tile(q_map, q_smem, q_full, BLOCK_Q, x.q0, x.h);
+          } else {
+            sm90::mbarrier_arrive(q_full);
+          }
+        };
+
+        // ---- load K and V, in the order the consumers' turns need them (kv_load): K0, K1 V0, K2 V1, …,
+        // Q among them at q_load_position. Visit t reads tile count - 1 - t from its stage
+        // (visits + t) % KV_STAGES; a stage's fill n ≥ 1 waits until every consumer warp has released
+        // fill n - 1.
+        const int q_at = 0;
+        for (int i = 0; i <= 2 * x.kv_tiles; ++i) {
+          if (i == q_at) {
+            load_q();
+            continue;
+          }
+          const KvLoad l = kv_load(i - (i > q_at), x.kv_tiles);
+          const int visit = visits + l.visit, s = kv_stage(visit, KV_STAGES);
+          const uint32_t full = l.v ? v_full(s) : k_full(s), empty = l.v ? v_empty(s) : k_empty(s);
+          if (waits_for_release(visit, KV_STAGES)) sm90::mbarrier_wait(empty, release_parity(visit, KV_STAGES));
+          sm90::mbarrier_arrive_expect_tx(full, Tr::KV_BYTES);
+          load_tile(l.v ? v_map : k_map, (l.v ? v_smem : k_smem) + uint32_t(s * Tr::KV_BYTES), full, BLOCK_KV,
+                    (x.kv_tiles - 1 - l.visit) * BLOCK_KV, x.h_kv);
         }
-      };
-
-      // ---- load Q
-      sm90::mbarrier_arrive_expect_tx(q_full, Tr::Q_BYTES);
-      load_tile(q_map, q_smem, q_full, BLOCK_Q, q0, h);
-
-      // ---- load K and V, in the order the consumers' turns need them (kv_load): K0, K1 V0, K2 V1, …
-      // Visit t reads tile count - 1 - t from its stage t % KV_STAGES; a stage's fill n ≥ 1 waits
-      // until every consumer warp has released fill n - 1.
-      for (int i = 0; i < 2 * kv_tiles; ++i) {
-        const KvLoad l = kv_load(i, kv_tiles);
-        const int s = kv_stage(l.visit, KV_STAGES);
-        const uint32_t full = l.v ? v_full(s) : k_full(s), empty = l.v ? v_empty(s) : k_empty(s);
-        if (waits_for_release(l.visit, KV_STAGES)) sm90::mbarrier_wait(empty, release_parity(l.visit, KV_STAGES));
-        sm90::mbarrier_arrive_expect_tx(full, Tr::KV_BYTES);
-        load_tile(l.v ? v_map : k_map, (l.v ? v_smem : k_smem) + uint32_t(s * Tr::KV_BYTES), full, BLOCK_KV,
-                  (kv_tiles - 1 - l.visit) * BLOCK_KV, h_kv);
+        visits += x.kv_tiles;
       }
     }
   } else {
     // ======== consumers ==========================================================================
     sm90::setmaxnreg_inc<Tr::CONSUMER_REGISTERS>();
     const int c = consumer_of(wg), t = threadIdx.x % 128, lane = threadIdx.x % 32;
-
-    float o_acc[Tr::O_REGS] = {};  // [64 rows, HEAD_DIM] fp32 of this consumer, wgmma_acc layout
-    float s_acc[Tr::S_REGS];       // [64 rows, BLOCK_KV] fp32: S(k), then P(k) before rounding
-    uint32_t p_frag[Tr::PV_K_STEPS][4];  // [64 rows, BLOCK_KV] fp16/bf16: P(k-1), wgmma_a layout per k16 step
-    float row_max[2] = {-INFINITY, -INFINITY};  // raw-score max (scale not applied) of rows r = 0, 1
-    float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the row sums
 
     // Descriptors: this consumer's 64 rows of Q (rows 64·c …: 64 rows of 128 bytes into each column
     // block), and stage 0 of K and V; the kernel moves them with advance(). K-major: Q and K; V N-major.
@@ -404,199 +430,212 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       if (lane == 0 && after) sm90::mbarrier_arrive(empty);
     };
 
-    // Turn k (traits.h, "the turns of a consumer"): S(k) if HAS_S, P·V(k-1) if HAS_PV, the softmax of
-    // S(k). MASKED (a compile-time constant) is true for the first masked_tiles visits only.
-    auto turn = [&](const int k, auto has_s, auto has_pv, auto masked) {
-      constexpr bool HAS_S = decltype(has_s)::value, HAS_PV = decltype(has_pv)::value;
-      constexpr bool MASKED = decltype(masked)::value;
-      constexpr bool SOFTMAX_UNDER_PV = HAS_S && HAS_PV;
-      const int ks_stage = kv_stage(k, KV_STAGES), pv_stage = kv_stage(k + KV_STAGES - 1, KV_STAGES);
+    int visits = 0;  // K/V visits of this block's earlier tiles, as the producer counts them
+    for (unsigned w = blockIdx.x, n = 0; w < num_tiles; w += tile_stride, ++n) {
+      const Work x = work_of(w);
+      float o_acc[Tr::O_REGS] = {};  // [64 rows, HEAD_DIM] fp32 of this consumer, wgmma_acc layout
+      float s_acc[Tr::S_REGS];       // [64 rows, BLOCK_KV] fp32: S(k), then P(k) before rounding
+      uint32_t p_frag[Tr::PV_K_STEPS][4];  // [64 rows, BLOCK_KV] fp16/bf16: P(k-1), wgmma_a layout per k16 step
+      float row_max[2] = {-INFINITY, -INFINITY};  // raw-score max (scale not applied) of rows r = 0, 1
+      float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the row sums
 
-      // ---- wait for K(k) and V(k-1), then (ping-pong) for this consumer's turn
-      if constexpr (HAS_S) sm90::mbarrier_wait(k_full(ks_stage), kv_parity(k, KV_STAGES));
-      if constexpr (HAS_PV) sm90::mbarrier_wait(v_full(pv_stage), kv_parity(k - 1, KV_STAGES));
-      sm90::named_barrier_sync(turn_barrier(c), TURN_BARRIER_THREADS);
+      // Turn k (traits.h, "the turns of a consumer"): S(k) if HAS_S, P·V(k-1) if HAS_PV, the softmax of
+      // S(k). MASKED (a compile-time constant) is true for the first masked_tiles visits only.
+      auto turn = [&](const int k, auto has_s, auto has_pv, auto masked) {
+        constexpr bool HAS_S = decltype(has_s)::value, HAS_PV = decltype(has_pv)::value;
+        constexpr bool MASKED = decltype(masked)::value;
+        constexpr bool SOFTMAX_UNDER_PV = HAS_S && HAS_PV;
+        const int ks_stage = kv_stage(visits + k, KV_STAGES), pv_stage = kv_stage(visits + k + KV_STAGES - 1, KV_STAGES);
 
-      // ---- S = Q·Kᵀ, then O += P·V: both issued, neither waited for yet
-      // S(k): QK_K_STEPS wgmma m64nBLOCK_KVk16, each reading 64 rows × 16 head dims of Q and BLOCK_KV
-      // keys × 16 head dims of K from shared memory; the first overwrites s_acc, the others accumulate.
-      // P·V(k-1): PV_K_STEPS wgmma m64nHEAD_DIMk16, A = P(k-1) from registers (p_frag), B = 16 keys ×
-      // HEAD_DIM of V, N-major. One commit group each, S first.
-      if constexpr (HAS_PV) {  // the O rescale and P's rounding stay above wgmma.fence
-        sm90::fence_operands(o_acc);
+        // ---- wait for K(k) and V(k-1), then (ping-pong) for this consumer's turn
+        if constexpr (HAS_S) sm90::mbarrier_wait(k_full(ks_stage), kv_parity(visits + k, KV_STAGES));
+        if constexpr (HAS_PV) sm90::mbarrier_wait(v_full(pv_stage), kv_parity(visits + k - 1, KV_STAGES));
+        sm90::named_barrier_sync(turn_barrier(c), TURN_BARRIER_THREADS);
+
+        // ---- S = Q·Kᵀ, then O += P·V: both issued, neither waited for yet
+        // S(k): QK_K_STEPS wgmma m64nBLOCK_KVk16, each reading 64 rows × 16 head dims of Q and BLOCK_KV
+        // keys × 16 head dims of K from shared memory; the first overwrites s_acc, the others accumulate.
+        // P·V(k-1): PV_K_STEPS wgmma m64nHEAD_DIMk16, A = P(k-1) from registers (p_frag), B = 16 keys ×
+        // HEAD_DIM of V, N-major. One commit group each, S first.
+        if constexpr (HAS_PV) {  // the O rescale and P's rounding stay above wgmma.fence
+          sm90::fence_operands(o_acc);
 #pragma unroll
-        for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk) sm90::fence_operands(p_frag[kk]);
-      }
-      sm90::wgmma_fence();
-      if constexpr (HAS_S) {
-        const uint64_t k_desc = advance(k_desc0, uint32_t(ks_stage * Tr::KV_BYTES));
+          for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk) sm90::fence_operands(p_frag[kk]);
+        }
+        sm90::wgmma_fence();
+        if constexpr (HAS_S) {
+          const uint64_t k_desc = advance(k_desc0, uint32_t(ks_stage * Tr::KV_BYTES));
 #pragma unroll
-        for (int ks = 0; ks < Tr::QK_K_STEPS; ++ks)
-          sm90::Wgmma<BLOCK_KV, T>::ss(s_acc, advance(q_desc, k_major_step_offset(BLOCK_Q, ks)),
-                                       advance(k_desc, k_major_step_offset(BLOCK_KV, ks)), ks > 0);
-        sm90::wgmma_commit();
-      }
-      if constexpr (HAS_PV) {
-        const uint64_t v_desc = advance(v_desc0, uint32_t(pv_stage * Tr::KV_BYTES));
+          for (int ks = 0; ks < Tr::QK_K_STEPS; ++ks)
+            sm90::Wgmma<BLOCK_KV, T>::ss(s_acc, advance(q_desc, k_major_step_offset(BLOCK_Q, ks)),
+                                         advance(k_desc, k_major_step_offset(BLOCK_KV, ks)), ks > 0);
+          sm90::wgmma_commit();
+        }
+        if constexpr (HAS_PV) {
+          const uint64_t v_desc = advance(v_desc0, uint32_t(pv_stage * Tr::KV_BYTES));
 #pragma unroll
-        for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk)
-          sm90::Wgmma<HEAD_DIM, T>::rs(o_acc, p_frag[kk], advance(v_desc, mn_major_step_offset(kk)));
-        sm90::wgmma_commit();
-      }
-      // Ping-pong: the products are in the tensor cores' queue; the next consumer may issue its own.
-      if (hands_over_after(c, k, kv_tiles, CONSUMERS))
-                sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
+          for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk)
+            sm90::Wgmma<HEAD_DIM, T>::rs(o_acc, p_frag[kk], advance(v_desc, mn_major_step_offset(kk)));
+          sm90::wgmma_commit();
+        }
+        // Ping-pong: the products are in the tensor cores' queue; the next consumer may issue its own.
+        if (hands_over_after(c, k, x.kv_tiles, CONSUMERS))
+                    sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
 
-      // ---- wait for S(k) (and, unless the softmax runs under it, for P·V(k-1) too)
-      sm90::wgmma_wait<SOFTMAX_UNDER_PV ? 1 : 0>();
-      sm90::fence_operands(s_acc);
-      if constexpr (HAS_PV && !SOFTMAX_UNDER_PV) release(v_empty(pv_stage), true);
+        // ---- wait for S(k) (and, unless the softmax runs under it, for P·V(k-1) too)
+        sm90::wgmma_wait<SOFTMAX_UNDER_PV ? 1 : 0>();
+        sm90::fence_operands(s_acc);
+        if constexpr (HAS_PV && !SOFTMAX_UNDER_PV) release(v_empty(pv_stage), true);
 
-      float correction[2];
-      bool max_grew = false;
-      if constexpr (HAS_S) {
-        // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
-        // Column of register i = this thread's first column + acc_col_offset(i), a constant.
-        if constexpr (MASKED) {
-          const int kv0 = (kv_tiles - 1 - k) * BLOCK_KV;
+        float correction[2];
+        bool max_grew = false;
+        if constexpr (HAS_S) {
+          // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
+          // Column of register i = this thread's first column + acc_col_offset(i), a constant.
+          if constexpr (MASKED) {
+            const int kv0 = (x.kv_tiles - 1 - k) * BLOCK_KV;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int64_t row = int64_t(x.q0) + c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;
+              const int last = last_visible_key(row, kv0, BLOCK_KV, seqlen_q, seqlen_k, p.causal != 0) -
+                               wgmma_acc(t, 0).col;
+#pragma unroll
+              for (int i = 2 * r; i < Tr::S_REGS; i += 4)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                  if (acc_col_offset(i + e) > last) s_acc[i + e] = -INFINITY;
+            }
+          }
+
+          // ---- online softmax
+          // As step 08: exp(scale·(s - m)) = exp2(s·scale·log2(e) - m·scale·log2(e)), one FFMA and one
+          // MUFU ex2 per score; each row's 4 threads (lanes 4g … 4g + 3) combine their maxima with
+          // shuffles. Only s_acc and the row state are touched here: with the overlap, P·V(k-1) is still
+          // reading p_frag and writing o_acc.
+          float max_scaled[2];
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            const int64_t row = int64_t(q0) + c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;
-            const int last = last_visible_key(row, kv0, BLOCK_KV, seqlen_q, seqlen_k, p.causal != 0) -
-                             wgmma_acc(t, 0).col;
+            float tile_max = row_max[r];
 #pragma unroll
-            for (int i = 2 * r; i < Tr::S_REGS; i += 4)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                if (acc_col_offset(i + e) > last) s_acc[i + e] = -INFINITY;
+            for (int nt = 0; nt < BLOCK_KV / 8; ++nt)
+              tile_max = fmaxf(tile_max, fmaxf(s_acc[4 * nt + 2 * r], s_acc[4 * nt + 2 * r + 1]));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+            // A row that has seen no key yet keeps max -inf and subtracts 0, never -inf - (-inf).
+            max_scaled[r] = tile_max == -INFINITY ? 0.0f : tile_max * scale_log2;
+            correction[r] = exp2_approx(row_max[r] * scale_log2 - max_scaled[r]);
+            max_grew |= tile_max > row_max[r];
+            row_max[r] = tile_max;
+            row_sum[r] *= correction[r];
           }
-        }
-
-        // ---- online softmax
-        // As step 08: exp(scale·(s - m)) = exp2(s·scale·log2(e) - m·scale·log2(e)), one FFMA and one
-        // MUFU ex2 per score; each row's 4 threads (lanes 4g … 4g + 3) combine their maxima with
-        // shuffles. Only s_acc and the row state are touched here: with the overlap, P·V(k-1) is still
-        // reading p_frag and writing o_acc.
-        float max_scaled[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float tile_max = row_max[r];
-#pragma unroll
-          for (int nt = 0; nt < BLOCK_KV / 8; ++nt)
-            tile_max = fmaxf(tile_max, fmaxf(s_acc[4 * nt + 2 * r], s_acc[4 * nt + 2 * r + 1]));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          // A row that has seen no key yet keeps max -inf and subtracts 0, never -inf - (-inf).
-          max_scaled[r] = tile_max == -INFINITY ? 0.0f : tile_max * scale_log2;
-          correction[r] = exp2_approx(row_max[r] * scale_log2 - max_scaled[r]);
-          max_grew |= tile_max > row_max[r];
-          row_max[r] = tile_max;
-          row_sum[r] *= correction[r];
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int nt = 0; nt < BLOCK_KV / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& x = s_acc[4 * nt + 2 * r + e];
-              x = exp2_approx(fmaf(x, scale_log2, -max_scaled[r]));
-              row_sum[r] += x;
-            }
-        // The exponentials stay above the wait below: the compiler may not sink them past the fence,
-        // and ptxas may not hoist the wait above the release, which needs them (a row sum is never
-        // negative, and NaN < 0 is false, so the release always happens).
-        sm90::fence_operands(s_acc);
-        release(k_empty(ks_stage), !(row_sum[0] + row_sum[1] < 0.0f));
-      }
-
-      // ---- wait for P·V(k-1), then rescale O and round P(k)
-      if constexpr (SOFTMAX_UNDER_PV) {
-        sm90::wgmma_wait<0>();
-        sm90::fence_operands(s_acc);
-        release(v_empty(pv_stage), true);
-      }
-      sm90::fence_operands(o_acc);
-      if constexpr (HAS_S) {
-        // The O rescale is skipped by a warp none of whose row maxima grew (every correction is 1).
-        if (__any_sync(0xffffffffu, max_grew)) {
 #pragma unroll
           for (int r = 0; r < 2; ++r)
 #pragma unroll
-            for (int nt = 0; nt < HEAD_DIM / 8; ++nt) {
-              o_acc[4 * nt + 2 * r] *= correction[r];
-              o_acc[4 * nt + 2 * r + 1] *= correction[r];
-            }
+            for (int nt = 0; nt < BLOCK_KV / 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float& x = s_acc[4 * nt + 2 * r + e];
+                x = exp2_approx(fmaf(x, scale_log2, -max_scaled[r]));
+                row_sum[r] += x;
+              }
+          // The exponentials stay above the wait below: the compiler may not sink them past the fence,
+          // and ptxas may not hoist the wait above the release, which needs them (a row sum is never
+          // negative, and NaN < 0 is false, so the release always happens).
+          sm90::fence_operands(s_acc);
+          release(k_empty(ks_stage), !(row_sum[0] + row_sum[1] < 0.0f));
         }
-        // P for keys 16·kk … 16·kk + 15 is s_acc[8kk … 8kk + 7] rounded pairwise (traits.h, p_source):
-        // exactly wgmma's register-A fragment, for P·V(k) in the next turn.
+
+        // ---- wait for P·V(k-1), then rescale O and round P(k)
+        if constexpr (SOFTMAX_UNDER_PV) {
+          sm90::wgmma_wait<0>();
+          sm90::fence_operands(s_acc);
+          release(v_empty(pv_stage), true);
+        }
+        sm90::fence_operands(o_acc);
+        if constexpr (HAS_S) {
+          // The O rescale is skipped by a warp none of whose row maxima grew (every correction is 1).
+          if (__any_sync(0xffffffffu, max_grew)) {
 #pragma unroll
-        for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk)
+            for (int r = 0; r < 2; ++r)
 #pragma unroll
-          for (int r = 0; r < 4; ++r)
-            p_frag[kk][r] = pack2<T>(s_acc[p_source(kk, r)], s_acc[p_source(kk, r) + 1]);
+              for (int nt = 0; nt < HEAD_DIM / 8; ++nt) {
+                o_acc[4 * nt + 2 * r] *= correction[r];
+                o_acc[4 * nt + 2 * r + 1] *= correction[r];
+              }
+          }
+          // P for keys 16·kk … 16·kk + 15 is s_acc[8kk … 8kk + 7] rounded pairwise (traits.h, p_source):
+          // exactly wgmma's register-A fragment, for P·V(k) in the next turn.
+#pragma unroll
+          for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+              p_frag[kk][r] = pack2<T>(s_acc[p_source(kk, r)], s_acc[p_source(kk, r) + 1]);
+        }
+      };
+
+      sm90::mbarrier_wait(q_full, n & 1u);  // Q has landed, or (no key to see) there is none
+      if (x.kv_tiles > 0) {
+        if (grants_first_turn(c, CONSUMERS))
+                    sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
+        // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first), turn count (P·V only).
+        if (x.masked_tiles > 0)
+          turn(0, std::true_type{}, std::false_type{}, std::true_type{});
+        else
+          turn(0, std::true_type{}, std::false_type{}, std::false_type{});
+        for (int k = 1; k < x.masked_tiles; ++k) turn(k, std::true_type{}, std::true_type{}, std::true_type{});
+        for (int k = max(x.masked_tiles, 1); k < x.kv_tiles; ++k)
+          turn(k, std::true_type{}, std::true_type{}, std::false_type{});
+        turn(x.kv_tiles, std::false_type{}, std::true_type{}, std::false_type{});
       }
-    };
 
-    if (kv_tiles > 0) {
-      sm90::mbarrier_wait(q_full, 0);
-      if (grants_first_turn(c, CONSUMERS))
-                sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
-      // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first), turn count (P·V only).
-      if (masked_tiles > 0)
-        turn(0, std::true_type{}, std::false_type{}, std::true_type{});
-      else
-        turn(0, std::true_type{}, std::false_type{}, std::false_type{});
-      for (int k = 1; k < masked_tiles; ++k) turn(k, std::true_type{}, std::true_type{}, std::true_type{});
-      for (int k = max(masked_tiles, 1); k < kv_tiles; ++k)
-        turn(k, std::true_type{}, std::true_type{}, std::false_type{});
-      turn(kv_tiles, std::false_type{}, std::true_type{}, std::false_type{});
-    }
-
-    // ---- epilogue
-    // The row sums over each row's 4 threads; a row that saw no key has sum 0: O = 0, LSE = -inf.
-    float inv_sum[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = row_sum[r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      inv_sum[r] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
-      const int row = c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;  // inside the tile
-      if (lse && t % 4 == 0 && row < q_rows)
-        lse[int64_t(tile.bh) * seqlen_q + q0 + row] = sum > 0.0f ? row_max[r] * p.softmax_scale + logf(sum) : -INFINITY;
-    }
-
-    // O, normalized and rounded, into this consumer's own rows of q_smem, in the layout the TMA reads
-    // back (tile_offset): a warp's 4-byte stores cover 8 rows × 16 bytes of 8 different chunks, one
-    // wavefront. Those rows were last read by this consumer's wgmma, complete since its last wait
-    // (whose completion the ISA follows with an implicit generic-async proxy fence), and written by
-    // the TMA before the wait on q_full: ordinary stores may overwrite them. The other consumers
-    // read only their own rows.
-#pragma unroll
-    for (int nt = 0; nt < HEAD_DIM / 8; ++nt)
+      // ---- epilogue
+      // The row sums over each row's 4 threads; a row that saw no key has sum 0: O = 0, LSE = -inf.
+      float inv_sum[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const frag::Coord e = wgmma_acc(t, 4 * nt + 2 * r);
-        *reinterpret_cast<uint32_t*>(smem + Tr::Q_OFFSET + tile_offset(BLOCK_Q, c * ROWS_PER_WARPGROUP + e.row, e.col)) =
-            pack2<T>(o_acc[4 * nt + 2 * r] * inv_sum[r], o_acc[4 * nt + 2 * r + 1] * inv_sum[r]);
+        float sum = row_sum[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        inv_sum[r] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
+        const int row = c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;  // inside the tile
+        if (lse && t % 4 == 0 && row < x.q_rows)
+          lse[int64_t(x.bh) * seqlen_q + x.q0 + row] = sum > 0.0f ? row_max[r] * p.softmax_scale + logf(sum) : -INFINITY;
       }
-    // The TMA store reads them through the async proxy: each thread fences its ordinary stores
-    // towards it, then the consumer's own named barrier (its 128 threads, not the block) makes all
-    // of them precede the store its first thread issues.
-    sm90::fence_proxy_async_shared();
-    sm90::named_barrier_sync(epilogue_barrier(c, CONSUMERS), EPILOGUE_BARRIER_THREADS);
-    // A consumer whose rows all lie past seqlen_q (a short last query tile) stores nothing.
-    if (t == 0 && c * ROWS_PER_WARPGROUP < q_rows) {
+
+      // O, normalized and rounded, into this consumer's own rows of q_smem, in the layout the TMA reads
+      // back (tile_offset): a warp's 4-byte stores cover 8 rows × 16 bytes of 8 different chunks, one
+      // wavefront. Those rows were last read by this consumer's wgmma, complete since its last wait
+      // (whose completion the ISA follows with an implicit generic-async proxy fence), and written by
+      // the TMA before the wait on q_full: ordinary stores may overwrite them. The other consumers
+      // read only their own rows.
 #pragma unroll
-      for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-        const BoxCoord e = tma_box(cb, q0 + c * ROWS_PER_WARPGROUP, h, b);  // past seqlen_q, head_dim: not written
-        sm90::tma_store_4d(&o_map, q_smem + o_box_offset(c, cb, BLOCK_Q), e.col, e.row, e.head, e.batch);
+      for (int nt = 0; nt < HEAD_DIM / 8; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const frag::Coord e = wgmma_acc(t, 4 * nt + 2 * r);
+          *reinterpret_cast<uint32_t*>(smem + Tr::Q_OFFSET + tile_offset(BLOCK_Q, c * ROWS_PER_WARPGROUP + e.row, e.col)) =
+              pack2<T>(o_acc[4 * nt + 2 * r] * inv_sum[r], o_acc[4 * nt + 2 * r + 1] * inv_sum[r]);
+        }
+      // The TMA store reads them through the async proxy: each thread fences its ordinary stores
+      // towards it, then the consumer's own named barrier (its 128 threads, not the block) makes all
+      // of them precede the store its first thread issues.
+      sm90::fence_proxy_async_shared();
+      sm90::named_barrier_sync(epilogue_barrier(c, CONSUMERS), EPILOGUE_BARRIER_THREADS);
+      // A consumer whose rows all lie past seqlen_q (a short last query tile) stores nothing.
+      if (t == 0 && c * ROWS_PER_WARPGROUP < x.q_rows) {
+#pragma unroll
+        for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
+          const BoxCoord e = tma_box(cb, x.q0 + c * ROWS_PER_WARPGROUP, x.h, x.b);  // past seqlen_q, head_dim: not written
+          sm90::tma_store_4d(&o_map, q_smem + o_box_offset(c, cb, BLOCK_Q), e.col, e.row, e.head, e.batch);
+        }
+        sm90::tma_store_commit();
+        // The block's shared memory must outlive the store's reads of it; the writes to global memory
+        // complete on their own and are visible when the kernel has finished.
+        sm90::tma_store_wait_read();
       }
-      sm90::tma_store_commit();
-      // The block's shared memory must outlive the store's reads of it; the writes to global memory
-      // complete on their own and are visible when the kernel has finished.
-      sm90::tma_store_wait_read();
+      // q_smem is free again (09f loads the next tile's Q into it).
+      if (t == 0) sm90::mbarrier_arrive(q_empty);
+      visits += x.kv_tiles;
     }
   }
 }

@@ -1,4 +1,4 @@
-// Step 09 — the sub-steps 09a … 09e of the warp-specialized kernel (kernel.cuh): limits, the row of
+// Step 09 — the sub-steps 09a … 09f of the warp-specialized kernel (kernel.cuh): limits, the row of
 // the tile table (traits.h) each picks for a problem, the four tensor maps, the launch; and
 // explain(), which prints the schedule and the barrier protocol without a GPU.
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver is reached through the runtime
@@ -76,14 +76,15 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
     pl.refusal = m.str();
     return pl;
   }
-  const int64_t blocks = grid_blocks(p, block_q);
-  if (blocks > INT32_MAX) {
+  const int64_t tiles = grid_blocks(p, block_q);
+  if (tiles > INT32_MAX) {
     std::ostringstream m;
-    m << "this step launches one block per " << block_q << " query rows per batch and head, " << blocks
+    m << "this step launches one block per " << block_q << " query rows per batch and head, " << tiles
       << " blocks here, more than the grid limit of " << INT32_MAX;
     pl.refusal = m.str();
     return pl;
   }
+  const int64_t blocks = IDEAS >= kPersistent ? persistent_blocks(tiles, dev.sm_count > 0 ? dev.sm_count : 1) : tiles;
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(pl.config, [&](auto c) {
@@ -304,9 +305,11 @@ void register_step_09_warp_specialized(Registry& r) {
   r.add(sub_step<kTileSizes>("09d_tile_sizes", "Hopper II: FlashAttention-3 tiles",
                              "+ wider K/V tiles for the larger register budget (128 x 176 at head_dim 128)"));
   r.add(sub_step<kThreeConsumers>("09e_three_consumers", "Hopper II: three consumers",
-                                  "+ three consumer warpgroups at head_dim 64 (192 x 128 tiles, setmaxnreg 160): the "
-                                  "FlashAttention-3 forward schedule (no persistent scheduler, fp8, varlen or "
-                                  "backward)"));
+                                  "+ three consumer warpgroups at head_dim 64 (192 x 128 tiles, setmaxnreg 160)"));
+  r.add(sub_step<kPersistent>("09f_persistent", "Hopper II: a persistent kernel",
+                              "+ one block per SM works through the query tiles, the next tile's K and Q loading "
+                              "during the previous one's epilogue: the FlashAttention-3 forward schedule (no fp8, "
+                              "varlen or backward)"));
 }
 
 }  // namespace fs

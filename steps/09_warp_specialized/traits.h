@@ -46,6 +46,8 @@ enum Idea : int {
                             //      192 at 64, 112 at 192, 80 at 256 (128 with causal at 64 and 128)
   kThreeConsumers = 5,      // 09e  at head_dim 64, three consumer warpgroups: 192 query rows a block,
                             //      tiles of 128 keys, 160 registers a consumer thread
+  kPersistent = 6,          // 09f  a persistent kernel: one block per SM works through the query tiles,
+                            //      the next tile's K and Q loading during the previous one's end
 };
 
 // ---- the warpgroups ----------------------------------------------------------------------------
@@ -191,7 +193,7 @@ inline constexpr uint32_t SWIZZLE_ATOM = 1024;  // 8 rows of 128 bytes: the swiz
 // tiles, the mbarriers (Q; then full and empty, for K and for V, per stage), and 1 KiB of slack to
 // align the tiles to the swizzle's 1024-byte repeat.
 FS_HD constexpr int tile_bytes(int rows, int head_dim) { return rows * head_dim * 2; }
-FS_HD constexpr int num_barriers(const Config& c) { return 1 + 4 * c.kv_stages; }
+FS_HD constexpr int num_barriers(const Config& c) { return 2 + 4 * c.kv_stages; }
 FS_HD constexpr int smem_bytes(const Config& c) {
   return tile_bytes(block_q(c.consumers), c.head_dim) + 2 * c.kv_stages * tile_bytes(c.block_kv, c.head_dim) +
          8 * num_barriers(c) + int(SWIZZLE_ATOM);
@@ -233,7 +235,7 @@ struct Traits {
   static constexpr int Q_OFFSET = 0;
   static constexpr int K_OFFSET = Q_OFFSET + Q_BYTES;
   static constexpr int V_OFFSET = K_OFFSET + KV_STAGES * KV_BYTES;
-  // q_full, k_full[], v_full[], k_empty[], v_empty[]: 8 bytes each (barrier_offset).
+  // q_full, q_empty, k_full[], v_full[], k_empty[], v_empty[]: 8 bytes each (barrier_offset).
   static constexpr int BARRIER_OFFSET = V_OFFSET + KV_STAGES * KV_BYTES;
   static constexpr int SMEM_BYTES = smem_bytes(kConfig);
 
@@ -414,10 +416,10 @@ FS_HD constexpr bool softmax_under_pv(int ideas, bool has_s, bool has_pv) {
 FS_HD constexpr int kv_stage(int t, int kv_stages) { return t % kv_stages; }
 FS_HD constexpr uint32_t kv_parity(int t, int kv_stages) { return uint32_t(t / kv_stages) & 1u; }
 FS_HD constexpr bool waits_for_release(int t, int kv_stages) { return t >= kv_stages; }
-// The barriers, 8 bytes each from BARRIER_OFFSET: Q's, then KV_STAGES of each kind.
-enum BarrierKind : int { kQFull, kKFull, kVFull, kKEmpty, kVEmpty };
+// The barriers, 8 bytes each from BARRIER_OFFSET: Q's two, then KV_STAGES of each kind.
+enum BarrierKind : int { kQFull, kQEmpty, kKFull, kVFull, kKEmpty, kVEmpty };
 FS_HD constexpr uint32_t barrier_offset(BarrierKind kind, int stage, int kv_stages) {
-  return kind == kQFull ? 0u : 8u * uint32_t(1 + (int(kind) - 1) * kv_stages + stage);
+  return kind <= kQEmpty ? 8u * uint32_t(kind) : 8u * uint32_t(2 + (int(kind) - 2) * kv_stages + stage);
 }
 FS_HD constexpr uint32_t release_parity(int t, int kv_stages) { return uint32_t(t / kv_stages - 1) & 1u; }
 
@@ -436,6 +438,16 @@ FS_HD constexpr KvLoad kv_load(int i, int count) {
          : i % 2 == 1 ? KvLoad{false, (i + 1) / 2}
                       : KvLoad{true, i / 2 - 1};
 }
+
+// Q has two barriers: q_full (the producer's one arrival, with Q's bytes; without them for a tile
+// that sees no key and loads none) and q_empty (one arrival per consumer, once the TMA store of its
+// rows of O, staged in q_smem, has read them). Tile n of a block completes phase n of each; the
+// producer waits for q_empty's phase n - 1 before it loads Q for tile n ≥ 1, and every consumer
+// waits for q_full's phase n, so neither side gets two phases ahead. A block of 09a … 09e has one
+// tile and never waits on q_empty.
+// Where Q is issued among a tile's copies: first, or from 09f second, after K(0): K(0)'s stage is
+// released during the previous tile's turns, q_smem only after its epilogue, so K(0) goes out first.
+FS_HD constexpr int q_load_position(int ideas, int count) { return ideas >= kPersistent && count > 0 ? 1 : 0; }
 
 // ---- ping-pong: the consumers' turns on named barriers -----------------------------------------
 // With kPingPong the n consumers issue their products in strict rotation:
@@ -461,13 +473,16 @@ FS_HD constexpr bool hands_over_after(int consumer, int k, int count, int consum
 }
 
 // ---- the work split (as step 08) ---------------------------------------------------------------
-// One block per (batch·head, query tile of block_q rows) in a 1-D grid; plan() refuses more than
-// 2^31 - 1 blocks.
+// One tile of work per (batch·head, query tile of block_q rows), 1-D; before 09f one block per tile,
+// and plan() refuses more than 2^31 - 1 tiles.
 FS_HD constexpr int64_t grid_blocks(const Problem& p, int block_q) {
   return (p.seqlen_q + block_q - 1) / block_q * p.batch * p.heads_q;
 }
+// From 09f the kernel is persistent: at most one block per SM (one fits: shared memory and
+// registers), block x working on tiles x, x + grid, x + 2·grid, … in block_tile's order.
+FS_HD constexpr int64_t persistent_blocks(int64_t tiles, int sm_count) { return tiles < sm_count ? tiles : sm_count; }
 
-// Block x works on head bh = x / q_tiles, the last query tile of a head first (with causal masking
+// Tile x is head bh = x / q_tiles, the last query tile of a head first (with causal masking
 // it has the most keys); neighbouring blocks share a head, and a GQA group's K/V, in L2.
 struct BlockTile {
   uint32_t bh;  // batch · heads_q + head
