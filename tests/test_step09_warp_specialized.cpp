@@ -823,6 +823,46 @@ TEST_CASE("step 09: K/V tile ranges and the mask match the causal rule and the e
       if (block % q_tiles == 0) CHECK(uint32_t(t.q_tile) == q_tiles - 1);
     }
   }
+  // 09f: each round deals every position once (a snake: block x takes x, then grid - 1 - x, ...).
+  CHECK(s9::persistent_position(0, 3, 132) == 3);
+  CHECK(s9::persistent_position(1, 3, 132) == 132 + 128);
+  CHECK(s9::persistent_position(2, 3, 132) == 264 + 3);
+  for (uint32_t grid : {1u, 5u, 132u})
+    for (uint32_t round = 0; round < 4; ++round) {
+      std::set<uint32_t> at;
+      for (uint32_t x = 0; x < grid; ++x) at.insert(s9::persistent_position(round, x, grid));
+      CHECK((at.size() == grid && *at.begin() == round * grid && *at.rbegin() == round * grid + grid - 1));
+    }
+  // Heads per section: as many as 24 MiB of K and V hold, at least 1, at most all.
+  CHECK(s9::section_heads(8192, 128, 32) == 6);    // 4 MiB a head
+  CHECK(s9::section_heads(2048, 64, 32) == 32);    // 0.5 MiB a head: 48 fit, 32 there are
+  CHECK(s9::section_heads(1 << 20, 256, 4) == 1);  // 1 GiB a head
+  // The order: every tile once; without causal masking block_tile's; with it, in each section the
+  // longest tiles first, the section's heads only.
+  for (bool causal : {false, true})
+    for (uint32_t q_tiles : {1u, 3u, 11u})
+      for (uint32_t heads : {1u, 5u, 32u})
+        for (uint32_t section : {1u, 2u, 6u, 32u}) {
+          if (section > heads) continue;
+          CAPTURE(causal, q_tiles, heads, section);
+          std::set<std::pair<uint32_t, int>> seen;
+          for (uint32_t w = 0; w < q_tiles * heads; ++w) {
+            const s9::BlockTile t = s9::persistent_tile(w, q_tiles, heads, section, causal);
+            REQUIRE((t.bh < heads && t.q_tile >= 0 && uint32_t(t.q_tile) < q_tiles));
+            CHECK(seen.insert({t.bh, t.q_tile}).second);
+            if (!causal) {
+              CHECK(t.bh == s9::block_tile(w, q_tiles).bh);
+              CHECK(t.q_tile == s9::block_tile(w, q_tiles).q_tile);
+            } else {
+              CHECK(t.bh / section == w / (section * q_tiles));  // its section's heads
+              if (w % (section * q_tiles) > 0) {                  // never longer than the tile before it
+                const s9::BlockTile before = s9::persistent_tile(w - 1, q_tiles, heads, section, causal);
+                CHECK(t.q_tile <= before.q_tile);
+              }
+            }
+          }
+          CHECK(seen.size() == size_t(q_tiles * heads));
+        }
 }
 
 // ---- the registry -------------------------------------------------------------------------------------

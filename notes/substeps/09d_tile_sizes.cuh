@@ -314,9 +314,14 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   // Tile and head indices are below 2^31 (plan() checks the tiles): 32-bit divisions do.
   const int seqlen_q = int(p.seqlen_q), seqlen_k = int(p.seqlen_k);
   const unsigned q_tiles = (unsigned(seqlen_q) + BLOCK_Q - 1) / BLOCK_Q;
-  const unsigned num_tiles = q_tiles * unsigned(p.batch * p.heads_q);
-  // The tiles of this block: tile blockIdx.x alone, or from 09f every gridDim.x-th from it.
-  const unsigned tile_stride = num_tiles;
+  const unsigned heads = unsigned(p.batch * p.heads_q), num_tiles = q_tiles * heads;
+  // The tiles of this block, by round n: tile blockIdx.x alone, or from 09f the persistent schedule's
+  // position (persistent_position, persistent_tile; a position past the last tile ends the loop).
+  const unsigned heads_per_section = section_heads(p.seqlen_k, HEAD_DIM, heads);
+  const bool causal = p.causal != 0;
+  auto position = [&](const unsigned n) {
+    return (n == 0 ? blockIdx.x : num_tiles);
+  };
   struct Work {
     uint32_t bh;
     int h, b, h_kv, q0, q_rows, kv_tiles, masked_tiles;
@@ -329,7 +334,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
     x.q0 = tile.q_tile * BLOCK_Q;
     x.q_rows = min(BLOCK_Q, seqlen_q - x.q0);  // real query rows in this tile
-    const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, p.causal != 0);
+    const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, causal);
     x.kv_tiles = kv.count, x.masked_tiles = kv.count - kv.unmasked;
     return x;
   };
@@ -365,7 +370,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     sm90::setmaxnreg_dec<PRODUCER_REGISTERS>();
     if (threadIdx.x == 0) {
       int visits = 0;  // K/V visits of this block's earlier tiles: where the rings stand
-      for (unsigned w = blockIdx.x, n = 0; w < num_tiles; w += tile_stride, ++n) {
+      for (unsigned n = 0, w = position(0); w < num_tiles; w = position(++n)) {
         const Work x = work_of(w);
         // A tile is COL_BLOCKS boxes [rows, 64]; rows past seqlen and columns past head_dim come in as
         // zeros, and count in the bytes the barrier expects all the same.
@@ -431,7 +436,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     };
 
     int visits = 0;  // K/V visits of this block's earlier tiles, as the producer counts them
-    for (unsigned w = blockIdx.x, n = 0; w < num_tiles; w += tile_stride, ++n) {
+    for (unsigned n = 0, w = position(0); w < num_tiles; w = position(++n)) {
       const Work x = work_of(w);
       float o_acc[Tr::O_REGS] = {};  // [64 rows, HEAD_DIM] fp32 of this consumer, wgmma_acc layout
       float s_acc[Tr::S_REGS];       // [64 rows, BLOCK_KV] fp32: S(k), then P(k) before rounding

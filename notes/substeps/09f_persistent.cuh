@@ -36,12 +36,13 @@
 //   09e kThreeConsumers      at head_dim 64 a third consumer warpgroup: 192 query rows a block (as
 //                            FlashAttention-3 there), 512 threads, 160 registers a consumer thread, so
 //                            tiles of 128 keys; three softmaxes take turns under the tensor cores' work.
-//   09f kPersistent          the grid is at most one block per SM, and a block works through tiles
-//                            x, x + grid, …: the rings and the Q barriers run on from tile to tile, so
-//                            the producer loads the next tile's K(0) while the consumers finish the
-//                            last turns, and its Q as soon as they have stored O from q_smem (q_empty);
-//                            no block is launched, no barrier initialized and no register reallocated
-//                            per tile.
+//   09f kPersistent          the grid is at most one block per SM, and the blocks take the tiles in
+//                            rounds (persistent_position, persistent_tile: with causal masking the
+//                            longest first, heads in sections whose K and V fit in L2): the rings and
+//                            the Q barriers run on from tile to tile, so the producer loads the next
+//                            tile's K(0) while the consumers finish the last turns, and its Q as soon
+//                            as they have stored O from q_smem (q_empty); no block is launched, no
+//                            barrier initialized and no register reallocated per tile.
 //
 // One turn of a consumer (09c; kv_stage / kv_parity / release_parity, traits.h, give every phase):
 //
@@ -322,22 +323,27 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   // Tile and head indices are below 2^31 (plan() checks the tiles): 32-bit divisions do.
   const int seqlen_q = int(p.seqlen_q), seqlen_k = int(p.seqlen_k);
   const unsigned q_tiles = (unsigned(seqlen_q) + BLOCK_Q - 1) / BLOCK_Q;
-  const unsigned num_tiles = q_tiles * unsigned(p.batch * p.heads_q);
-  // The tiles of this block: tile blockIdx.x alone, or from 09f every gridDim.x-th from it.
-  const unsigned tile_stride = gridDim.x;
+  const unsigned heads = unsigned(p.batch * p.heads_q), num_tiles = q_tiles * heads;
+  // The tiles of this block, by round n: tile blockIdx.x alone, or from 09f the persistent schedule's
+  // position (persistent_position, persistent_tile; a position past the last tile ends the loop).
+  const unsigned heads_per_section = section_heads(p.seqlen_k, HEAD_DIM, heads);
+  const bool causal = p.causal != 0;
+  auto position = [&](const unsigned n) {
+    return persistent_position(n, blockIdx.x, gridDim.x);
+  };
   struct Work {
     uint32_t bh;
     int h, b, h_kv, q0, q_rows, kv_tiles, masked_tiles;
   };
   auto work_of = [&](const unsigned w) {
-    const BlockTile tile = block_tile(w, q_tiles);
+    const BlockTile tile = persistent_tile(w, q_tiles, heads, heads_per_section, causal);
     Work x;
     x.bh = tile.bh;
     x.h = int(tile.bh % unsigned(p.heads_q)), x.b = int(tile.bh / unsigned(p.heads_q));
     x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
     x.q0 = tile.q_tile * BLOCK_Q;
     x.q_rows = min(BLOCK_Q, seqlen_q - x.q0);  // real query rows in this tile
-    const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, p.causal != 0);
+    const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, causal);
     x.kv_tiles = kv.count, x.masked_tiles = kv.count - kv.unmasked;
     return x;
   };
@@ -373,7 +379,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     sm90::setmaxnreg_dec<PRODUCER_REGISTERS>();
     if (threadIdx.x == 0) {
       int visits = 0;  // K/V visits of this block's earlier tiles: where the rings stand
-      for (unsigned w = blockIdx.x, n = 0; w < num_tiles; w += tile_stride, ++n) {
+      for (unsigned n = 0, w = position(0); w < num_tiles; w = position(++n)) {
         const Work x = work_of(w);
         // A tile is COL_BLOCKS boxes [rows, 64]; rows past seqlen and columns past head_dim come in as
         // zeros, and count in the bytes the barrier expects all the same.
@@ -439,7 +445,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     };
 
     int visits = 0;  // K/V visits of this block's earlier tiles, as the producer counts them
-    for (unsigned w = blockIdx.x, n = 0; w < num_tiles; w += tile_stride, ++n) {
+    for (unsigned n = 0, w = position(0); w < num_tiles; w = position(++n)) {
       const Work x = work_of(w);
       float o_acc[Tr::O_REGS] = {};  // [64 rows, HEAD_DIM] fp32 of this consumer, wgmma_acc layout
       float s_acc[Tr::S_REGS];       // [64 rows, BLOCK_KV] fp32: S(k), then P(k) before rounding
