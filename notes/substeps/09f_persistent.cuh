@@ -36,9 +36,8 @@
 //   09e kThreeConsumers      at head_dim 64 a third consumer warpgroup: 192 query rows a block (as
 //                            FlashAttention-3 there), 512 threads, 160 registers a consumer thread, so
 //                            tiles of 128 keys; three softmaxes take turns under the tensor cores' work.
-//   09f kPersistent          the grid is at most one block per SM, and the blocks take the tiles in
-//                            rounds (persistent_position, persistent_tile: with causal masking the
-//                            longest first, heads in sections whose K and V fit in L2): the rings and
+//   09f kPersistent          without causal masking the grid is at most one block per SM, and the
+//                            blocks take the tiles in rounds (persistent_position): the rings and
 //                            the Q barriers run on from tile to tile, so the producer loads the next
 //                            tile's K(0) while the consumers finish the last turns, and its Q as soon
 //                            as they have stored O from q_smem (q_empty); no block is launched, no
@@ -325,8 +324,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   const unsigned q_tiles = (unsigned(seqlen_q) + BLOCK_Q - 1) / BLOCK_Q;
   const unsigned heads = unsigned(p.batch * p.heads_q), num_tiles = q_tiles * heads;
   // The tiles of this block, by round n: tile blockIdx.x alone, or from 09f the persistent schedule's
-  // position (persistent_position, persistent_tile; a position past the last tile ends the loop).
-  const unsigned heads_per_section = section_heads(p.seqlen_k, HEAD_DIM, heads);
+  // position (persistent_position; a position past the last tile ends the loop). With causal masking
+  // 09f's plan launches one block per tile, so each block has one, as before 09f.
   const bool causal = p.causal != 0;
   auto position = [&](const unsigned n) {
     return persistent_position(n, blockIdx.x, gridDim.x);
@@ -336,7 +335,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     int h, b, h_kv, q0, q_rows, kv_tiles, masked_tiles;
   };
   auto work_of = [&](const unsigned w) {
-    const BlockTile tile = persistent_tile(w, q_tiles, heads, heads_per_section, causal);
+    const BlockTile tile = block_tile(w, q_tiles);
     Work x;
     x.bh = tile.bh;
     x.h = int(tile.bh % unsigned(p.heads_q)), x.b = int(tile.bh / unsigned(p.heads_q));

@@ -84,7 +84,7 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
     pl.refusal = m.str();
     return pl;
   }
-  const int64_t blocks = IDEAS >= kPersistent ? persistent_blocks(tiles, dev.sm_count > 0 ? dev.sm_count : 1) : tiles;
+  const int64_t blocks = IDEAS >= kPersistent && !p.causal ? persistent_blocks(tiles, dev.sm_count > 0 ? dev.sm_count : 1) : tiles;
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(pl.config, [&](auto c) {

@@ -490,17 +490,9 @@ FS_HD constexpr int64_t persistent_blocks(int64_t tiles, int sm_count) { return 
 FS_HD constexpr uint32_t persistent_position(uint32_t round, uint32_t block, uint32_t grid) {
   return round * grid + (round % 2 == 0 ? block : grid - 1 - block);
 }
-// The tile order. Without causal masking every tile is as long: block_tile's, a head's query tiles
-// together. With it, longest first: the heads in sections of section_heads, each section's tiles
-// by length (query tile q_tiles - 1 of every head of the section, then q_tiles - 2, …), so that the
-// blocks of a round work on tiles of one length and on the K and V of one section of heads, which
-// L2 holds (kL2KvBytes).
-inline constexpr int64_t kL2KvBytes = int64_t(24) << 20;  // about half of an H100's or H200's 50 MB L2
-FS_HD constexpr uint32_t section_heads(int64_t seqlen_k, int head_dim, uint32_t heads) {
-  const int64_t per_head = seqlen_k * head_dim * 2 * 2;  // K and V of one head, 2-byte elements
-  const int64_t fit = per_head > 0 ? kL2KvBytes / per_head : heads;
-  return fit < 1 ? 1u : fit > int64_t(heads) ? heads : uint32_t(fit);
-}
+// With causal masking the tiles are not equally long, and static rounds balance them worse than the
+// GPU's own dispatch of one block per tile (measured: notes/09, Appendix L), so 09f's plan launches
+// one block per tile there.
 
 // Tile x is head bh = x / q_tiles, the last query tile of a head first (with causal masking
 // it has the most keys); neighbouring blocks share a head, and a GQA group's K/V, in L2.
@@ -510,15 +502,6 @@ struct BlockTile {
 };
 FS_HD constexpr BlockTile block_tile(uint32_t block, uint32_t q_tiles) {
   return {block / q_tiles, int(q_tiles - 1 - block % q_tiles)};
-}
-// Position w of 09f's order (above): `heads` = batch · heads_q.
-FS_HD constexpr BlockTile persistent_tile(uint32_t w, uint32_t q_tiles, uint32_t heads, uint32_t section_heads,
-                                          bool causal) {
-  if (!causal) return block_tile(w, q_tiles);
-  const uint32_t per_section = section_heads * q_tiles, first = w / per_section * section_heads;
-  const uint32_t in_section = heads - first < section_heads ? heads - first : section_heads;  // the last is short
-  const uint32_t i = w % per_section;
-  return {first + i % in_section, int(q_tiles - 1 - i / in_section)};
 }
 
 // The K/V tiles a query tile visits: [0, count) hold a key some row may see, [0, unmasked) only keys
