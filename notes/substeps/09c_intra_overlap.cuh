@@ -104,8 +104,9 @@ __device__ inline void mbarrier_init(uint32_t bar, uint32_t arrivals) {
 __device__ inline void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-// A consumer warp's release of a stage: one plain arrival (release semantics at CTA scope, the
-// default), made by lane 0 after the warp's wgmma reading the stage has completed.
+// One plain arrival (release semantics at CTA scope, the default): a consumer warp's release of a
+// stage, made by lane 0 after the warp's wgmma reading the stage has completed; a consumer's release
+// of q_smem (q_empty); the producer's q_full arrival for a tile that loads no Q.
 __device__ inline void mbarrier_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -535,9 +536,9 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
             for (int nt = 0; nt < BLOCK_KV / 8; ++nt)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
-                float& x = s_acc[4 * nt + 2 * r + e];
-                x = exp2_approx(fmaf(x, scale_log2, -max_scaled[r]));
-                row_sum[r] += x;
+                float& score = s_acc[4 * nt + 2 * r + e];
+                score = exp2_approx(fmaf(score, scale_log2, -max_scaled[r]));
+                row_sum[r] += score;
               }
           // The exponentials stay above the wait below: the compiler may not sink them past the fence,
           // and ptxas may not hoist the wait above the release, which needs them (a row sum is never

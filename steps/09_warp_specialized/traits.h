@@ -484,9 +484,10 @@ FS_HD constexpr int64_t persistent_blocks(int64_t tiles, int sm_count) { return 
 
 // ---- the persistent schedule (09f) -------------------------------------------------------------
 // In round n each of the grid's blocks takes one position of the tile order: block x position
-// n·grid + x in even rounds, n·grid + grid - 1 - x in odd ones (a snake), so a block that took one of
-// the round's longer tiles takes one of the next round's shorter ones. A position past the last
-// tile ends the block's work (only the last round is short).
+// n·grid + x in even rounds, n·grid + grid - 1 - x in odd ones (a snake: were the tiles of a round of
+// different lengths, a block that took a longer one would take a shorter one next; 09f's tiles, all
+// without causal masking, are equally long). A position past the last tile ends the block's work
+// (only the last round is short).
 FS_HD constexpr uint32_t persistent_position(uint32_t round, uint32_t block, uint32_t grid) {
   return round * grid + (round % 2 == 0 ? block : grid - 1 - block);
 }
