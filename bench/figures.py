@@ -754,6 +754,7 @@ def fig_09(out: Path):
     _save(fig, out / "09_schedules.png")
     fig_09_ring(out)
     fig_09_three(out, colours)
+    fig_09f(out)
 
 
 def fig_09_three(out: Path, colours: dict):
@@ -773,6 +774,51 @@ def fig_09_three(out: Path, colours: dict):
                f"{title} (schematic; tensor cores busy {100 * busy:.0f} % of the time)", until)
     fig.tight_layout()
     _save(fig, out / "09_three_consumers.png")
+
+
+# Schematic lengths of a tile's life on one SM (notes/09, Appendix L): a TMA load's latency, the main loop of
+# one query tile, its epilogue (O through q_smem to global memory), a block's exit and the next block's start
+# (launch, barrier init, setmaxnreg), which 09e pays on every tile: one 214 KB block fills an SM.
+LOAD, TILE, EPILOGUE, BLOCK_GAP = 1.0, 5.0, 1.0, 0.8
+
+
+def schedule_09f(persistent: bool, tiles: int = 3) -> list[tuple[str, float, float, str, str]]:
+    """(row, start, length, kind, label) of one SM's producer and consumers over `tiles` query tiles. 09e
+    (persistent False): a block per tile; its producer loads Q(n) and K(0) together, the consumers wait, run
+    the tile and its epilogue, the block exits and the next one starts. 09f: one block runs every tile; the
+    producer issues K(0) of tile n + 1 while tile n runs (a stage is free before its last turn), and Q(n + 1)
+    once every consumer has read q_smem for O(n) (q_empty), so only Q's latency is left between two tiles."""
+    spans, q_at = [], 0.0  # q_at: when the producer issues Q(n)
+    for n in range(tiles):
+        spans.append(("producer", q_at, LOAD, "load", f"Q{n}" if persistent and n > 0 else f"Q{n} K{n}(0)"))
+        spans.append(("consumers", q_at, LOAD, "wait", "wait"))
+        begin = q_at + LOAD
+        spans.append(("consumers", begin, TILE, "tile", f"tile {n}"))
+        if persistent and n + 1 < tiles:
+            spans.append(("producer", begin + TILE - 2 * LOAD, LOAD, "load", f"K{n + 1}(0)"))
+        spans.append(("consumers", begin + TILE, EPILOGUE, "epilogue", f"O{n}"))
+        q_at = begin + TILE + EPILOGUE  # 09f: q_empty completes as the epilogue ends
+        if not persistent:
+            spans.append(("block", q_at, BLOCK_GAP, "gap", "exit, next block"))
+            q_at += BLOCK_GAP
+    return spans
+
+
+def fig_09f(out: Path):
+    """09e's block per tile against 09f's persistent block, one SM over three query tiles (schematic)."""
+    plt = pyplot()
+    colours = {"load": "tab:purple", "tile": "tab:blue", "epilogue": "tab:green", "wait": "white", "gap": "tab:gray"}
+    fig, axes = plt.subplots(2, 1, figsize=(12, 4.4))
+    panels = ((False, "09e: one block per query tile; the next block starts when this one has exited, then loads Q and K(0)"),
+              (True, "09f: one block per SM; K(0) of the next tile streams in during this one, Q once O has left q_smem"))
+    schedules = [schedule_09f(persistent) for persistent, _ in panels]
+    until = max(s + l for spans in schedules for _, s, l, _, _ in spans) + 0.3
+    for ax, (persistent, title), spans in zip(axes, panels, schedules):
+        rows = ["producer", "consumers"] + ([] if persistent else ["block"])
+        _gantt(ax, rows, [(row, s, l, colours[kind], text, "//" if kind == "wait" else None)
+                          for row, s, l, kind, text in spans], title + " (schematic)", until)
+    fig.tight_layout()
+    _save(fig, out / "09f_persistent.png")
 
 
 # ---- step 10: split-KV (steps/10_decoding/traits.h, num_splits_for) ------------------------------

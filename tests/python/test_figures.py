@@ -247,6 +247,26 @@ class Ring09(unittest.TestCase):
                          [None, None, None, 0, 0, 0, 1, 1, 1])
 
 
+class Persistent09f(unittest.TestCase):
+    """Appendix L's picture: 09f's block loads the next tile's K(0) during this tile and its Q only after
+    the epilogue has read q_smem; 09e pays a block's exit and start on every tile."""
+
+    def spans(self, persistent):
+        return {label: (start, start + length) for row, start, length, kind, label in figures.schedule_09f(persistent)}
+
+    def test_q_after_the_epilogue_k_before_it(self):
+        s = self.spans(True)
+        for n in (1, 2):
+            self.assertEqual(s[f"Q{n}"][0], s[f"O{n - 1}"][1])      # q_empty: O(n - 1) has left q_smem
+            self.assertLess(s[f"K{n}(0)"][1], s[f"O{n - 1}"][0])    # K(0) is in before the epilogue starts
+            self.assertEqual(s[f"tile {n}"][0], s[f"Q{n}"][1])
+
+    def test_the_persistent_block_saves_the_gap_per_tile(self):
+        e, f = self.spans(False), self.spans(True)
+        for n in (1, 2):
+            self.assertAlmostEqual(e[f"tile {n}"][0] - f[f"tile {n}"][0], n * figures.BLOCK_GAP)
+
+
 class Schedules09(unittest.TestCase):
     """The consumers' schedules of note 09's figure: a simulation of the kernel's turns, checked for what
     must hold whatever the lengths."""
