@@ -4,6 +4,8 @@
 #
 #   bench/profile.sh STEP [runner flags...]
 #   bench/profile.sh 06_ldmatrix_mma --seqlen 4096 --causal --dtype bf16
+#   bench/profile.sh fa4 [BATCH SEQLEN HEADS HEAD_DIM [causal]]   FlashAttention-4's forward (flash_attn.cute,
+#                                            where installed), default 2 2048 16 128: the runner's problem
 #   cmake -DFLASH_STEPS_PROFILE_STEP=06_ldmatrix_mma -DFLASH_STEPS_PROFILE_ARGS="--seqlen 4096" build
 #   cmake --build build --target profile                                  (the same, through CMake)
 #
@@ -31,9 +33,18 @@ shift
 build="${FLASH_STEPS_BUILD:-$root/build}"
 ncu="${NCU:-ncu}"
 runner="$build/flash-steps"
-[[ -x "$runner" ]] || { echo "profile.sh: $runner not found (cmake --build $build --target flash-steps)" >&2; exit 1; }
+[[ "$step" == fa4 ]] || [[ -x "$runner" ]] || { echo "profile.sh: $runner not found (cmake --build $build --target flash-steps)" >&2; exit 1; }
 command -v "$ncu" >/dev/null || { echo "profile.sh: ncu not found (Nsight Compute; set NCU=/path/to/ncu)" >&2; exit 1; }
 
+if [[ "$step" == fa4 ]]; then  # its third launch of the same tensors (0.25 + N(0, 1), fp16), as compare_torch.py times it
+  target=(python3 -c "import torch; from flash_attn.cute import flash_attn_func
+b, n, h, d, causal = ${1:-2}, ${2:-2048}, ${3:-16}, ${4:-128}, '${5:-}' == 'causal'
+q, k, v = (torch.randn(b, n, h, d, device='cuda', dtype=torch.float16) + 0.25 for _ in range(3))
+for _ in range(3): flash_attn_func(q, k, v, causal=causal)
+torch.cuda.synchronize()")
+  filter=(--kernel-name "regex:.*FlashAttentionForward.*" --launch-skip 2 --launch-count 1)
+else
+  target=("$runner" --step "$step" --iters 1 --warmup 0 --no-baseline "$@")
 # The step's kernels: every function in the object files of its directory (steps/NN_*, NN = the
 # step's first two characters: 07b_work_order lives in steps/07_flash_attention2).
 prefix="${step:0:2}"
@@ -52,6 +63,7 @@ if [[ -n "$kernels" ]]; then
 else
   echo "profile.sh: no object files of step ${prefix} under $build/steps; profiling every kernel" >&2
 fi
+fi
 
 metrics="${FLASH_STEPS_METRICS:-$(python3 "$here/ncu_table.py" --list-metrics)}"
 work="$(mktemp -d)"
@@ -60,7 +72,7 @@ report="$work/profile"
 for _ in 1 2 3; do
   set +e
   "$ncu" --clock-control none "${filter[@]}" --metrics "$metrics" --export "$report" --force-overwrite \
-    "$runner" --step "$step" --iters 1 --warmup 0 --no-baseline "$@" 2>&1 | tee "$work/log"
+    "${target[@]}" 2>&1 | tee "$work/log"
   set -e
   [[ -f "$report.ncu-rep" ]] && break
   fewer="$(python3 "$here/ncu_table.py" --metrics "$metrics" --drop-unknown "$work/log")"
