@@ -43,26 +43,28 @@ q, k, v = (torch.randn(b, n, h, d, device='cuda', dtype=torch.float16) + 0.25 fo
 for _ in range(3): flash_attn_func(q, k, v, causal=causal)
 torch.cuda.synchronize()")
   filter=(--kernel-name "regex:.*FlashAttentionForward.*" --launch-skip 2 --launch-count 1)
+  what="FlashAttention-4's flash_attn_func, batch ${1:-2}, seqlen ${2:-2048}, heads ${3:-16}, head_dim ${4:-128}${5:+, $5}"
 else
   target=("$runner" --step "$step" --iters 1 --warmup 0 --no-baseline "$@")
-# The step's kernels: every function in the object files of its directory (steps/NN_*, NN = the
-# step's first two characters: 07b_work_order lives in steps/07_flash_attention2).
-prefix="${step:0:2}"
-mapfile -t objects < <(find "$build/steps/" -path "*step_${prefix}_*" -name '*.o' 2>/dev/null | sort)
-kernels=""
-if ((${#objects[@]})); then
-  cuobjdump="$(command -v cuobjdump || true)"
-  [[ -n "$cuobjdump" ]] || cuobjdump="$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/cuobjdump"
-  # One object at a time: cuobjdump stops at the first file without device code (a launcher-only .cu).
-  kernels="$(for o in "${objects[@]}"; do "$cuobjdump" --dump-resource-usage "$o" 2>/dev/null || true; done |
-             sed -n 's/^ *Function \([A-Za-z0-9_]*\):$/\1/p' | sort -u | paste -sd '|' -)"
-fi
-filter=()
-if [[ -n "$kernels" ]]; then
-  filter=(--kernel-name-base mangled --kernel-name "regex:^(${kernels})\$")
-else
-  echo "profile.sh: no object files of step ${prefix} under $build/steps; profiling every kernel" >&2
-fi
+  what="flash-steps $*"
+  # The step's kernels: every function in the object files of its directory (steps/NN_*, NN = the
+  # step's first two characters: 07b_work_order lives in steps/07_flash_attention2).
+  prefix="${step:0:2}"
+  mapfile -t objects < <(find "$build/steps/" -path "*step_${prefix}_*" -name '*.o' 2>/dev/null | sort)
+  kernels=""
+  if ((${#objects[@]})); then
+    cuobjdump="$(command -v cuobjdump || true)"
+    [[ -n "$cuobjdump" ]] || cuobjdump="$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/cuobjdump"
+    # One object at a time: cuobjdump stops at the first file without device code (a launcher-only .cu).
+    kernels="$(for o in "${objects[@]}"; do "$cuobjdump" --dump-resource-usage "$o" 2>/dev/null || true; done |
+               sed -n 's/^ *Function \([A-Za-z0-9_]*\):$/\1/p' | sort -u | paste -sd '|' -)"
+  fi
+  filter=()
+  if [[ -n "$kernels" ]]; then
+    filter=(--kernel-name-base mangled --kernel-name "regex:^(${kernels})\$")
+  else
+    echo "profile.sh: no object files of step ${prefix} under $build/steps; profiling every kernel" >&2
+  fi
 fi
 
 metrics="${FLASH_STEPS_METRICS:-$(python3 "$here/ncu_table.py" --list-metrics)}"
@@ -84,7 +86,7 @@ done
 
 "$ncu" --import "$report.ncu-rep" --csv --page raw > "$work/raw.csv"
 echo
-echo "ncu, step $step, flash-steps $* (clocks as found; last launch of each kernel)"
+echo "ncu, step $step, $what (clocks as found; last launch of each kernel)"
 csv_args=()
 if [[ -n "${FLASH_STEPS_PROFILE_OUT:-}" ]]; then
   mkdir -p "$FLASH_STEPS_PROFILE_OUT"
