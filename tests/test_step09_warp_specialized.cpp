@@ -336,6 +336,33 @@ TEST_CASE("step 09: setmaxnreg moves the block's pool of registers, and the tabl
     for (int64_t d : {128, 192, 256})
       CHECK(s9::choose_config(s9::kThreeConsumers, d, causal) == s9::choose_config(s9::kTileSizes, d, causal));
   }
+  // config_for: the products of a head's causal tiles, counted by hand. 1024 rows and keys: 8 tiles of
+  // 128 rows visit 1 + 2 + ... + 8 = 36 tiles of 128 keys; 6 tiles of 192 rows (the last with 64 real
+  // rows) visit 2, 3, 5, 6, 8 and 8. 2048: 11 tiles of 192 visit 101, 16 of 128 visit 136.
+  CHECK(s9::causal_tile_products(1024, 1024, 128, 128) == int64_t(128) * 128 * 36);
+  CHECK(s9::causal_tile_products(1024, 1024, 192, 128) == int64_t(192) * 128 * 32);
+  CHECK(s9::causal_tile_products(2048, 2048, 128, 128) == int64_t(128) * 128 * 136);
+  CHECK(s9::causal_tile_products(2048, 2048, 192, 128) == int64_t(192) * 128 * 101);
+  CHECK(s9::causal_tile_products(0, 1024, 192, 128) == 0);
+  // 64 rows, 100000 keys: one tile, 782 K/V tiles, 192 or 128 rows of products for 64 real ones.
+  CHECK(s9::causal_tile_products(64, 100000, 192, 128) == int64_t(192) * 128 * 782);
+  // Rows that see no key (seqlen_q > seqlen_k) are not counted: 4096 rows, 100 keys: the last tile only.
+  CHECK(s9::causal_tile_products(4096, 100, 128, 128) == int64_t(128) * 128 * 1);
+  auto row_for = [](int ideas, int64_t sq, int64_t sk, int64_t d, bool causal) {
+    return s9::config_for(ideas, fs::make_problem(1, sq, sk, 4, 4, d, fs::DType::fp16, causal));
+  };
+  for (int ideas : {s9::kThreeConsumers, s9::kPersistent}) {
+    CHECK(row_for(ideas, 1024, 1024, 64, true) == s9::kD64);       // 786432 > 5/4 · 589824
+    CHECK(row_for(ideas, 512, 512, 64, true) == s9::kD64);
+    CHECK(row_for(ideas, 2048, 2048, 64, true) == s9::kD64_Q192);  // 101 · 192 < 5/4 · 136 · 128
+    CHECK(row_for(ideas, 1536, 1536, 64, true) == s9::kD64_Q192);  // 8 whole tiles of 192
+    CHECK(row_for(ideas, 64, 100000, 64, true) == s9::kD64);       // 1.5x the products
+    CHECK(row_for(ideas, 20000, 20000, 64, true) == s9::kD64_Q192);  // not counted
+    CHECK(row_for(ideas, 1024, 1024, 64, false) == s9::kD64_Q192);  // without masking: the table's
+    CHECK(row_for(ideas, 1024, 1024, 128, true) == s9::kD128);
+  }
+  CHECK(row_for(s9::kTileSizes, 1024, 1024, 64, true) == s9::kD64);  // before 09e: the table's row anyway
+  CHECK(row_for(s9::kTileSizes, 2048, 2048, 64, true) == s9::kD64);
   for (int i = 0; i < s9::kNumConfigs; ++i)
     for (int ideas = s9::kWarpSpecialization; ideas < s9::kThreeConsumers; ++ideas)
       if (s9::has_config(ideas, i)) CHECK(s9::kConfigs[i].consumers == 2);
@@ -864,17 +891,20 @@ TEST_CASE("step 09: six sub-steps, in idea order, on sm_90 only, each with its t
         const fs::Plan plan = fs::plan(*s, p, h200);
         REQUIRE(plan.accepted());
         CHECK(s->forward.claims(p, h200));
-        CHECK(plan.config == s9::choose_config(ideas, d, causal));
+        CHECK(plan.config == s9::config_for(ideas, p));
         REQUIRE(plan.kernels.size() == 1);
-        // 384 threads and 128-row query tiles (8 of 1000 rows), or from 09e at head_dim 64 512 and 192 (6).
-        const bool three = ideas >= s9::kThreeConsumers && d <= 64;
+        // 384 threads and 128-row query tiles (8 of 1000 rows), or from 09e at head_dim 64 512 and 192 (6);
+        // with causal masking 1000 rows in 192-row tiles pad too much (config_for), and 09e keeps two.
+        const bool three = ideas >= s9::kThreeConsumers && d <= 64 && !causal;
+        CHECK(s9::kConfigs[plan.config].consumers == (three ? 3 : 2));
         CHECK(plan.kernels[0].threads == (three ? 512 : 384));
         CHECK(plan.kernels[0].smem_bytes == size_t(s9::smem_bytes(s9::kConfigs[plan.config])));
         // One block per tile, or from 09f without causal masking one per SM (132) where there are more tiles.
         const int64_t tiles = (three ? 6 : 8) * 2 * 8;
         CHECK(plan.kernels[0].blocks == tiles);
+        const bool three_4000 = ideas >= s9::kThreeConsumers && d <= 64;  // 4000 rows, 1000 keys: little padding
         CHECK(s->forward.plan(fs::make_problem(4, 4000, 1000, 8, 2, d, fs::DType::bf16, causal), h200).kernels[0].blocks ==
-              (ideas >= s9::kPersistent && !causal ? 132 : (three ? 21 : 32) * 4 * 8));
+              (ideas >= s9::kPersistent && !causal ? 132 : (three_4000 ? 21 : 32) * 4 * 8));
         CHECK(plan.kernels[0].function != nullptr);
       }
     const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 128, fs::DType::fp16, false);

@@ -56,7 +56,7 @@ constexpr int max_smem_bytes(int ideas) {
 // grid fits in 2^31 - 1 blocks, on a GPU of compute capability 9.0 (H100, H200: 227 KiB per block).
 template <int IDEAS>
 bool claims(const Problem& p, const DeviceInfo& dev) {
-  const int config = choose_config(IDEAS, p.head_dim, p.causal != 0);
+  const int config = config_for(IDEAS, p);
   if (config < 0 || config >= kNumConfigs) return false;  // a head_dim the harness refuses anyway
   const int block_q = step09::block_q(kConfigs[config].consumers);
   return dev.compute_capability == 90 && dev.smem_per_block_optin >= size_t(max_smem_bytes(IDEAS)) &&
@@ -66,7 +66,7 @@ bool claims(const Problem& p, const DeviceInfo& dev) {
 template <int IDEAS>
 Plan plan(const Problem& p, const DeviceInfo& dev) {
   Plan pl;
-  pl.config = choose_config(IDEAS, p.head_dim, p.causal != 0);
+  pl.config = config_for(IDEAS, p);
   const int smem = smem_bytes(kConfigs[pl.config]), block_q = step09::block_q(kConfigs[pl.config].consumers);
   if (dev.smem_per_block_optin < size_t(smem)) {
     std::ostringstream m;
@@ -200,7 +200,8 @@ void explain(std::ostream& out) {
     out << "  HEAD_DIM " << c.head_dim << " BLOCK_Q " << block_q(c.consumers) << " BLOCK_KV " << c.block_kv << ", "
         << c.kv_stages << " stages: registers " << c.head_dim / 2 << " + " << c.block_kv / 2 << " + " << c.block_kv / 4
         << " = " << array_registers(c) << " of " << consumer_registers(c.consumers) << ", shared memory "
-        << smem_bytes(c) << " bytes" << (n && y ? "" : n ? " (not causal)" : " (causal)") << "\n";
+        << smem_bytes(c) << " bytes"
+        << (n && y ? "" : n ? " (not causal)" : y ? " (causal)" : " (causal, where 192-row tiles pad too much)") << "\n";
   }
 
   constexpr int n = 4, stages = 2;
@@ -305,7 +306,8 @@ void register_step_09_warp_specialized(Registry& r) {
   r.add(sub_step<kTileSizes>("09d_tile_sizes", "Hopper II: FlashAttention-3 tiles",
                              "+ wider K/V tiles for the larger register budget (128 x 176 at head_dim 128)"));
   r.add(sub_step<kThreeConsumers>("09e_three_consumers", "Hopper II: three consumers",
-                                  "+ three consumer warpgroups at head_dim 64 (192 x 128 tiles, setmaxnreg 160)"));
+                                  "+ three consumer warpgroups at head_dim 64 (192 x 128 tiles, setmaxnreg 160; two where a causal "
+                                  "head's 192-row tiles would pad more than 1/4 of its products)"));
   r.add(sub_step<kPersistent>("09f_persistent", "Hopper II: a persistent kernel",
                               "+ one block per SM works through the query tiles, the next tile's K and Q loading "
                               "during the previous one's epilogue: the FlashAttention-3 forward schedule (no fp8, "

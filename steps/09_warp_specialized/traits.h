@@ -146,7 +146,8 @@ struct Config {
 };
 
 enum ConfigId : int {
-  kD64,        // step 08's tiles: every sub-step before 09d; 09d with causal masking at 64 and 128
+  kD64,        // step 08's tiles: every sub-step before 09d; 09d with causal masking at 64 and 128;
+               // from 09e at 64 with causal masking where 192-row tiles pad too much (config_for)
   kD128,
   kD192,
   kD256,
@@ -166,7 +167,7 @@ inline constexpr Config kConfigs[kNumConfigs] = {
 
 // Whether sub-step IDEAS has configuration `config`.
 FS_HD constexpr bool has_config(int ideas, int config) {
-  if (ideas >= kThreeConsumers) return config == kD128 || (config >= kD128_N176 && config <= kD64_Q192);
+  if (ideas >= kThreeConsumers) return config == kD64 || config == kD128 || (config >= kD128_N176 && config <= kD64_Q192);
   if (ideas >= kTileSizes) return config != kD192 && config != kD256 && config != kD64_Q192;
   return config < kD64_N192;
 }
@@ -523,6 +524,36 @@ FS_HD constexpr KvTiles kv_tiles_for(int64_t q0, int64_t q_rows, int block_kv, i
     full = first_row_end < 0 ? 0 : first_row_end < seqlen_k ? first_row_end : seqlen_k;
   }
   return {int((end + block_kv - 1) / block_kv), int(full / block_kv)};
+}
+
+// From 09e, head_dim 64 with causal masking: the products a head's query tiles of block_q rows
+// compute, padding included (block_q · block_kv per visited K/V tile). Counted from the last query
+// tile, which sees the most keys, down to the first that sees none; the caller bounds the trip count.
+FS_HD constexpr int64_t causal_tile_products(int64_t seqlen_q, int64_t seqlen_k, int block_q, int block_kv) {
+  int64_t visits = 0;
+  for (int64_t q0 = seqlen_q > 0 ? (seqlen_q - 1) / block_q * block_q : -1; q0 >= 0; q0 -= block_q) {
+    const int64_t rows = seqlen_q - q0 < block_q ? seqlen_q - q0 : block_q;
+    const int count = kv_tiles_for(q0, rows, block_kv, seqlen_q, seqlen_k, true).count;
+    if (count == 0) break;
+    visits += count;
+  }
+  return visits * block_q * block_kv;
+}
+
+// The row of the table for a problem: choose_config's, except one case. From 09e, at head_dim 64
+// with causal masking, three consumers' 192-row tiles can pad the last query tile, the one that sees
+// the most keys, with up to 191 rows of nothing: 1024 rows are 6 tiles of 192 (1152 rows) against 8
+// of 128. Three consumers compute a product about 1.25x faster than two there (notes/09, Appendix
+// K, measured), so they give way to two (kD64, 128 x 128 tiles) where their tiles compute more than
+// 5/4 of the products of 128-row tiles. With more than 12288 rows and 12288 keys one tile's padding
+// is about 3 % of a head's work at most, and the count is skipped; below, its loop visits at most
+// 12288 / 128 + 2 query tiles.
+FS_HD constexpr int config_for(int ideas, const Problem& p) {
+  const int row = choose_config(ideas, p.head_dim, p.causal != 0);
+  if (row != kD64_Q192 || !p.causal || (p.seqlen_q > 12288 && p.seqlen_k > 12288)) return row;
+  const int64_t three = causal_tile_products(p.seqlen_q, p.seqlen_k, block_q(3), 128);
+  const int64_t two = causal_tile_products(p.seqlen_q, p.seqlen_k, block_q(2), 128);
+  return 4 * three > 5 * two ? kD64 : row;
 }
 
 // In a masked tile starting at key kv0: the last key, counted from kv0, that query row `row` may see,
