@@ -32,7 +32,7 @@ STEPS = {
     },
     "09_warp_specialized": {
         r"softmax_under_pv\(Tr::IDEAS, HAS_S, HAS_PV\)": lambda on: "HAS_S && HAS_PV" if on["kIntraOverlap"] else "false",
-        r"q_load_position\(Tr::IDEAS, x\.kv_tiles\)": lambda on: "x.kv_tiles > 0 ? 1 : 0" if on["kPersistent"] else "0",
+        r"q_load_position\(Tr::IDEAS, x\.kv_tiles, n\)": lambda on: "n > 0 && x.kv_tiles > 0 ? 1 : 0" if on["kPersistent"] else "0",
     },
 }
 

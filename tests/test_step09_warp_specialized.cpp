@@ -578,7 +578,7 @@ void simulate_block(int ideas, int stages, const std::vector<int>& counts, uint3
   int tile = 0, next_copy = 0, base = 0;  // next_copy: position among the tile's 2·count + 1 copies
   auto producer_step = [&]() -> bool {
     if (tile >= tiles) return false;
-    const int count = counts[size_t(tile)], q_at = s9::q_load_position(ideas, count);
+    const int count = counts[size_t(tile)], q_at = s9::q_load_position(ideas, count, unsigned(tile));
     if (next_copy == q_at) {
       if (tile > 0 && !q_empty.try_wait_parity(uint32_t((tile - 1) & 1), tile - 1)) return false;
       for (int w = 0; w < W; ++w) REQUIRE(epilogues[size_t(w)] >= tile);  // no one writes or stores O there

@@ -407,7 +407,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         // Q among them at q_load_position. Visit t reads tile count - 1 - t from its stage
         // (visits + t) % KV_STAGES; a stage's fill n ≥ 1 waits until every consumer warp has released
         // fill n - 1.
-        const int q_at = x.kv_tiles > 0 ? 1 : 0;
+        const int q_at = n > 0 && x.kv_tiles > 0 ? 1 : 0;
         for (int i = 0; i <= 2 * x.kv_tiles; ++i) {
           if (i == q_at) {
             load_q();

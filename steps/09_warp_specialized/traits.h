@@ -446,9 +446,12 @@ FS_HD constexpr KvLoad kv_load(int i, int count) {
 // producer waits for q_empty's phase n - 1 before it loads Q for tile n ≥ 1, and every consumer
 // waits for q_full's phase n, so neither side gets two phases ahead. A block of 09a … 09e has one
 // tile and never waits on q_empty.
-// Where Q is issued among a tile's copies: first, or from 09f second, after K(0): K(0)'s stage is
-// released during the previous tile's turns, q_smem only after its epilogue, so K(0) goes out first.
-FS_HD constexpr int q_load_position(int ideas, int count) { return ideas >= kPersistent && count > 0 ? 1 : 0; }
+// Where Q is issued among the copies of a block's tile n: first, or from 09f for n ≥ 1 second, after
+// K(0): K(0)'s stage is released during the previous tile's turns, q_smem only after its epilogue,
+// so K(0) goes out first. A block's first tile has no epilogue before it, and Q goes first.
+FS_HD constexpr int q_load_position(int ideas, int count, unsigned n) {
+  return ideas >= kPersistent && n > 0 && count > 0 ? 1 : 0;
+}
 
 // ---- ping-pong: the consumers' turns on named barriers -----------------------------------------
 // With kPingPong the n consumers issue their products in strict rotation:
