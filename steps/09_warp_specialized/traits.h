@@ -551,11 +551,14 @@ FS_HD constexpr int64_t causal_tile_products(int64_t seqlen_q, int64_t seqlen_k,
 // 5/4 of the products of 128-row tiles. With more than 12288 rows and 12288 keys one tile's padding
 // is about 3 % of a head's work at most, and the count is skipped; below, its loop visits at most
 // 12288 / 128 + 2 query tiles.
+inline constexpr int kD64Keys = 128;  // the K/V tile of both rows config_for weighs
+static_assert(kConfigs[kD64_Q192].block_kv == kD64Keys && kConfigs[kD64].block_kv == kD64Keys &&
+              kConfigs[kD64_Q192].consumers == 3 && kConfigs[kD64].consumers == 2);
 FS_HD constexpr int config_for(int ideas, const Problem& p) {
   const int row = choose_config(ideas, p.head_dim, p.causal != 0);
   if (row != kD64_Q192 || !p.causal || (p.seqlen_q > 12288 && p.seqlen_k > 12288)) return row;
-  const int64_t three = causal_tile_products(p.seqlen_q, p.seqlen_k, block_q(3), 128);
-  const int64_t two = causal_tile_products(p.seqlen_q, p.seqlen_k, block_q(2), 128);
+  const int64_t three = causal_tile_products(p.seqlen_q, p.seqlen_k, block_q(3), kD64Keys);
+  const int64_t two = causal_tile_products(p.seqlen_q, p.seqlen_k, block_q(2), kD64Keys);
   return 4 * three > 5 * two ? kD64 : row;
 }
 
