@@ -385,6 +385,12 @@ def fig_04(out: Path):
     _save(fig, out / "04_bank_maps.png")
 
 
+def _kind_spans(spans, colours: dict):
+    """(row, start, length, kind, text) spans of a schedule as _gantt's: coloured by kind, "wait" hatched."""
+    return [(row, start, length, colours[kind], text, "//" if kind == "wait" else None)
+            for row, start, length, kind, text in spans]
+
+
 def _gantt(ax, rows, spans, title, until):
     """rows: labels top to bottom; spans: (row, start, length, colour, text, hatch)."""
     for row, start, length, color, text, hatch in spans:
@@ -746,9 +752,7 @@ def fig_09(out: Path):
     until = max(start + length for v in ("09a", "09b", "09c") for _, start, length, _, _ in schedule_09(v)) + 0.3
     for ax, variant in zip(axes, ("09a", "09b", "09c")):
         spans = schedule_09(variant)
-        _gantt(ax, ["consumer 0", "consumer 1", "tensor cores"],
-               [(row, start, length, colours[kind], text, "//" if kind == "wait" else None)
-                for row, start, length, kind, text in spans],
+        _gantt(ax, ["consumer 0", "consumer 1", "tensor cores"], _kind_spans(spans, colours),
                titles[variant] + " (schematic)", until)
     fig.tight_layout()
     _save(fig, out / "09_schedules.png")
@@ -768,9 +772,7 @@ def fig_09_three(out: Path, colours: dict):
     until = max(start + length for spans in schedules for _, start, length, _, _ in spans) + 0.3
     for ax, (variant, n, title), spans in zip(axes, panels, schedules):
         busy = sum(length for row, _, length, _, _ in spans if row == "tensor cores") / max(s + l for _, s, l, _, _ in spans)
-        _gantt(ax, [f"consumer {c}" for c in range(n)] + ["tensor cores"],
-               [(row, start, length, colours[kind], text, "//" if kind == "wait" else None)
-                for row, start, length, kind, text in spans],
+        _gantt(ax, [f"consumer {c}" for c in range(n)] + ["tensor cores"], _kind_spans(spans, colours),
                f"{title} (schematic; tensor cores busy {100 * busy:.0f} % of the time)", until)
     fig.tight_layout()
     _save(fig, out / "09_three_consumers.png")
@@ -815,8 +817,7 @@ def fig_09f(out: Path):
     until = max(s + l for spans in schedules for _, s, l, _, _ in spans) + 0.3
     for ax, (persistent, title), spans in zip(axes, panels, schedules):
         rows = ["producer", "consumers"] + ([] if persistent else ["block"])
-        _gantt(ax, rows, [(row, s, l, colours[kind], text, "//" if kind == "wait" else None)
-                          for row, s, l, kind, text in spans], title + " (schematic)", until)
+        _gantt(ax, rows, _kind_spans(spans, colours), title + " (schematic)", until)
     fig.tight_layout()
     _save(fig, out / "09f_persistent.png")
 
