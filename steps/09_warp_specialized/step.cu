@@ -307,7 +307,7 @@ void register_step_09_warp_specialized(Registry& r) {
                              "+ wider K/V tiles for the larger register budget (128 x 176 at head_dim 128)"));
   r.add(sub_step<kThreeConsumers>("09e_three_consumers", "Hopper II: three consumers",
                                   "+ three consumer warpgroups at head_dim 64 (192 x 128 tiles, setmaxnreg 160; two where a causal "
-                                  "head's 192-row tiles would pad more than 1/4 of its products)"));
+                                  "head's 192-row tiles would compute more than 5/4 of the products of 128-row ones)"));
   r.add(sub_step<kPersistent>("09f_persistent", "Hopper II: a persistent kernel",
                               "+ one block per SM works through the query tiles, the next tile's K and Q loading "
                               "during the previous one's epilogue: the FlashAttention-3 forward schedule (no fp8, "

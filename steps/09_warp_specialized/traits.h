@@ -146,9 +146,9 @@ struct Config {
 };
 
 enum ConfigId : int {
-  kD64,        // step 08's tiles: every sub-step before 09d; 09d with causal masking at 64 and 128;
+  kD64,        // step 08's tiles: every sub-step before 09d; 09d with causal masking at 64;
                // from 09e at 64 with causal masking where 192-row tiles pad too much (config_for)
-  kD128,
+  kD128,       // step 08's tiles at 128: every sub-step before 09d; from 09d with causal masking
   kD192,
   kD256,
   kD64_N192,   // 09d
@@ -448,7 +448,8 @@ FS_HD constexpr KvLoad kv_load(int i, int count) {
 // tile and never waits on q_empty.
 // Where Q is issued among the copies of a block's tile n: first, or from 09f for n ≥ 1 second, after
 // K(0): K(0)'s stage is released during the previous tile's turns, q_smem only after its epilogue,
-// so K(0) goes out first. A block's first tile has no epilogue before it, and Q goes first.
+// so K(0) goes out first. A block's first tile has no epilogue before it, and Q goes first; so does
+// it in a tile that sees no key, whose one slot is Q's (q_full's arrival without bytes).
 FS_HD constexpr int q_load_position(int ideas, int count, unsigned n) {
   return ideas >= kPersistent && n > 0 && count > 0 ? 1 : 0;
 }
