@@ -914,6 +914,20 @@ TEST_CASE("step 09: six sub-steps, in idea order, on sm_90 only, each with its t
               "9.0 alone; this GPU is 10.0");
     CHECK_FALSE(s->forward.claims(p, fake_device(80, 163 * 1024)));
   }
+  // With causal masking 09f launches 09e's kernel (a block per tile, no persistent loop); without, its own.
+  const fs::Step *e = fs::find_step("09e_three_consumers"), *f = fs::find_step("09f_persistent");
+  REQUIRE((e && f));
+  for (bool causal : {false, true})
+    for (int64_t d : {64, 128, 256})
+      for (int64_t n : {1000, 4096}) {
+        CAPTURE(causal, d, n);
+        const fs::Problem p = fs::make_problem(2, n, n, 8, 2, d, fs::DType::fp16, causal);
+        const fs::Plan pe = fs::plan(*e, p, h200), pf = fs::plan(*f, p, h200);
+        REQUIRE((pe.accepted() && pf.accepted()));
+        CHECK(pe.config == pf.config);
+        CHECK((pe.kernels[0].function == pf.kernels[0].function) == causal);
+        if (causal) CHECK(pe.kernels[0].blocks == pf.kernels[0].blocks);
+      }
   // Different sub-steps and tiles are different kernels.
   const fs::Problem p = fs::make_problem(2, 1000, 1000, 8, 2, 128, fs::DType::fp16, false);
   std::set<const void*> kernels;
