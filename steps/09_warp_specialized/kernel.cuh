@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   const unsigned heads = unsigned(p.batch * p.heads_q), num_tiles = q_tiles * heads;
   // The tiles of this block, by round n: tile blockIdx.x alone, or from 09f the persistent schedule's
   // position (persistent_position; a position past the last tile ends the loop). With causal masking
-  // 09f's plan launches one block per tile, so each block has one, as before 09f.
+  // 09f's plan launches 09e's instantiation, one block per tile.
   const bool causal = p.causal != 0;
   auto position = [&](const unsigned n) {
     return Tr::has(kPersistent) ? persistent_position(n, blockIdx.x, gridDim.x) : (n == 0 ? blockIdx.x : num_tiles);
