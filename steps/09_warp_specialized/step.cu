@@ -63,14 +63,24 @@ bool claims(const Problem& p, const DeviceInfo& dev) {
          limits(p).empty() && grid_blocks(p, block_q) <= INT32_MAX;
 }
 
-// The sub-step whose kernel a problem runs: its own, except that from 09f with causal masking the plan
-// launches one block per tile (notes/09, Appendix L), and then 09e's kernel, without the persistent loop.
+template <class Tr>
+struct TraitsTag {
+  using type = Tr;
+};
+
+// f(TraitsTag<Tr>) for the kernel sub-step IDEAS runs on row `config`: its own, except that from 09f
+// with causal masking it is 09e's, a block per tile without the persistent loop (notes/09, Appendix L).
 template <int IDEAS, class F>
-void with_kernel_ideas(const Problem& p, F&& f) {
-  if constexpr (IDEAS >= kPersistent) {
-    if (p.causal) return f(std::integral_constant<int, kThreeConsumers>{});
-  }
-  f(std::integral_constant<int, IDEAS>{});
+void with_traits(const Problem& p, int config, F&& f) {
+  with_config<kNumConfigs>(config, [&](auto c) {
+    constexpr int CONFIG = decltype(c)::value;
+    if constexpr (has_config(IDEAS, CONFIG)) {
+      if constexpr (IDEAS >= kPersistent) {
+        if (p.causal) return f(TraitsTag<TraitsOf<CONFIG, kThreeConsumers>>{});
+      }
+      f(TraitsTag<TraitsOf<CONFIG, IDEAS>>{});
+    }
+  });
 }
 
 template <int IDEAS>
@@ -94,17 +104,13 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
     pl.refusal = m.str();
     return pl;
   }
-  const int64_t blocks = IDEAS >= kPersistent && !p.causal ? persistent_blocks(tiles, dev.sm_count > 0 ? dev.sm_count : 1) : tiles;
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_kernel_ideas<IDEAS>(p, [&](auto k) {
-      with_config<kNumConfigs>(pl.config, [&](auto c) {
-        if constexpr (has_config(std::decay_t<decltype(k)>::value, decltype(c)::value)) {
-          using Tr = TraitsOf<decltype(c)::value, std::decay_t<decltype(k)>::value>;
-          pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&warp_specialized_kernel<T, Tr>), Tr::NUM_THREADS,
-                                     size_t(Tr::SMEM_BYTES), blocks}};
-        }
-      });
+    with_traits<IDEAS>(p, pl.config, [&](auto tr) {
+      using Tr = typename decltype(tr)::type;
+      const int64_t blocks = Tr::has(kPersistent) ? persistent_blocks(tiles, dev.sm_count > 0 ? dev.sm_count : 1) : tiles;
+      pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&warp_specialized_kernel<T, Tr>), Tr::NUM_THREADS,
+                                 size_t(Tr::SMEM_BYTES), blocks}};
     });
   });
   return pl;
@@ -148,27 +154,23 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
     using T = typename decltype(tag)::type;
     const CUtensorMapDataType type =
         std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    with_kernel_ideas<IDEAS>(p, [&](auto k) {
-      with_config<kNumConfigs>(plan.config, [&](auto c) {
-        if constexpr (has_config(std::decay_t<decltype(k)>::value, decltype(c)::value)) {
-          using Tr = TraitsOf<decltype(c)::value, std::decay_t<decltype(k)>::value>;
-          auto* kernel = warp_specialized_kernel<T, Tr>;
-          // Q arrives in one tile of BLOCK_Q rows, K and V in tiles of BLOCK_KV; O leaves per consumer,
-          // 64 rows at a time.
-          const CUtensorMap q_map =
-              make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, p.seqlen_q, p.heads_q, p.batch, p.head_dim, Tr::BLOCK_Q));
-          const CUtensorMap k_map = make_tensor_map(
-              "K", t.k, type, tensor_map_shape(p.k, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
-          const CUtensorMap v_map = make_tensor_map(
-              "V", t.v, type, tensor_map_shape(p.v, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
-          const CUtensorMap o_map = make_tensor_map(
-              "O", t.o, type, tensor_map_shape(p.o, p.seqlen_q, p.heads_q, p.batch, p.head_dim, ROWS_PER_WARPGROUP));
-          CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
-          kernel<<<unsigned(plan.kernels.front().blocks), Tr::NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
-              q_map, k_map, v_map, o_map, t.lse, p, scale_log2);
-          CHECK_LAUNCH();
-        }
-      });
+    with_traits<IDEAS>(p, plan.config, [&](auto tr) {
+      using Tr = typename decltype(tr)::type;
+      auto* kernel = warp_specialized_kernel<T, Tr>;
+      // Q arrives in one tile of BLOCK_Q rows, K and V in tiles of BLOCK_KV; O leaves per consumer,
+      // 64 rows at a time.
+      const CUtensorMap q_map =
+          make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, p.seqlen_q, p.heads_q, p.batch, p.head_dim, Tr::BLOCK_Q));
+      const CUtensorMap k_map = make_tensor_map(
+          "K", t.k, type, tensor_map_shape(p.k, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
+      const CUtensorMap v_map = make_tensor_map(
+          "V", t.v, type, tensor_map_shape(p.v, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
+      const CUtensorMap o_map = make_tensor_map(
+          "O", t.o, type, tensor_map_shape(p.o, p.seqlen_q, p.heads_q, p.batch, p.head_dim, ROWS_PER_WARPGROUP));
+      CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
+      kernel<<<unsigned(plan.kernels.front().blocks), Tr::NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
+          q_map, k_map, v_map, o_map, t.lse, p, scale_log2);
+      CHECK_LAUNCH();
     });
   });
 }

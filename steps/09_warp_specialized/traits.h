@@ -498,7 +498,7 @@ FS_HD constexpr uint32_t persistent_position(uint32_t round, uint32_t block, uin
 }
 // With causal masking the tiles are not equally long, and static rounds balance them worse than the
 // GPU's own dispatch of one block per tile (measured: notes/09, Appendix L), so there 09f's plan
-// launches one block per tile, and 09e's kernel (step.cu, with_kernel_ideas).
+// launches one block per tile, and 09e's kernel (step.cu, with_traits).
 
 // Tile x is head bh = x / q_tiles, the last query tile of a head first (with causal masking
 // it has the most keys); neighbouring blocks share a head, and a GQA group's K/V, in L2.
