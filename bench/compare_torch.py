@@ -130,14 +130,6 @@ def add_speedups(lib, rows: list[dict]) -> None:
         r.update({k: x for k, x in (("x_step01", x01), ("x_prev", xprev)) if x > 0})
 
 
-def label(r: dict, short=lambda step_id: step_id[:10]) -> str:
-    """A column heading: pt:<backend>, fa4, or short(step id), " pN" for a paged cache, " det" if deterministic."""
-    if r["kind"] != "step":
-        return r["impl"].replace("torch_", "pt:")
-    return (short(r["impl"].removesuffix(DETERMINISTIC_SUFFIX)) + (f" p{r['page_size']}" if r.get("page_size") else "")
-            + " det" * bool(r.get("deterministic")))
-
-
 # ---- the loop every pass shares -----------------------------------------------------------------------
 
 def fields_of(shape: str, timed: str, check: str = "max_abs_err max_lse_err max_abs_diff_flash mismatches "
@@ -313,12 +305,6 @@ class Sweep:
                        f"B*H*N*N scores, over the {cap / 2 ** 30:.0f} GiB allowed (--math-max-gib)")
         return need > cap
 
-    def measure(self, row: dict, fn, checked) -> None:
-        """One implementation alone: prepare, then timed."""
-        plan = self.prepare(row, fn, checked)
-        if plan:
-            self.timed([(row, contextlib.nullcontext, plan)])
-
     def prepare(self, row: dict, fn, checked):
         """Skip if too slow; one checked launch; one timed probe. Returns (fn, launches to time, warm-up, the
         check's verdict) for timed(), or None when the row is skipped (its status and reason say why)."""
@@ -408,7 +394,11 @@ class Sweep:
     # ---- the progress lines and the tables ----
 
     def label(self, r: dict) -> str:
-        return label(r, self.short)
+        """A column heading: pt:<backend>, fa4, or short(step id), " pN" for a paged cache, " det" if deterministic."""
+        if r["kind"] != "step":
+            return r["impl"].replace("torch_", "pt:")
+        return (self.short(r["impl"].removesuffix(DETERMINISTIC_SUFFIX)) + (f" p{r['page_size']}" if r.get("page_size")
+                else "") + " det" * bool(r.get("deterministic")))
 
     def cell(self, r: dict) -> str:
         return f"{self.label(r)} {self.rate_cell(r) if r.get(self.rate) else r['status']}"

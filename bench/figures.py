@@ -53,22 +53,11 @@ EXAMPLE_VALUES = [1.0, -1.0, 2.0, 0.0, 3.0, 1.0, -2.0, 1.0]
 
 class Step03:
     HEAD_DIM, BLOCK_Q, BLOCK_KV, NUM_THREADS, GROUP = 128, 64, 64, 256, 16
-    ROW_GROUPS = NUM_THREADS // GROUP        # 16
-    THREAD_ROWS = BLOCK_Q // ROW_GROUPS      # 4
-    THREAD_KEYS = BLOCK_KV // GROUP          # 4
-    THREAD_COLS = HEAD_DIM // GROUP          # 8
-
-    @classmethod
-    def q_row(cls, t, i):
-        return t // cls.GROUP + cls.ROW_GROUPS * i
-
-    @classmethod
-    def key(cls, t, j):
-        return t % cls.GROUP + cls.GROUP * j
-
-    @classmethod
-    def o_col(cls, t):
-        return t % cls.GROUP * cls.THREAD_COLS
+    ROW_GROUPS = NUM_THREADS // GROUP                                    # 16
+    THREAD_ROWS, THREAD_COLS = BLOCK_Q // ROW_GROUPS, HEAD_DIM // GROUP  # 4, 8
+    q_row = staticmethod(lambda t, i: t // Step03.GROUP + Step03.ROW_GROUPS * i)
+    key = staticmethod(lambda t, j: t % Step03.GROUP + Step03.GROUP * j)
+    o_col = staticmethod(lambda t: t % Step03.GROUP * Step03.THREAD_COLS)
 
 
 def _owner_map(cols: int, column):
@@ -224,8 +213,22 @@ def tile_classes(seqlen_q, seqlen_k, block_q, block_kv, causal):
 
 # ---- drawing (matplotlib is imported only here) ---------------------------------------------------
 
-def _save(fig, path: Path):
-    save_figure(fig, path, bbox_inches="tight", pad_inches=0.15)
+FIGURES: dict[str, list] = {}  # "NN" -> the functions that draw note NN's figures, each fn(out)
+
+
+def _drawn(name: str, *grid, rect=None, **kw):
+    """Makes draw(fig, axes) a figure of note name[:2]: fn(out) draws it on pyplot().subplots(*grid, **kw),
+    lays it out within rect and writes out/name."""
+    def wrap(draw):
+        def fn(out: Path):
+            fig, axes = pyplot().subplots(*grid, **kw)
+            draw(fig, axes)
+            fig.tight_layout(rect=rect)
+            save_figure(fig, out / name, bbox_inches="tight", pad_inches=0.15)
+            print(f"figures.py: wrote {out / name}", file=sys.stderr)
+        FIGURES.setdefault(name[:2], []).append(fn)
+        return fn
+    return wrap
 
 
 def _box(ax, x, y, width=1, height=1, **style):
@@ -233,9 +236,10 @@ def _box(ax, x, y, width=1, height=1, **style):
     ax.add_patch(Rectangle((x, y), width, height, **style))
 
 
-def _shade(ax, values, cmap):
-    """values[r][c], 0 to 7, as cells of cmap's 8 colours, row 0 on top."""
-    ax.imshow(values, cmap=cmap, vmin=-0.5, vmax=7.5, extent=(0, len(values[0]), len(values), 0),
+def _shade(ax, values, colors):
+    """values[r][c], 0 to 7, as cells of the 8 colors, row 0 on top."""
+    from matplotlib.colors import ListedColormap
+    ax.imshow(values, cmap=ListedColormap(colors[:8]), vmin=-0.5, vmax=7.5, extent=(0, len(values[0]), len(values), 0),
               interpolation="nearest")
 
 
@@ -248,15 +252,15 @@ def _grid_axes(ax, rows, cols, xlabel, ylabel, step_x=1, step_y=1, ylabels=None,
     ax.set_xticklabels([str(c) for c in range(0, cols, step_x)], fontsize=7)
     ax.set_yticks([r + 0.5 for r in range(0, rows, step_y)])
     ax.set_yticklabels(ylabels or [str(r) for r in range(0, rows, step_y)], fontsize=7)
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=8)
+    if xlabel is not None:
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
     ax.tick_params(length=0)
 
 
-def fig_01(out: Path):
+@_drawn("01_causal_alignment.png", 2, 2, figsize=(9.5, 6.8), rect=(0, 0, 1, 0.96))
+def fig_01(fig, axes):
     """Causal alignment when seqlen_q != seqlen_k."""
-    plt = pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(9.5, 6.8))
     cases = [(3, 5, "bottom-right"), (3, 5, "top-left"), (5, 3, "bottom-right"), (5, 3, "top-left")]
     names = {"bottom-right": "this project, FlashAttention ≥ 2.1:\nbottom-right, j ≤ i + Sk − Sq",
              "top-left": "PyTorch SDPA is_causal=True, CuTe-DSL example:\ntop-left, j ≤ i"}
@@ -271,16 +275,13 @@ def fig_01(out: Path):
         _grid_axes(ax, sq, sk, "key j", "query i")
         ax.set_title(f"Sq = {sq}, Sk = {sk} — {names[align]}", fontsize=8.5)
     fig.suptitle("Causal masks with seqlen_q ≠ seqlen_k: blue = query row i sees key j", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
-    _save(fig, out / "01_causal_alignment.png")
 
 
-def fig_02(out: Path):
+@_drawn("02_online_softmax.png", 1, 2, figsize=(11.5, 4.2), gridspec_kw={"width_ratios": [1.25, 1]})
+def fig_02(fig, axes):
     """The online-softmax state key by key, and the merge of two states."""
-    plt = pyplot()
-    s, v = EXAMPLE_SCORES, EXAMPLE_VALUES
+    (ax1, ax2), s, v = axes, EXAMPLE_SCORES, EXAMPLE_VALUES
     states = online_states(s, v)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.2), gridspec_kw={"width_ratios": [1.25, 1]})
     xs = list(range(len(s)))
     ax1.bar(xs, s, color="0.75", label="score sⱼ (already scaled)")
     ms = [st[0] for st in states]
@@ -322,21 +323,16 @@ def fig_02(out: Path):
         y -= 0.13 + 0.045 * body.count("\n")
     ax2.set_title("Two disjoint sets of keys, merged: the same state as one pass\n"
                   "(vⱼ = " + ", ".join(f"{x:g}" for x in v) + ")", fontsize=9)
-    fig.tight_layout()
-    _save(fig, out / "02_online_softmax.png")
 
 
-def fig_03(out: Path):
+@_drawn("03_thread_grid.png", 1, 3, figsize=(16, 5.8), gridspec_kw={"width_ratios": [1, 1, 2]}, rect=(0, 0, 1, 0.95))
+def fig_03(fig, axes):
     """Step 03's 16 x 16 thread grid over S and O."""
-    plt = pyplot()
-    from matplotlib.colors import ListedColormap
-    s_owner, o_owner = s_owner_map(), o_owner_map()
-    cmap = ListedColormap(plt.get_cmap("Pastel2").colors[:8])
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 5.8), gridspec_kw={"width_ratios": [1, 1, 2]})
+    (ax1, ax2, ax3), s_owner, o_owner = axes, s_owner_map(), o_owner_map()
     highlight = {0: "tab:red", 17: "tab:blue"}
     for ax, owner, numbered in ((ax1, s_owner, False), (ax2, [row[:16] for row in s_owner[:16]], True),
                                 (ax3, o_owner, False)):  # ax2: the corner of S, each element's thread written
-        _shade(ax, [[t // 32 for t in row] for row in owner], cmap)  # the warps
+        _shade(ax, [[t // 32 for t in row] for row in owner], pyplot().get_cmap("Pastel2").colors)  # the warps
         for r, row in enumerate(owner):
             for c, t in enumerate(row):
                 if t in highlight:
@@ -355,21 +351,16 @@ def fig_03(out: Path):
                   "a half-warp covers whole rows of O", fontsize=8.5)
     fig.suptitle("Step 03: the block's 256 threads as a 16 × 16 grid (q_row, key and o_col of "
                  "steps/03_smem_tiling/traits.h)", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    _save(fig, out / "03_thread_grid.png")
 
 
-def fig_04(out: Path):
+@_drawn("04_bank_maps.png", 1, 3, figsize=(13, 5.0), rect=(0, 0, 1, 0.9))
+def fig_04(fig, axes):
     """Bank groups of a K tile under the three layouts, and the K read of one phase."""
-    plt = pyplot()
-    from matplotlib.colors import ListedColormap
-    cmap = ListedColormap(plt.get_cmap("tab10").colors[:8])
-    fig, axes = plt.subplots(1, 3, figsize=(13, 5.0))
     titles = {"row-major": "03: row-major [64][128]", "padded": "04_pad: rows 16 bytes longer",
               "swizzled": "04_swizzle: chunk c at c ⊕ (row % 8)"}
     for ax, layout in zip(axes, LAYOUTS):
         banks = bank_map(layout, rows=8)
-        _shade(ax, [[b // 4 for b in row[:8]] for row in banks], cmap)  # the groups of 4 banks
+        _shade(ax, [[b // 4 for b in row[:8]] for row in banks], pyplot().get_cmap("tab10").colors)  # groups of 4 banks
         for r in range(8):
             for c in range(8):
                 ax.text(c + 0.5, r + 0.5, str(banks[r][c]), ha="center", va="center", fontsize=8)
@@ -381,21 +372,20 @@ def fig_04(out: Path):
     fig.suptitle("First bank of each 16-byte chunk of a K tile at head_dim 128 (colour: its group of 4 banks; "
                  "chunks 8–15 repeat 0–7).\nThe K read of S = Q·Kᵀ: 8 lanes read the same chunk of 8 keys "
                  "(common/bank_model.h's rule)", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.9))
-    _save(fig, out / "04_bank_maps.png")
 
 
-def _kind_spans(spans, colours: dict):
-    """(row, start, length, kind, text) spans of a schedule as _gantt's: coloured by kind, "wait" hatched."""
-    return [(row, start, length, colours[kind], text, "//" if kind == "wait" else None)
-            for row, start, length, kind, text in spans]
+# The timelines' kinds of span and their colours ("wait" hatched).
+SPAN_COLOURS = {"barrier": "0.3", "copy": "tab:orange", "wait": "white", "compute": "tab:blue", "buffer": "lightsteelblue",
+                "gemm": "tab:blue", "softmax": "tab:orange", "rescale": "tab:green", "load": "tab:purple",
+                "tile": "tab:blue", "epilogue": "tab:green", "gap": "tab:gray"}
 
 
 def _gantt(ax, rows, spans, title, until):
-    """rows: labels top to bottom; spans: (row, start, length, colour, text, hatch)."""
-    for row, start, length, color, text, hatch in spans:
-        y = rows.index(row)
-        _box(ax, start, y + 0.15, length, 0.7, facecolor=color, edgecolor="black", linewidth=0.6, hatch=hatch)
+    """rows: labels top to bottom; spans: (row, start, length, kind, text)."""
+    for row, start, length, kind, text in spans:
+        y, hatch = rows.index(row), "//" if kind == "wait" else None
+        _box(ax, start, y + 0.15, length, 0.7, facecolor=SPAN_COLOURS[kind], edgecolor="black", linewidth=0.6,
+             hatch=hatch)
         if text:
             ax.text(start + length / 2, y + 0.5, text, ha="center", va="center", fontsize=7,
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1} if hatch else None)
@@ -406,6 +396,13 @@ def _gantt(ax, rows, spans, title, until):
     ax.set_xticks([])
     ax.set_xlabel("time →", fontsize=8)
     ax.set_title(title, fontsize=9)
+
+
+def _gantt_panels(axes, panels):
+    """panels: (rows, spans, title) drawn by _gantt on one time axis, the end of the longest."""
+    until = max(start + length for _, spans, _ in panels for _, start, length, _, _ in spans) + 0.3
+    for ax, (rows, spans, title) in zip(axes, panels):
+        _gantt(ax, rows, spans, title, until)
 
 
 CP_ASYNC_PROFILES = {"04_swizzle": "ncu-04_swizzle-f562aa8199a8.txt", "05_cp_async": "ncu-05_cp_async-f562aa8199a8.txt"}
@@ -437,27 +434,22 @@ def tile_periods(results: Path = RESULTS) -> dict[str, dict[str, float]]:
     return out
 
 
-def fig_05(out: Path):
+@_drawn("05_cp_async_timeline.png", 2, 1, figsize=(12, 5.2), rect=(0, 0, 1, 0.95))
+def fig_05(fig, axes):
     """cp.async double buffering as a timeline, to scale (tile_periods)."""
-    plt = pyplot()
-    tp = tile_periods()
+    tp, (ax1, ax2), tiles = tile_periods(), axes, 4
     a, b = tp["04_swizzle"], tp["05_cp_async"]
-    tiles = 4
 
     def share(p, part):
         return f"{100 * p[part] / p['period']:.1f} %"
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 5.2))
     spans, t = [], 0.0
     for n in range(tiles):  # step 04: barrier, LDG and its exposed wait, STS + compute
-        half = a["barrier"] / 2
-        spans.append(("warps", t, half, "0.3", "", None))
-        spans.append(("global → registers", t + half, a["load wait"], "tab:orange", "", None))
-        spans.append(("warps", t + half, a["load wait"], "white", "", "//"))
-        spans.append(("warps", t + half + a["load wait"], half, "0.3", "", None))
-        rest0 = t + a["barrier"] + a["load wait"]
-        spans.append(("warps", rest0, a["rest"], "tab:blue", f"STS + compute tile {n}", None))
-        spans.append(("shared buffer", rest0, a["rest"], "lightsteelblue", f"write, read tile {n}", None))
+        half, rest0 = a["barrier"] / 2, t + a["barrier"] + a["load wait"]
+        spans += [("warps", t, half, "barrier", ""), ("global → registers", t + half, a["load wait"], "copy", ""),
+                  ("warps", t + half, a["load wait"], "wait", ""), ("warps", rest0 - half, half, "barrier", ""),
+                  ("warps", rest0, a["rest"], "compute", f"STS + compute tile {n}"),
+                  ("shared buffer", rest0, a["rest"], "buffer", f"write, read tile {n}")]
         t += a["period"]
     until = t * 1.01
     _gantt(ax1, ["global → registers", "shared buffer", "warps"], spans,
@@ -466,13 +458,11 @@ def fig_05(out: Path):
 
     spans, t = [], 0.0
     for n in range(tiles):  # step 05: one barrier, then compute while the next tile's copy is in flight
-        spans.append(("warps", t, b["barrier"], "0.3", "", None))
         start = t + b["barrier"]
+        spans += [("warps", t, b["barrier"], "barrier", ""), ("warps", start, b["rest"], "compute", f"compute tile {n}"),
+                  (f"buffer {n % 2}", start, b["rest"], "buffer", f"read tile {n}")]
         if n + 1 < tiles:
-            spans.append(("copies in flight (cp.async)", start, b["rest"] * 0.6, "tab:orange",
-                          f"K{n + 1}, V{n + 1} → buf {(n + 1) % 2}", None))
-        spans.append(("warps", start, b["rest"], "tab:blue", f"compute tile {n}", None))
-        spans.append((f"buffer {n % 2}", start, b["rest"], "lightsteelblue", f"read tile {n}", None))
+            spans.append(("copies in flight (cp.async)", start, b["rest"] * 0.6, "copy", f"K{n + 1}, V{n + 1} → buf {(n + 1) % 2}"))
         t += b["period"]
     _gantt(ax2, ["copies in flight (cp.async)", "buffer 0", "buffer 1", "warps"], spans,
            f"step 05: the next tile is copied while this one is computed: no load wait, one barrier "
@@ -480,8 +470,6 @@ def fig_05(out: Path):
     fig.suptitle("To scale: a tile's period is the kernel's ncu duration (2 × 16 × 2048, d 128, fp16), split by the "
                  "warps' stall shares; the copy's length (orange, top of step 05) is not measured",
                  fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    _save(fig, out / "05_cp_async_timeline.png")
 
 
 def _fragment(ax, grid, title, color_of):
@@ -493,17 +481,16 @@ def _fragment(ax, grid, title, color_of):
     ax.set_title(title, fontsize=8.5)
 
 
-def fig_06(out: Path):
+@_drawn("06_fragments.png", 1, 4, figsize=(16, 5.6), gridspec_kw={"width_ratios": [8, 16, 8, 5]}, rect=(0, 0, 1, 0.94))
+def fig_06(fig, axes):
     """mma.sync.m16n8k16 fragments and the ldmatrix.x4 addresses."""
-    plt = pyplot()
-    colors = plt.get_cmap("tab10").colors
+    colors = pyplot().get_cmap("tab10").colors
     reg_color = {"a0": colors[0], "a1": colors[1], "a2": colors[2], "a3": colors[3],
                  "b0": colors[0], "b1": colors[1], "d0": colors[0], "d1": colors[0], "d2": colors[1], "d3": colors[1]}
 
     def light(c, k=0.55):
         return tuple(1 - (1 - x) * (1 - k) for x in c)
 
-    fig, axes = plt.subplots(1, 4, figsize=(16, 5.6), gridspec_kw={"width_ratios": [8, 16, 8, 5]})
     for ax, grid, title in zip(axes, (c_fragment(), a_fragment(), b_fragment()), (
             "C / D, 16 × 8 fp32 (S, O)\nlane T, register d0–d3",
             "A, 16 × 16 (Q; P = two C tiles side by side)\nlane T, register a0–a3 (two 16-bit halves each)",
@@ -516,28 +503,19 @@ def fig_06(out: Path):
             m = lane // 8
             _box(ax, half * 2.5, r, 2.5, 1, facecolor=light(colors[m]), edgecolor="white")
             ax.text(half * 2.5 + 1.25, r + 0.5, f"lane {lane} → r{m}", ha="center", va="center", fontsize=6)
-    ax.set_xlim(0, 5)
-    ax.set_ylim(16, 0)
+    _grid_axes(ax, 16, 5, None, None, aspect="auto")
     ax.set_xticks([1.25, 3.75])
     ax.set_xticklabels(["cols 0–7", "cols 8–15"], fontsize=7)
-    ax.set_yticks([r + 0.5 for r in range(16)])
-    ax.set_yticklabels([str(r) for r in range(16)], fontsize=7)
-    ax.tick_params(length=0)
     ax.set_title("ldmatrix.x4 over 16 × 16: the lane\nthat gives each 16-byte row's address\n"
                  "→ the register it fills (= a0–a3)", fontsize=8.5)
     fig.suptitle("mma.sync.aligned.m16n8k16 fragments (PTX ISA; frag:: of steps/06_ldmatrix_mma/traits.h): "
                  "g = lane / 4 picks the row, lane % 4 the column pair", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
-    _save(fig, out / "06_fragments.png")
 
 
-def fig_07(out: Path):
+@_drawn("07_partition_and_tiles.png", 1, 3, figsize=(15, 6.2), gridspec_kw={"width_ratios": [1.05, 1.4, 1.4]})
+def fig_07(fig, axes):
     """FlashAttention-2's block/warp partition, and the skipped, masked and full tiles."""
-    plt = pyplot()
-    colors = plt.get_cmap("Pastel1").colors
-    fig = plt.figure(figsize=(15, 6.2))
-    gs = fig.add_gridspec(1, 3, width_ratios=[1.05, 1.4, 1.4])
-    ax = fig.add_subplot(gs[0])
+    colors, ax = pyplot().get_cmap("Pastel1").colors, axes[0]
     block_q, block_kv, head_dim, warps = 128, 48, 128, 4
     # Q tile (rows x head dims), K tile as columns of S, S and O per warp.
     for w in range(warps):
@@ -563,7 +541,7 @@ def fig_07(out: Path):
     ax.set_title("07g at head_dim 128 (kD128_S2): one block = 128 query rows,\n4 warps × 32 rows; K/V tiles of 48 keys "
                  "stream past", fontsize=8.5)
 
-    cases = [(fig.add_subplot(gs[1]), 1024, 1024, True), (fig.add_subplot(gs[2]), 1024, 1024, False)]
+    cases = [(axes[1], 1024, 1024, True), (axes[2], 1024, 1024, False)]
     face = {"skipped": "white", "masked": "tab:orange", "full": "tab:blue"}
     for ax, sq, sk, causal in cases:
         classes = tile_classes(sq, sk, block_q, block_kv, causal)
@@ -581,8 +559,6 @@ def fig_07(out: Path):
         ax.set_title(f"Sq = Sk = {sq}, {'causal' if causal else 'not causal'}, 128 × {block_kv} tiles: "
                      "blue full,\norange masked, white never loaded; the number is the visit order (07b on)",
                      fontsize=8.5)
-    fig.tight_layout()
-    _save(fig, out / "07_partition_and_tiles.png")
 
 
 # ---- step 08: wgmma matrix descriptors (steps/08_tma_wgmma/traits.h; PTX ISA "Matrix Descriptor Format")
@@ -602,38 +578,31 @@ def k_major_step_offset(rows: int, ks: int) -> int:
     return ks // 4 * rows * ROW_BYTES_08 + ks % 4 * 32
 
 
-def fig_08(out: Path):
+@_drawn("08_tma_ring.png", figsize=(12, 3.0))
+def fig_08(fig, ax):
     """Step 08's two-stage K/V ring: which stage and barrier parity each visit uses (schematic)."""
-    plt = pyplot()
     stages, visits, length = 2, 6, 4.0
-    fig, ax = plt.subplots(figsize=(12, 3.0))
     t = 2.0  # the prologue: Q and the first two K/V tiles in flight before anyone waits
-    spans = [("TMA (thread 0)", 0.0, t, "tab:orange", "Q, K0 V0, K1 V1", None),
-             ("stage 0", 0.0, t, "tab:orange", "landing: K0, V0", None),
-             ("stage 1", 0.0, t + length, "tab:orange", "landing: K1, V1", None)]
+    spans = [("TMA (thread 0)", 0.0, t, "copy", "Q, K0 V0, K1 V1"), ("stage 0", 0.0, t, "copy", "landing: K0, V0"),
+             ("stage 1", 0.0, t + length, "copy", "landing: K1, V1")]
     for v in range(visits):
         stage, parity = v % stages, (v // stages) % 2
-        spans.append(("warpgroups", t, length, "tab:blue", f"visit {v}: wait parity {parity}", None))
-        spans.append((f"stage {stage}", t, length, "lightsteelblue", f"read: K{v}, V{v} (fill {v // stages})", None))
+        spans.append(("warpgroups", t, length, "compute", f"visit {v}: wait parity {parity}"))
+        spans.append((f"stage {stage}", t, length, "buffer", f"read: K{v}, V{v} (fill {v // stages})"))
         if v + stages < visits:
             # released by the block barrier at the end of the visit, refilled with visit v + stages
-            spans.append(("TMA (thread 0)", t + length, 0.9, "tab:orange", f"K{v + stages} V{v + stages}", None))
-            spans.append((f"stage {stage}", t + length, length, "tab:orange",
-                          f"landing: K{v + stages}, V{v + stages}", None))
+            spans.append(("TMA (thread 0)", t + length, 0.9, "copy", f"K{v + stages} V{v + stages}"))
+            spans.append((f"stage {stage}", t + length, length, "copy", f"landing: K{v + stages}, V{v + stages}"))
         t += length
     _gantt(ax, ["TMA (thread 0)", "stage 0", "stage 1", "warpgroups"], spans,
            "Step 08: visit t reads stage t % 2 and waits for phase parity (t / 2) % 2; the barrier at its end "
            "frees the stage for visit t + 2 (schematic)", t + 0.5)
-    fig.tight_layout()
-    _save(fig, out / "08_tma_ring.png")
-    fig_08_descriptors(out)
 
 
-def fig_08_descriptors(out: Path, block_kv: int = 128):
+@_drawn("08_descriptors.png", 1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1, 1.1]})
+def fig_08_descriptors(fig, axes, block_kv: int = 128):
     """The two wgmma operand layouts of step 08 in shared memory, and what LBO and SBO measure in each."""
-    plt = pyplot()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1, 1.1]})
-    cmap = plt.get_cmap("tab10")
+    (ax, bx), cmap = axes, pyplot().get_cmap("tab10")
     # (a) K-major Q or K: rows of 128 bytes (64 head dims), 16-byte chunks stored at chunk ^ (row % 8)
     rows = 16
     for r in range(rows):
@@ -643,7 +612,7 @@ def fig_08_descriptors(out: Path, block_kv: int = 128):
             ax.text(p + 0.5, r + 0.5, str(logical), ha="center", va="center", fontsize=7)
     _grid_axes(ax, rows, 8, "16-byte chunk stored at (physical position)", "row (query or key)")
     for r0 in (0, 8):
-        ax.add_patch(plt.Rectangle((0, r0), 8, 8, fill=False, lw=1.6, ec="black"))
+        _box(ax, 0, r0, 8, 8, fill=False, lw=1.6, ec="black")
     ax.annotate("", (8.35, 8), (8.35, 0), arrowprops={"arrowstyle": "->", "lw": 1}, annotation_clip=False)
     ax.text(8.5, 4, f"SBO = {8 * ROW_BYTES_08} bytes:\nthe next 8 rows", fontsize=8, va="center")
     ax.text(8.5, 11, "LBO unused with the\n128-byte swizzle\n(16 bytes, encoded 1)", fontsize=8, va="center")
@@ -654,7 +623,7 @@ def fig_08_descriptors(out: Path, block_kv: int = 128):
     bx.set_ylim(block_kv / 8 + 1.6, -0.3)
     for b in range(2):
         for g in range(block_kv // 8):
-            bx.add_patch(plt.Rectangle((b * 1.3, g), 1.0, 1.0, fc=cmap(b + 2), alpha=0.3 + 0.4 * (g // 2 % 2), ec="white"))
+            _box(bx, b * 1.3, g, 1.0, 1.0, fc=cmap(b + 2), alpha=0.3 + 0.4 * (g // 2 % 2), ec="white")
         bx.text(b * 1.3 + 0.5, block_kv / 8 + 0.9, f"head dims {64 * b}-{64 * b + 63}\n(starts +{b * block_kv * ROW_BYTES_08} bytes)",
                 ha="center", va="center", fontsize=7.5)
     bx.annotate("", (1.3, block_kv / 16), (1.0, block_kv / 16), arrowprops={"arrowstyle": "->", "lw": 1})
@@ -667,8 +636,6 @@ def fig_08_descriptors(out: Path, block_kv: int = 128):
     bx.set_xticks([])
     bx.set_title(f"MN-major V (imm-trans-b = 1), BLOCK_KV = {block_kv}: bands of 8 keys × 128 bytes,\n"
                  "two bands (one shade) a k16 step", fontsize=8.5)
-    fig.tight_layout()
-    _save(fig, out / "08_descriptors.png")
 
 
 # ---- step 09: the consumers' schedules (schematic; notes/09, "The schedule, drawn") ------------------
@@ -719,13 +686,12 @@ def ring_state(t: int, stages: int) -> dict:
             "empty_parity": (fill - 1) % 2 if t >= stages else None}
 
 
-def fig_09_ring(out: Path, stages: int = 2, visits: int = 8):
+@_drawn("09_ring_phases.png", figsize=(12, 3.2))
+def fig_09_ring(fig, ax, stages: int = 2, visits: int = 8):
     """The index/phase view of step 09's K/V ring: for each visit, stage, fill and the parities waited for."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(12, 3.2))
     rows = ["stage (t % S)", "fill n (t / S)", "consumers wait full[stage], parity n % 2",
             "producer waits empty[stage], parity (n − 1) % 2"]
-    colours = plt.get_cmap("Pastel1").colors
+    colours = pyplot().get_cmap("Pastel1").colors
     for t in range(visits):
         r = ring_state(t, stages)
         cells = [str(r["stage"]), str(r["fill"]), str(r["full_parity"]),
@@ -736,46 +702,32 @@ def fig_09_ring(out: Path, stages: int = 2, visits: int = 8):
     _grid_axes(ax, len(rows), visits, "visit t (a K/V tile the block reads)", "", ylabels=rows, aspect="auto")
     ax.set_title(f"Step 09's K/V ring (S = {stages} stages) as index and phase: the consumers wait for phase n of "
                  "the stage's full barrier, the producer for phase n − 1 of its empty one", fontsize=9)
-    fig.tight_layout()
-    _save(fig, out / "09_ring_phases.png")
 
 
-def fig_09(out: Path):
+@_drawn("09_schedules.png", 3, 1, figsize=(12, 7.2))
+def fig_09(fig, axes):
     """Step 09's consumer schedules: 09a unordered, 09b ping-pong, 09c intra-warpgroup overlap (schematic)."""
-    plt = pyplot()
-    colours = {"gemm": "tab:blue", "softmax": "tab:orange", "rescale": "tab:green", "wait": "white"}
-    fig, axes = plt.subplots(3, 1, figsize=(12, 7.2))
     titles = {"09a": "09a: a turn issues S(k) and P·V(k−1) and waits for both; nothing orders the two consumers "
                      "(here they start together)",
               "09b": "09b ping-pong: a consumer issues only after the other has issued its turn (named barriers)",
               "09c": "09c: as 09b, waiting for S(k) alone: the softmax of S(k) runs under P·V(k−1)"}
-    until = max(start + length for v in ("09a", "09b", "09c") for _, start, length, _, _ in schedule_09(v)) + 0.3
-    for ax, variant in zip(axes, ("09a", "09b", "09c")):
-        spans = schedule_09(variant)
-        _gantt(ax, ["consumer 0", "consumer 1", "tensor cores"], _kind_spans(spans, colours),
-               titles[variant] + " (schematic)", until)
-    fig.tight_layout()
-    _save(fig, out / "09_schedules.png")
-    fig_09_ring(out)
-    fig_09_three(out, colours)
-    fig_09f(out)
+    _gantt_panels(axes, [(["consumer 0", "consumer 1", "tensor cores"], schedule_09(v), f"{title} (schematic)")
+                         for v, title in titles.items()])
 
 
-def fig_09_three(out: Path, colours: dict):
+@_drawn("09_three_consumers.png", 2, 1, figsize=(12, 5.6))
+def fig_09_three(fig, axes):
     """09e at head_dim 64: the same turns with two consumers and with three, products half as long (schematic)."""
-    plt = pyplot()
-    fig, axes = plt.subplots(2, 1, figsize=(12, 5.6))
     panels = (("09c", 2, "09c/09d at head_dim 64: two consumers; a softmax outlasts the other consumer's turn, "
                          "and the tensor cores wait"),
               ("09e", 3, "09e: three consumers; two softmaxes run under the third's turn"))
-    schedules = [schedule_09(variant, 4, n, GEMM / 2) for variant, n, _ in panels]
-    until = max(start + length for spans in schedules for _, start, length, _, _ in spans) + 0.3
-    for ax, (variant, n, title), spans in zip(axes, panels, schedules):
+    drawn = []
+    for variant, n, title in panels:
+        spans = schedule_09(variant, 4, n, GEMM / 2)
         busy = sum(length for row, _, length, _, _ in spans if row == "tensor cores") / max(s + l for _, s, l, _, _ in spans)
-        _gantt(ax, [f"consumer {c}" for c in range(n)] + ["tensor cores"], _kind_spans(spans, colours),
-               f"{title} (schematic; tensor cores busy {100 * busy:.0f} % of the time)", until)
-    fig.tight_layout()
-    _save(fig, out / "09_three_consumers.png")
+        drawn.append(([f"consumer {c}" for c in range(n)] + ["tensor cores"], spans,
+                      f"{title} (schematic; tensor cores busy {100 * busy:.0f} % of the time)"))
+    _gantt_panels(axes, drawn)
 
 
 # Schematic lengths of a tile's life on one SM (notes/09, Appendix L): a TMA load's latency, the main loop of
@@ -806,20 +758,13 @@ def schedule_09f(persistent: bool, tiles: int = 3) -> list[tuple[str, float, flo
     return spans
 
 
-def fig_09f(out: Path):
+@_drawn("09f_persistent.png", 2, 1, figsize=(12, 4.4))
+def fig_09f(fig, axes):
     """09e's block per tile against 09f's persistent block, one SM over three query tiles (schematic)."""
-    plt = pyplot()
-    colours = {"load": "tab:purple", "tile": "tab:blue", "epilogue": "tab:green", "wait": "white", "gap": "tab:gray"}
-    fig, axes = plt.subplots(2, 1, figsize=(12, 4.4))
-    panels = ((False, "09e: one block per query tile; the next block starts when this one has exited, then loads Q and K(0)"),
-              (True, "09f: one block per SM; K(0) of the next tile streams in during this one, Q once O has left q_smem"))
-    schedules = [schedule_09f(persistent) for persistent, _ in panels]
-    until = max(s + l for spans in schedules for _, s, l, _, _ in spans) + 0.3
-    for ax, (persistent, title), spans in zip(axes, panels, schedules):
-        rows = ["producer", "consumers"] + ([] if persistent else ["block"])
-        _gantt(ax, rows, _kind_spans(spans, colours), title + " (schematic)", until)
-    fig.tight_layout()
-    _save(fig, out / "09f_persistent.png")
+    _gantt_panels(axes, [(["producer", "consumers", "block"], schedule_09f(False), "09e: one block per query tile; the "
+                          "next block starts when this one has exited, then loads Q and K(0) (schematic)"),
+                         (["producer", "consumers"], schedule_09f(True), "09f: one block per SM; K(0) of the next tile "
+                          "streams in during this one, Q once O has left q_smem (schematic)")])
 
 
 # ---- step 10: split-KV (steps/10_decoding/traits.h, num_splits_for) ------------------------------
@@ -858,17 +803,17 @@ def hbm_read_tbs() -> float:
     return hbm_ceiling(RESULTS / DECODE_CEILINGS)["tbs"]
 
 
-def fig_10(out: Path):
+@_drawn("10_split_kv.png", 1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.25, 1]})
+def fig_10(fig, axes):
     """Step 10: one sequence's keys cut into splits, merged by their LSEs; and GB/s against seqlen_k."""
-    plt = pyplot()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.25, 1]})
+    ax, bx = axes
     # (a) b1 sk131072 h32/8: 8 blocks (one per K/V head) would fill 8 of the 264 slots
     tiles = -(-131072 // DECODE_BLOCK_KV)
     splits = num_splits_for(8, tiles)
     per = -(-tiles // splits)
-    colours = plt.get_cmap("tab20").colors
+    colours = pyplot().get_cmap("tab20").colors
     for s in range(splits):
-        ax.add_patch(plt.Rectangle((s * per, 0), min(per, tiles - s * per), 1, color=colours[s % 20], lw=0))
+        _box(ax, s * per, 0, min(per, tiles - s * per), 1, color=colours[s % 20], lw=0)
     ax.text(tiles / 2, 1.35, f"one K/V head's {tiles} tiles of {DECODE_BLOCK_KV} keys (seqlen_k 131072), "
             f"cut into {splits} splits of {per} tiles: {8 * splits} blocks instead of 8", ha="center", fontsize=8)
     for s, x_text in ((0, tiles * 0.12), (1, tiles * 0.32), (splits - 1, tiles * 0.88)):
@@ -898,8 +843,6 @@ def fig_10(out: Path):
     bx.set_title("one new token, b8 h32/8 d128 fp16 (bench/results/decode-seqlen-*.json)", fontsize=9)
     bx.legend(fontsize=7)
     bx.grid(alpha=0.3)
-    fig.tight_layout()
-    _save(fig, out / "10_split_kv.png")
 
 
 # ---- step 11: the backward's dataflow (steps/11_backward/kernel.cuh's header) ------------------------
@@ -919,10 +862,9 @@ BACKWARD_EDGES = [("Q", "P"), ("K", "P"), ("LSE", "pre"), ("dO", "pre"), ("O", "
                   ("dP", "dQ"), ("K", "dQ")]
 
 
-def fig_11(out: Path):
+@_drawn("11_backward_dataflow.png", figsize=(12, 5.6))
+def fig_11(fig, ax):
     """Step 11's dataflow: what a K/V block recomputes and accumulates from the forward's tensors."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(12, 5.6))
     style = {"input": ("whitesmoke", "gray"), "kernel": ("lightyellow", "goldenrod"),
              "step": ("lightsteelblue", "tab:blue"), "output": ("honeydew", "tab:green")}
     boxes, where = {}, {name: (x, y) for name, x, y, _, _ in BACKWARD_NODES}
@@ -942,12 +884,6 @@ def fig_11(out: Path):
     ax.axis("off")
     ax.set_title("Step 11: a block owns BLOCK_KV keys of one K/V head and loops over the query tiles that read "
                  "them; P is rebuilt from the LSE, never stored", fontsize=9)
-    fig.tight_layout()
-    _save(fig, out / "11_backward_dataflow.png")
-
-
-FIGURES = {"01": fig_01, "02": fig_02, "03": fig_03, "04": fig_04, "05": fig_05, "06": fig_06, "07": fig_07,
-           "08": fig_08, "09": fig_09, "10": fig_10, "11": fig_11}
 
 
 def main(argv=None) -> int:
@@ -962,11 +898,8 @@ def main(argv=None) -> int:
         return 1
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for key in args.only or sorted(FIGURES):
-        before = set(out.glob("*.png"))
-        FIGURES[key](out)
-        for path in sorted(set(out.glob(f"{key}_*.png")) | (set(out.glob("*.png")) - before)):
-            print(f"figures.py: wrote {path}", file=sys.stderr)
+    for draw in (draw for key in args.only or sorted(FIGURES) for draw in FIGURES[key]):
+        draw(out)
     return 0
 
 

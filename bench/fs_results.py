@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -262,10 +264,7 @@ def timed(row: dict | None) -> bool:
     return bool(row) and row.get("status") in ("ok", "fail") and bool(row.get("ms"))
 
 
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+median = statistics.median
 
 
 # ---- the implementations beside ours -----------------------------------------------------------
@@ -275,31 +274,26 @@ SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "effici
 BACKEND_LABELS = {"flash": "PyTorch SDPA flash", "cudnn": "PyTorch SDPA cuDNN",
                   "efficient": "PyTorch SDPA memory-efficient", "math": "PyTorch SDPA math", "fa4": "FA4"}
 FA4_MISSING = "FlashAttention-4 not installed (pip install flash-attn-4): no fa4 column"
-_fa4 = None
 
 
+@functools.cache
 def fa4() -> dict:
     """FlashAttention-4 (PyPI flash-attn-4, the package flash_attn.cute; on sm_90 its kernels follow the
     FlashAttention-3 design): {"func": flash_attn_func, "version", "note": ""} when it imports, else
     {"func": None, "version": None, "note": why not}. Looked for once."""
-    global _fa4
-    if _fa4 is None:
-        try:
-            from flash_attn.cute import flash_attn_func
-        except Exception as e:  # not installed, or one of its own imports fails (the CUTLASS DSL, CUDA)
-            missing = isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "flash_attn"
-            note = FA4_MISSING if missing else f"FlashAttention-4 does not import ({first_line(e)}): no fa4 column"
-            _fa4 = {"func": None, "version": None, "note": note}
-        else:
-            from importlib import metadata
-            version = None
-            for dist in ("flash-attn-4", "fa4"):  # its own __version__ asks for "fa4", which pip does not name
-                with contextlib.suppress(metadata.PackageNotFoundError):
-                    version = version or metadata.version(dist)
-            module = sys.modules["flash_attn.cute"]
-            _fa4 = {"func": flash_attn_func, "note": "",
-                    "version": version or getattr(module, "__version__", None) or "unknown"}
-    return _fa4
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # not installed, or one of its own imports fails (the CUTLASS DSL, CUDA)
+        missing = isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "flash_attn"
+        note = FA4_MISSING if missing else f"FlashAttention-4 does not import ({first_line(e)}): no fa4 column"
+        return {"func": None, "version": None, "note": note}
+    from importlib import metadata
+    version = None
+    for dist in ("flash-attn-4", "fa4"):  # its own __version__ asks for "fa4", which pip does not name
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            version = version or metadata.version(dist)
+    module = sys.modules["flash_attn.cute"]
+    return {"func": flash_attn_func, "note": "", "version": version or getattr(module, "__version__", None) or "unknown"}
 
 
 def describe(s: dict) -> str:

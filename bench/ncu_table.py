@@ -47,10 +47,6 @@ METRICS = [
 ]
 
 
-def metric_names(metrics=METRICS) -> list[str]:
-    return [m for m, _ in metrics]
-
-
 def drop_unknown(names: list[str], log: str) -> list[str]:
     """The names that no ==ERROR== line of ncu's log mentions."""
     errors = [line for line in log.splitlines() if "==ERROR==" in line]
@@ -148,9 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--metrics", help="comma-separated metric list (default: the built-in one)")
     ap.add_argument("--drop-unknown", metavar="LOG", help="print the metric list less the ones ncu's log rejected")
     args = ap.parse_args(argv)
-    names = args.metrics.split(",") if args.metrics else metric_names()
     labels = dict(METRICS)
-    metrics = [(n, labels.get(n, n)) for n in names if n]
+    metrics = [(n, labels.get(n, n)) for n in (args.metrics.split(",") if args.metrics else labels) if n]
     if args.list_metrics:
         print(",".join(n for n, _ in metrics))
         return 0

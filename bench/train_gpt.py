@@ -18,6 +18,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from statistics import fmean as mean
 
 import fs_results
 
@@ -169,10 +170,6 @@ def floors(sum_logp: float, sum_markov_logp: float, counts: list[int]) -> dict:
 
 
 # ---- the verdict (plain Python on lists) -------------------------------------------------------------
-
-def mean(xs) -> float:
-    return sum(xs) / len(xs)
-
 
 def windows(n: int, size: int) -> list[tuple[int, int]]:
     """[start, end) of consecutive windows of size steps covering 0 .. n-1 (the last may be shorter;

@@ -33,6 +33,13 @@ def printed(fn, *args, **kw) -> str:
     return out.getvalue()
 
 
+def measure(s, row, fn, checked):
+    """One implementation alone: prepare, then timed."""
+    plan = s.prepare(row, fn, checked)
+    if plan:
+        s.timed([(row, contextlib.nullcontext, plan)])
+
+
 def sweep_of(cls, args=(), **attrs):
     """A sweep of the class with what its rules, tables and measure() use, without PyTorch."""
     s = object.__new__(cls)
@@ -223,7 +230,7 @@ class Arguments(unittest.TestCase):
         rows = [{"impl": "torch_flash", "kind": "torch"}, {"impl": "fa4", "kind": "fa4"},
                 {"impl": "07g_flash_attention2", "kind": "step"},
                 {"impl": "11_backward:det", "kind": "step", "deterministic": True}]
-        self.assertEqual([ct.label(r) for r in rows], ["pt:flash", "fa4", "07g_flash_", "11_backwar det"])
+        self.assertEqual([sweep_of(ct.Sweep).label(r) for r in rows], ["pt:flash", "fa4", "07g_flash_", "11_backwar det"])
         s = sweep_of(ct.BackwardSweep, ["--backward"])
         self.assertEqual([s.label(r) for r in rows], ["pt:flash", "fa4", "07g", "11 det"])
 
@@ -445,7 +452,7 @@ class Measure(unittest.TestCase):
     def test_timed(self):
         s = sweep_of(ct.Sweep)
         row = dict(self.row)
-        s.measure(row, lambda: None, lambda: dict(self.ok))
+        measure(s, row, lambda: None, lambda: dict(self.ok))
         self.assertEqual((row["status"], row["ms"], row["iters"]), ("ok", 2.0, 20))
         self.assertAlmostEqual(row["tflops"], 2500.0)
         self.assertEqual(s.timer.calls, 1 + 2 + 20)  # probe, warm-up, timed
@@ -453,15 +460,15 @@ class Measure(unittest.TestCase):
     def test_skipped_by_the_limit_and_by_scaling(self):
         s = sweep_of(ct.Sweep, timer=FakeTimer(150.0))
         row = dict(self.row)
-        s.measure(row, lambda: None, lambda: dict(self.ok))
+        measure(s, row, lambda: None, lambda: dict(self.ok))
         self.assertEqual(row["status"], "skipped")
         self.assertIn("one launch took 150 ms, over the limit of 100 ms", row["reason"])
         bigger = dict(self.row, flops=1e13)  # twice the work: about 300 ms, not launched
-        s.measure(bigger, lambda: None, lambda: self.fail("checked"))
+        measure(s, bigger, lambda: None, lambda: self.fail("checked"))
         self.assertIn("a launch would take about 300 ms (scaled by FLOPs", bigger["reason"])
         other = dict(self.row, impl="10", kv_bytes=1e9, page_size=64)
         d = sweep_of(ct.DecodeSweep, ["--decode"], timer=FakeTimer(0.25), head={"hbm": {"tbs": 4.0}})
-        d.measure(other, lambda: None, lambda: dict(self.ok))
+        measure(d, other, lambda: None, lambda: dict(self.ok))
         self.assertAlmostEqual(other["gbs"], 4000.0)
         self.assertAlmostEqual(other["hbm_pct"], 100.0)
 
@@ -512,7 +519,7 @@ class Measure(unittest.TestCase):
     def test_a_failed_check_is_timed_and_says_why(self):
         s = sweep_of(ct.Sweep)
         row = dict(self.row)
-        s.measure(row, lambda: None, lambda: {"pass": False, "why": "check failed: 3 elements"})
+        measure(s, row, lambda: None, lambda: {"pass": False, "why": "check failed: 3 elements"})
         self.assertEqual((row["status"], row["reason"]), ("fail", "check failed: 3 elements"))
         self.assertNotIn("why", row)
 
@@ -553,7 +560,7 @@ class Backward(unittest.TestCase):
         s = sweep_of(ct.BackwardSweep, ["--backward"])
         s.ref_err, s.ref_impl = {"dq": (0.01, 4.0), "dk": (0.02, 8.0), "dv": (0.005, 2.0), "nonfinite": 0}, "torch_flash"
         row = {"impl": "11_backward", "flops": 5e12, "head_dim": 128, "causal": False, "dtype": "fp16"}
-        s.measure(row, lambda: None, lambda: s.judged("fp16", {"dq": (0.0, 4.0), "dk": (0.1, 8.0), "dv": (0.0, 2.0),
+        measure(s, row, lambda: None, lambda: s.judged("fp16", {"dq": (0.0, 4.0), "dk": (0.1, 8.0), "dv": (0.0, 2.0),
                                                                 "nonfinite": 0}, False))
         self.assertEqual((row["status"], row["ms"]), ("fail", 2.0))
         self.assertAlmostEqual(row["tflops"], 2500.0)

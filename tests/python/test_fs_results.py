@@ -48,7 +48,7 @@ def fa4_stub(version, calls=None, out=lambda q: "out"):
         cute = types.ModuleType("flash_attn.cute")
         cute.flash_attn_func, cute.__version__, package.cute = flash_attn_func, version, cute
         sys.modules.update({"flash_attn": package, "flash_attn.cute": cute})
-    fs_results._fa4 = None
+    fs_results.fa4.cache_clear()
     try:
         yield
     finally:
@@ -57,7 +57,7 @@ def fa4_stub(version, calls=None, out=lambda q: "out"):
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
-        fs_results._fa4 = None
+        fs_results.fa4.cache_clear()
 
 
 class Markers(unittest.TestCase):

@@ -54,7 +54,7 @@ class Parse(unittest.TestCase):
 
 class Metrics(unittest.TestCase):
     def test_the_list_has_the_counters_the_notes_cite(self):
-        names = ncu_table.metric_names()
+        names = dict(ncu_table.METRICS)
         for m in ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
                   "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
                   "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct",
