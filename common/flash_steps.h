@@ -210,11 +210,8 @@ FS_API double fs_backward_flops(const fs_backward_problem* p);
 FS_API fs_status fs_tolerance(int32_t dtype, double max_abs_v, double* atol, double* rtol, double* lse_tol);
 
 /* The backward's acceptance rule (common/backward/check.h explains it), for one gradient tensor: with
- * ref_err the largest |x - exact| of the same computation done in the dtype (FlashAttention's test:
- * PyTorch's attention in fp16/bf16, or the CPU reference with P and dS rounded to the dtype) and
- * max_abs_exact the largest |exact| element over all three gradients dQ, dK, dV (the problem's scale:
- * a gradient that cancels to zero, as dQ and dK do with one key, is still judged against it), writes
- * the largest error a step may make:
+ * ref_err the largest |x - exact| of the same computation done in the dtype and max_abs_exact the
+ * largest |exact| element over all three gradients dQ, dK, dV, writes the largest error a step may make:
  *   *bound = 2·ref_err + u·max_abs_exact   (u: 2^-11 fp16, 2^-8 bf16).
  * FS_ERR_INVALID for an unknown dtype, negative or non-finite inputs, or a NULL output. */
 FS_API fs_status fs_backward_bound(int32_t dtype, double ref_err, double max_abs_exact, double* bound);

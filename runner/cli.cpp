@@ -51,9 +51,8 @@ bool read_decimal(const std::string& text, float& x) {
   return std::isfinite(x) && x > 0;
 }
 
-// kCommand: --help (reached only as "--help=...": --help or -h alone is answered first) and --list, which
-// name the command. An option applies to run; a kResources one (the problem, --backward, --json) to
-// resources too, where nothing is timed or checked; --step (kSteps) to explain and banks as well. Any other is refused with the command: an option is applied or refused, never ignored.
+// kCommand: --help (as "--help=...": alone it is answered first) and --list. An option applies to run, a kResources
+// one to resources too, kSteps (--step) to explain and banks as well: applied or refused, never ignored.
 enum Scope { kCommand, kRun, kResources, kSteps };
 bool applies(Scope scope, const std::string& command) {
   return command == "run" || (command == "resources" && scope != kRun) ||

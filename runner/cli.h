@@ -54,16 +54,11 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args);
 // The problem the options describe (contiguous tensors).
 Problem problem_from(const RunnerOptions& o);
 
-// The decoding problem the options describe (--decode): contiguous Q and O, a contiguous or paged cache
-// of seqlen_k keys per sequence, --splits and --checked.
+// The decoding problem (--decode), contiguous Q and O and a contiguous or paged cache.
 DecodeProblem decode_problem_from(const RunnerOptions& o);
-
-// The per-sequence lengths of --ragged: sequence 0 at seqlen_k, the others drawn from [1, seqlen_k]
-// (std::mt19937_64 seeded with --seed); empty without --ragged (every sequence at seqlen_k).
+// The lengths of --ragged (seeded with --seed; see the usage); empty without it.
 std::vector<int32_t> decode_lengths_from(const RunnerOptions& o);
-
-// The backward problem the options describe (--backward): the problem's, with contiguous dO, dQ, dK,
-// dV and --deterministic.
+// The backward problem (--backward): the problem's, with contiguous dO, dQ, dK, dV.
 BackwardProblem backward_problem_from(const RunnerOptions& o);
 
 std::string runner_usage();

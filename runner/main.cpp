@@ -1,11 +1,5 @@
-// flash-steps: checks every registered step against the reference on one problem, times it, and
-// prints the ladder; with --decode (or --page-size, --ragged, ...) a decoding problem, in GB/s of K
-// and V read; with --backward the backward pass of the steps that have one. `flash-steps --help`
-// lists the flags.
-//
-// A run is written once (run_pass) for every pass; Session<Problem> holds what is a pass's own: the
-// problem from the flags, its workload and references, how a step is checked and timed, its columns.
-// The reports (table, JSON, CSV) are runner/report.h's.
+// flash-steps (`--help`): every step checked against the reference and timed, for one pass. A run is
+// written once (run_pass); Session<Problem> holds what is a pass's own. The reports are runner/report.h's.
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -267,22 +261,20 @@ struct Session<fs::BackwardProblem> : ChainSession<fs::BackwardProblem> {
 
 // ---- the run, written once -------------------------------------------------------------------------
 
+// 2 after naming the first --step that is no step's id, else 0.
+int unknown_step(const fs::RunnerOptions& o) {
+  for (const std::string& id : o.steps)
+    if (!fs::find_step(id)) return std::cerr << "flash-steps: no step has id '" << id << "' (see flash-steps --list)\n", 2;
+  return 0;
+}
+
 // The problem validated, then the steps --step names, else every step the pass's run takes. Returns 0,
 // or 2 after naming what is wrong.
 template <typename Problem>
 int select_steps(const fs::RunnerOptions& o, const Problem& p, std::vector<const fs::Step*>& selected) {
-  if (const std::string why = fs::validate(p); !why.empty()) {
-    std::cerr << "flash-steps: " << why << "\n";
-    return 2;
-  }
-  for (const std::string& id : o.steps) {
-    const fs::Step* s = fs::find_step(id);
-    if (!s) {
-      std::cerr << "flash-steps: no step has id '" << id << "' (see flash-steps --list)\n";
-      return 2;
-    }
-    selected.push_back(s);
-  }
+  if (const std::string why = fs::validate(p); !why.empty()) return std::cerr << "flash-steps: " << why << "\n", 2;
+  if (const int status = unknown_step(o)) return status;
+  for (const std::string& id : o.steps) selected.push_back(fs::find_step(id));
   if (o.steps.empty())
     for (const fs::Step& s : fs::steps())
       if (Session<Problem>::runs(s)) selected.push_back(&s);
@@ -390,11 +382,7 @@ int list_steps() {
 // `flash-steps explain` (or `banks`): every selected step's explanation (Step::explain), no GPU needed;
 // the selected steps without one are named at the end. An id that is no step's: exit 2.
 int explain_steps(const fs::RunnerOptions& o) {
-  for (const std::string& id : o.steps)
-    if (!fs::find_step(id)) {
-      std::cerr << "flash-steps: no step has id '" << id << "' (see flash-steps --list)\n";
-      return 2;
-    }
+  if (const int status = unknown_step(o)) return status;
   std::string without;  // the selected steps with no model to explain
   for (const fs::Step& s : fs::steps()) {
     if (!o.steps.empty() && std::find(o.steps.begin(), o.steps.end(), s.id) == o.steps.end()) continue;

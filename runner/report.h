@@ -1,7 +1,5 @@
-// The runner's reports, one row model for the three formats: a row's Cells (key and value for JSON
-// and CSV; header, width and text where the table shows it) printed as a table, JSON or CSV; the
-// first lines every report shares (`flash-steps` and `flash-steps resources`). A header of its own
-// so that a CPU test prints synthetic rows: the GPU's output, checked without a GPU.
+// The runner's reports: one row model (Cells) printed as a table, JSON or CSV, and the lines every report
+// shares. A header of its own so that a CPU test prints synthetic rows.
 #pragma once
 
 #include <algorithm>

@@ -6,21 +6,14 @@
 namespace fs {
 
 BackwardProblem make_backward_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
-                                      int64_t heads_kv, int64_t head_dim, DType dtype, bool causal,
-                                      bool deterministic) {
+                                      int64_t heads_kv, int64_t head_dim, DType dtype, int32_t causal,
+                                      int32_t deterministic) {
   return backward_of(make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal),
                      deterministic);
 }
 
-BackwardProblem backward_of(const Problem& forward, bool deterministic) {
-  BackwardProblem p{};
-  p.attention = forward;
-  p.deterministic = deterministic ? 1 : 0;
-  p.d_o = forward.o;
-  p.dq = forward.q;
-  p.dk = forward.k;
-  p.dv = forward.v;
-  return p;
+BackwardProblem backward_of(const Problem& forward, int32_t deterministic) {
+  return BackwardProblem{forward, deterministic, forward.o, forward.q, forward.k, forward.v};
 }
 
 std::string validate(const BackwardProblem& p) {
@@ -44,14 +37,8 @@ std::string validate(const BackwardProblem& p) {
 std::string validate_tensors(const BackwardProblem& p, const BackwardTensors& t) {
   const int64_t sq = p.attention.seqlen_q, sk = p.attention.seqlen_k;
   const bool work = sq > 0 && sk > 0;
-  return validate_pointers({{"Q", t.q, work},
-                            {"K", t.k, work},
-                            {"V", t.v, work},
-                            {"O", t.o, work},
-                            {"LSE", t.lse, work, 4},
-                            {"dO", t.d_o, work},
-                            {"dQ", t.dq, sq > 0},
-                            {"dK", t.dk, sk > 0},
+  return validate_pointers({{"Q", t.q, work}, {"K", t.k, work}, {"V", t.v, work}, {"O", t.o, work},
+                            {"LSE", t.lse, work, 4}, {"dO", t.d_o, work}, {"dQ", t.dq, sq > 0}, {"dK", t.dk, sk > 0},
                             {"dV", t.dv, sk > 0}});
 }
 

@@ -1,9 +1,5 @@
-// The backward pass's rules, FLOPs, acceptance bound and description, and its traits for the chain.
-//
-// The gradients (per batch and query head; P = softmax(scale·Q·Kᵀ) over the keys a row may see):
-//   dV = Pᵀ·dO        dP = dO·Vᵀ        D_i = Σ_j P_ij·dP_ij = rowsum(dO ∘ O)_i
-//   dS = P ∘ (dP - D) dQ = scale·dS·K    dK = scale·dSᵀ·Q
-// With GQA, dK and dV of a K/V head are the sums over the query heads of its group.
+// The backward pass's rules, FLOPs, acceptance bound and description, and its traits for the chain
+// (the gradients: backward/reference_gpu.cu; the acceptance rule: backward/check.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,18 +14,16 @@ namespace fs {
 
 // fs_backward_problem_init.
 BackwardProblem make_backward_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
-                                      int64_t heads_kv, int64_t head_dim, DType dtype, bool causal,
-                                      bool deterministic);
+                                      int64_t heads_kv, int64_t head_dim, DType dtype, int32_t causal,
+                                      int32_t deterministic);
 
 // The backward problem of a forward problem: its strides for dO (O's), dQ (Q's), dK (K's), dV (V's).
-BackwardProblem backward_of(const Problem& forward, bool deterministic);
+BackwardProblem backward_of(const Problem& forward, int32_t deterministic);
 
-// "" when the problem follows every rule: validate(p.attention), deterministic 0 or 1, then dO, dQ,
-// dK, dV as views (validate_view), none of dQ, dK, dV overlapping itself. One sentence otherwise.
+// "" or a sentence: validate(p.attention), deterministic 0 or 1, dO dQ dK dV as views, dQ dK dV not overlapping.
 std::string validate(const BackwardProblem& p);
 
-// "" when the pointers are usable: all non-null when there is work (lse too), 16-byte aligned
-// (lse 4-byte); dQ is written when seqlen_k == 0 too (zeros), dK and dV when seqlen_q == 0.
+// "" when the pointers are usable (flash_steps.h): dQ is written when seqlen_k == 0, dK and dV when seqlen_q == 0.
 std::string validate_tensors(const BackwardProblem& p, const BackwardTensors& t);
 
 double backward_flops(const BackwardProblem& p);  // 2.5 × attention_flops(p.attention)

@@ -67,11 +67,8 @@ BackwardReference gpu_reference(const BackwardWorkload& w, GpuReference& gpu, bo
   DeviceBuffer dq(size_t(q_elems) * sizeof(float)), dk(size_t(kv_elems) * sizeof(float)), dv(size_t(kv_elems) * sizeof(float));
   gpu.run(w.problem(), w.tensors(), rounded, dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr);
   CHECK_CUDA(cudaDeviceSynchronize());
-  auto doubles = [](const DeviceBuffer& b, int64_t n) {
-    const std::vector<float> host = download_floats(b.as<float>(), n);
-    return std::vector<double>(host.begin(), host.end());
-  };
-  return {doubles(dq, q_elems), doubles(dk, kv_elems), doubles(dv, kv_elems)};
+  return {download_doubles(dq.as<float>(), q_elems), download_doubles(dk.as<float>(), kv_elems),
+          download_doubles(dv.as<float>(), kv_elems)};
 }
 
 BackwardReferences make_reference(const BackwardWorkload& w, GpuReference& gpu) {

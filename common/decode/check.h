@@ -1,7 +1,5 @@
-// Checking a decoding step: the workload (random Q and caches, per-sequence lengths, a block table
-// that scatters each sequence's pages over the cache, poisoned outputs) and the references, which
-// gather each sequence's keys from the cache and run the forward references on it. The comparison is
-// the forward one (forward/check.h).
+// Checking a decoding step: the workload and the references (the forward ones on each sequence's keys,
+// gathered from the cache); the comparison is the forward one (forward/check.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,7 +39,6 @@ class DecodeWorkload {
   const DecodeProblem& problem() const { return p_; }
   DecodeTensors tensors() const;
   const std::vector<int32_t>& lengths() const { return lengths_; }          // host copies
-  const std::vector<int32_t>& block_table() const { return block_table_; }  // (batch, block_table_stride)
 
   // Overwrites one length or one block-table entry, on the device and in the host copy (the checked
   // mode's tests). A length needs a workload built with lengths.
@@ -60,7 +57,6 @@ class DecodeWorkload {
   }
 
  private:
-  void upload_table();
   DecodeProblem p_;
   std::vector<int32_t> lengths_, block_table_;
   DeviceTensor q_, k_, v_;

@@ -50,9 +50,7 @@ Reference gpu_reference(const DecodeWorkload& w, GpuReference& gpu) {
                       lse.as<float>() + b * H * Sq};
     gpu.run(one, seq, o32.as<float>() + b * Sq * H * D, nullptr);
   }
-  const std::vector<float> o_host = download_floats(o32.as<float>(), B * Sq * H * D);
-  const std::vector<float> lse_host = download_floats(lse.as<float>(), B * H * Sq);
-  return Reference{std::vector<double>(o_host.begin(), o_host.end()), std::vector<double>(lse_host.begin(), lse_host.end())};
+  return Reference{download_doubles(o32.as<float>(), B * Sq * H * D), download_doubles(lse.as<float>(), B * H * Sq)};
 }
 
 }  // namespace fs

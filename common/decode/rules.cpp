@@ -5,7 +5,7 @@
 namespace fs {
 
 DecodeProblem make_decode_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
-                                  int64_t heads_kv, int64_t head_dim, DType dtype, bool causal, int64_t page_size) {
+                                  int64_t heads_kv, int64_t head_dim, DType dtype, int32_t causal, int64_t page_size) {
   DecodeProblem p = decode_of(make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal));
   if (page_size != 0) {
     p.page_size = page_size;
@@ -69,13 +69,10 @@ std::string validate(const DecodeProblem& p) {
 
 std::string validate_tensors(const DecodeProblem& p, const DecodeTensors& t) {
   const bool work = p.attention.seqlen_q > 0, reads_cache = work && p.attention.seqlen_k > 0;
-  std::string why = validate_pointers({{"Q", t.q, work},
-                                       {"the K cache", t.k_cache, reads_cache},
-                                       {"the V cache", t.v_cache, reads_cache},
-                                       {"O", t.o, work},
+  std::string why = validate_pointers({{"Q", t.q, work}, {"the K cache", t.k_cache, reads_cache},
+                                       {"the V cache", t.v_cache, reads_cache}, {"O", t.o, work},
                                        {"the block table", t.block_table, reads_cache && is_paged(p), 4},
-                                       {"cache_seqlens", t.cache_seqlens, false, 4},
-                                       {"LSE", t.lse, false, 4}});
+                                       {"cache_seqlens", t.cache_seqlens, false, 4}, {"LSE", t.lse, false, 4}});
   if (why.empty() && !is_paged(p) && t.block_table != nullptr)
     why = "the block table is not null with a contiguous cache (page_size 0)";
   return why;

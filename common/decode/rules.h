@@ -19,17 +19,14 @@ inline constexpr size_t kDecodeCheckBytes = 256;
 
 // fs_decode_problem_init: contiguous Q and O, and a contiguous cache (page_size 0) or a paged one.
 DecodeProblem make_decode_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
-                                  int64_t heads_kv, int64_t head_dim, DType dtype, bool causal,
+                                  int64_t heads_kv, int64_t head_dim, DType dtype, int32_t causal,
                                   int64_t page_size = 0);
 
-// "" when the problem follows every rule of the harness, else one sentence naming the value and the
-// limit it breaks: the rules of validate() for Q, O and the shared sizes, then the cache, the block
-// table's shape, num_splits and checked. Device data (lengths, table entries) is not looked at.
+// "" or one sentence: validate() for Q, O and the shared sizes, then the cache, the block table's shape,
+// num_splits and checked. Device data (lengths, table entries) is not looked at.
 std::string validate(const DecodeProblem& p);
 
-// "" when the pointers are usable: Q, K, V, O non-null and 16-byte aligned when there is work; the
-// block table non-null for a paged cache (null for a contiguous one); block table, lengths and LSE
-// 4-byte aligned.
+// "" when the pointers are usable (flash_steps.h); the block table null for a contiguous cache.
 std::string validate_tensors(const DecodeProblem& p, const DecodeTensors& t);
 
 // "" when host copies of the device data keep the contract: `lengths` (batch values, or none for

@@ -66,19 +66,12 @@ DecodeWorkload::DecodeWorkload(const DecodeProblem& shape, std::vector<int32_t> 
   v_.randomize(seed + 2);
   max_abs_v_ = max_abs(v_.get(), v_.elems(), f.dtype);  // the whole cache: an upper bound for the keys read
   upload(lengths_dev_, lengths_);
-  upload_table();
+  upload(table_dev_, block_table_);
 }
 
-void DecodeWorkload::upload_table() { upload(table_dev_, block_table_); }
-
 DecodeTensors DecodeWorkload::tensors() const {
-  return DecodeTensors{q_.get(),
-                       k_.get(),
-                       v_.get(),
-                       is_paged(p_) ? table_dev_.as<int32_t>() : nullptr,
-                       lengths_.empty() ? nullptr : lengths_dev_.as<int32_t>(),
-                       out_.o.get(),
-                       out_.lse.as<float>()};
+  return DecodeTensors{q_.get(), k_.get(), v_.get(), is_paged(p_) ? table_dev_.as<int32_t>() : nullptr,
+                       lengths_.empty() ? nullptr : lengths_dev_.as<int32_t>(), out_.o.get(), out_.lse.as<float>()};
 }
 
 void DecodeWorkload::set_length(int64_t b, int32_t length) {
@@ -91,7 +84,7 @@ void DecodeWorkload::set_block_table_entry(int64_t b, int64_t i, int32_t page) {
   if (!is_paged(p_) || b < 0 || b >= p_.attention.batch || i < 0 || i >= p_.max_pages_per_seq)
     throw Error("decode workload: no block-table entry [" + std::to_string(b) + "][" + std::to_string(i) + "]");
   block_table_[size_t(b * p_.block_table_stride + i)] = page;
-  upload_table();
+  upload(table_dev_, block_table_);
 }
 
 DecodeHostInputs DecodeWorkload::download_inputs() const {

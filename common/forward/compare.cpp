@@ -31,18 +31,15 @@ Comparison compare(const Problem& p, const std::vector<float>& o, const std::vec
         for (int64_t d = 0; d < D; ++d) {
           const double got = o[size_t(b * p.o.batch + s * p.o.row + h * p.o.head + d)];
           const double want = ref.o[size_t(((b * Sq + s) * H + h) * D + d)];
-          const double err = std::fabs(got - want);
+          const double err = std::fabs(got - want), bound = tol.atol + tol.rtol * std::fabs(want);
           const bool finite = std::isfinite(got);
           if (!finite) ++c.nonfinite;
-          if (finite) {
-            c.max_abs_err = std::max(c.max_abs_err, err);
-            err2 += err * err;
-          }
+          else c.max_abs_err = std::max(c.max_abs_err, err), err2 += err * err;
           ref2 += want * want;
-          if (!finite || err > tol.atol + tol.rtol * std::fabs(want)) {
+          if (!finite || err > bound) {
             ++c.mismatches;
             note(sentence("O(b=", b, ", s=", s, ", h=", h, ", d=", d, ") = ", got, ", reference ", want, " (tolerance ",
-                          tol.atol + tol.rtol * std::fabs(want), ")"));
+                          bound, ")"));
           }
         }
   c.rel_fro_err = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
@@ -51,17 +48,11 @@ Comparison compare(const Problem& p, const std::vector<float>& o, const std::vec
       for (int64_t h = 0; h < H; ++h)
         for (int64_t s = 0; s < Sq; ++s) {
           const size_t i = size_t((b * H + h) * Sq + s);
-          const double got = lse[i], want = ref.lse[i];
-          bool ok;
-          if (std::isinf(want)) {
-            ok = got == want;
-          } else {
-            const double err = std::fabs(got - want);
-            ok = std::isfinite(got) && err <= tol.lse_rtol * (1 + std::fabs(want));
-            if (std::isfinite(got)) c.max_lse_err = std::max(c.max_lse_err, err);
-          }
-          if (!std::isfinite(got) && !(std::isinf(want) && got == want)) ++c.nonfinite;
-          if (!ok) {
+          const double got = lse[i], want = ref.lse[i], err = std::fabs(got - want);
+          const bool finite = std::isfinite(got), same_inf = std::isinf(want) && got == want;
+          if (finite && !std::isinf(want)) c.max_lse_err = std::max(c.max_lse_err, err);
+          if (!finite && !same_inf) ++c.nonfinite;
+          if (!same_inf && !(finite && !std::isinf(want) && err <= tol.lse_rtol * (1 + std::fabs(want)))) {
             ++c.mismatches;
             note(sentence("LSE(b=", b, ", h=", h, ", s=", s, ") = ", got, ", reference ", want));
           }

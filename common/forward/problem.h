@@ -1,10 +1,6 @@
 /* The forward problem: the struct of the C ABI (common/flash_steps.h has its contract) and, for C++,
  * what a kernel needs to read it. A step of the forward pass includes this file, common/step/step.h
- * and common/step/dtype.cuh, and nothing else of the harness.
- *
- *   Q : (batch, seqlen_q, heads_q,  head_dim)     O : (batch, seqlen_q, heads_q, head_dim)
- *   K : (batch, seqlen_k, heads_kv, head_dim)     V : (batch, seqlen_k, heads_kv, head_dim)
- * fp16 or bf16, element strides for batch, row and head, head_dim contiguous. */
+ * and common/step/dtype.cuh, and nothing else of the harness. */
 #ifndef FLASH_STEPS_FORWARD_PROBLEM_H
 #define FLASH_STEPS_FORWARD_PROBLEM_H
 

@@ -112,9 +112,7 @@ Reference gpu_reference(const Workload& w, GpuReference& gpu) {
   t.o = nullptr;
   t.lse = lse.as<float>();
   gpu.run(p, t, o32.as<float>(), nullptr);
-  const std::vector<float> o_host = download_floats(o32.as<float>(), o_elems);
-  const std::vector<float> lse_host = download_floats(lse.as<float>(), lse_elems);
-  return Reference{std::vector<double>(o_host.begin(), o_host.end()), std::vector<double>(lse_host.begin(), lse_host.end())};
+  return Reference{download_doubles(o32.as<float>(), o_elems), download_doubles(lse.as<float>(), lse_elems)};
 }
 
 }  // namespace fs

@@ -6,13 +6,7 @@
 
 namespace fs {
 
-const char* dtype_name(int32_t dtype) {
-  switch (dtype) {
-    case FS_FP16: return "fp16";
-    case FS_BF16: return "bf16";
-    default: return "dtype?";
-  }
-}
+const char* dtype_name(int32_t dtype) { return dtype == FS_FP16 ? "fp16" : dtype == FS_BF16 ? "bf16" : "dtype?"; }
 
 double max_softmax_scale(int32_t dtype, int64_t head_dim) {
   if (dtype == FS_FP16) return kMaxLogit / (kLog2e * double(head_dim) * kMaxAbsFp16 * kMaxAbsFp16);
@@ -20,20 +14,10 @@ double max_softmax_scale(int32_t dtype, int64_t head_dim) {
 }
 
 Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
-                     int64_t head_dim, DType dtype, bool causal) {
-  Problem p{};
-  p.batch = batch;
-  p.seqlen_q = seqlen_q;
-  p.seqlen_k = seqlen_k;
-  p.heads_q = heads_q;
-  p.heads_kv = heads_kv;
-  p.head_dim = head_dim;
-  p.dtype = static_cast<int32_t>(dtype);
-  p.causal = causal ? 1 : 0;
-  p.softmax_scale = head_dim > 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))) : 1.0f;
-  p.q = p.o = contiguous_strides(seqlen_q, heads_q, head_dim);
-  p.k = p.v = contiguous_strides(seqlen_k, heads_kv, head_dim);
-  return p;
+                     int64_t head_dim, DType dtype, int32_t causal) {
+  const Strides q = contiguous_strides(seqlen_q, heads_q, head_dim), k = contiguous_strides(seqlen_k, heads_kv, head_dim);
+  const float scale = head_dim > 0 ? float(1.0 / std::sqrt(double(head_dim))) : 1.0f;
+  return Problem{batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, int32_t(dtype), causal, scale, q, k, k, q};
 }
 
 std::string validate(const Problem& p) {

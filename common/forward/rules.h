@@ -28,15 +28,12 @@ const char* dtype_name(int32_t dtype);  // "fp16", "bf16" or "dtype?"
 
 // fs_problem_init. Any sizes may be given: validate() judges them by the dimensions (contiguous_strides).
 Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
-                     int64_t head_dim, DType dtype, bool causal);
+                     int64_t head_dim, DType dtype, int32_t causal);
 
-// The largest softmax_scale validate() accepts. fp16: every input the dtype can hold gives logits
-// within kMaxLogit (|q·k| <= head_dim·65504²). bf16: scale·log2(e) <= kMaxLogit (a bf16 q·k can
-// itself exceed fp32's range, so no scale bounds every logit; see flash_steps.h).
+// The largest softmax_scale validate() accepts (the rule and its reasons: flash_steps.h, Semantics).
 double max_softmax_scale(int32_t dtype, int64_t head_dim);
 
-// "" when the problem follows every rule of the harness, else one sentence naming the value and the
-// limit it breaks. Pointers are not looked at (validate_tensors).
+// "" or one sentence naming the value and the limit it breaks; pointers are validate_tensors'.
 std::string validate(const Problem& p);
 
 // "" when the pointers are usable: Q, K, V, O non-null where there is work, 16-byte aligned; LSE 4-byte.

@@ -104,9 +104,8 @@ fs_status with_step(const char* step_id, const Problem* p, F&& body) noexcept {
 // The plan on the current device, the rules that need none first (no device is touched for them).
 template <typename Problem>
 fs::Plan plan_here(const fs::Step& step, const Problem& p) {
-  fs::Plan plan;
-  plan.refusal = fs::static_refusal(step, p);
-  return plan.accepted() ? fs::plan_on_device(step, p, fs::current_device()) : plan;
+  std::string why = fs::static_refusal(step, p);
+  return why.empty() ? fs::plan_on_device(step, p, fs::current_device()) : fs::Plan{.refusal = why};
 }
 
 template <typename Problem>
@@ -203,10 +202,7 @@ FS_API int fs_step_runs(int index, int32_t pass) {
 FS_API void fs_problem_init(fs_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                             int64_t heads_kv, int64_t head_dim, int32_t dtype, int32_t causal) {
   init(p, [&] {
-    fs::Problem f = fs::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                                     static_cast<fs::DType>(dtype), causal != 0);
-    f.causal = causal;
-    return f;
+    return fs::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, fs::DType(dtype), causal);
   });
 }
 FS_API fs_status fs_check(const char* step_id, const fs_problem* p) { return check(step_id, p); }
@@ -223,10 +219,8 @@ FS_API void fs_decode_problem_init(fs_decode_problem* p, int64_t batch, int64_t 
                                    int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype, int32_t causal,
                                    int64_t page_size) {
   init(p, [&] {
-    fs::DecodeProblem d = fs::make_decode_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                                                  static_cast<fs::DType>(dtype), causal != 0, page_size);
-    d.attention.causal = causal;
-    return d;
+    return fs::make_decode_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, fs::DType(dtype), causal,
+                                   page_size);
   });
 }
 FS_API fs_status fs_decode_check(const char* step_id, const fs_decode_problem* p) { return check(step_id, p); }
@@ -260,11 +254,8 @@ FS_API void fs_backward_problem_init(fs_backward_problem* p, int64_t batch, int6
                                      int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
                                      int32_t causal, int32_t deterministic) {
   init(p, [&] {
-    fs::BackwardProblem b = fs::make_backward_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                                                      static_cast<fs::DType>(dtype), causal != 0, deterministic != 0);
-    b.attention.causal = causal;
-    b.deterministic = deterministic;
-    return b;
+    return fs::make_backward_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, fs::DType(dtype), causal,
+                                     deterministic);
   });
 }
 FS_API fs_status fs_backward_check(const char* step_id, const fs_backward_problem* p) { return check(step_id, p); }

@@ -55,9 +55,7 @@ const Step* find_step(std::string_view id) {
   return nullptr;
 }
 
-namespace {
-std::string compute_capability_name(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
-}  // namespace
+static std::string compute_capability_name(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
 
 std::string check_architecture(const Step& step, const DeviceInfo& dev) {
   if (dev.compute_capability < step.min_compute_capability)
@@ -100,9 +98,7 @@ std::string static_refusal(const Step& step, const Problem& p) {
 
 template <typename Problem>
 Plan plan_on_device(const Step& step, const Problem& p, const DeviceInfo& dev) {
-  Plan refused;
-  refused.refusal = check_architecture(step, dev);
-  if (!refused.accepted()) return refused;
+  if (std::string why = check_architecture(step, dev); !why.empty()) return Plan{.refusal = why};
   Plan plan = Pass<Problem>::entry(step).plan(p, dev);
   if (plan.accepted()) plan.workspace_bytes += Pass<Problem>::harness_workspace(p);
   return plan;

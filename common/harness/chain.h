@@ -56,9 +56,8 @@ Plan plan_on_device(const Step& step, const Problem& p, const DeviceInfo& dev);
 // Both: the plan of `step` for `p` on `dev`; a refusal at any stage is in plan.refusal.
 template <typename Problem>
 Plan plan(const Step& step, const Problem& p, const DeviceInfo& dev) {
-  Plan refused;
-  refused.refusal = static_refusal(step, p);
-  return refused.accepted() ? plan_on_device(step, p, dev) : refused;
+  std::string why = static_refusal(step, p);
+  return why.empty() ? plan_on_device(step, p, dev) : Plan{.refusal = why};
 }
 
 // Enqueues the plan on `stream` for pointers and a workspace that passed their rules: the pass's own
@@ -83,7 +82,6 @@ class Prepared {
   void launch(const PassTensors<Problem>& t, cudaStream_t stream) const {
     run(*step_, problem_, plan_, t, workspace_.get(), workspace_.bytes(), stream);
   }
-  const Step& step() const { return *step_; }
   const Plan& plan() const { return plan_; }
 
  private:

@@ -19,10 +19,8 @@ namespace fs {
 
 struct BackwardTensors;
 
-// The fp32 cuBLAS references, one per pass: the forward's (forward/reference_gpu.cu) and the backward's
-// (backward/reference_gpu.cu, declared by backward/check.h's users), sharing a cuBLAS handle and scratch
-// memory. Each works in row chunks so that its scratch stays under max_scratch_bytes (default 1 GiB; the
-// tests lower it to have chunks).
+// The fp32 cuBLAS references (forward/ and backward/reference_gpu.cu), sharing a handle and scratch memory,
+// in row chunks that keep the scratch under max_scratch_bytes (1 GiB; the tests lower it).
 class GpuReference {
  public:
   GpuReference();

@@ -32,20 +32,7 @@ std::string probe_cuda(bool& absent) {
                     cudaGetErrorString(err), ")");
   return "";
 }
-}  // namespace
 
-bool cuda_device_absent() {
-  bool absent = false;
-  probe_cuda(absent);
-  return absent;
-}
-
-std::string cuda_unavailable_reason() {
-  bool absent = false;
-  return probe_cuda(absent);
-}
-
-namespace {
 DeviceInfo query_device(int ordinal) {
   DeviceInfo d;
   d.ordinal = ordinal;
@@ -63,6 +50,17 @@ DeviceInfo query_device(int ordinal) {
   return d;
 }
 }  // namespace
+
+bool cuda_device_absent() {
+  bool absent = false;
+  probe_cuda(absent);
+  return absent;
+}
+
+std::string cuda_unavailable_reason() {
+  bool absent = false;
+  return probe_cuda(absent);
+}
 
 DeviceInfo current_device() {
   // The properties are read once per device (cudaGetDeviceProperties is slow); free memory each time.

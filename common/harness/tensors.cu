@@ -126,6 +126,11 @@ std::vector<float> download_floats(const float* src, int64_t n) {
   return host;
 }
 
+std::vector<double> download_doubles(const float* src, int64_t n) {
+  const std::vector<float> host = download_floats(src, n);
+  return {host.begin(), host.end()};
+}
+
 void fill_zero(void* x, const Strides& s, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim, int32_t dtype,
                cudaStream_t stream, float* lse) {
   const int64_t n = batch * rows * heads;

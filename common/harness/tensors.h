@@ -12,13 +12,12 @@
 
 namespace fs {
 
-// Inputs are offset + sigma * N(0, 1), rounded to the dtype: non-zero mean, so a kernel that drops
-// a term or reads the wrong row cannot hide behind symmetric cancellation.
+// Inputs are offset + sigma · N(0, 1), rounded to the dtype: non-zero mean, so a kernel that drops a term
+// or reads the wrong row cannot hide behind symmetric cancellation.
 inline constexpr float kInputOffset = 0.25f;
 inline constexpr float kInputSigma = 1.0f;
 
-// n elements of device memory := kInputOffset + kInputSigma · N(0, 1), rounded (element i depends on
-// (seed, i) only, not on the launch configuration).
+// n elements of device memory drawn so; element i depends on (seed, i) only, not on the launch.
 void fill_random(void* x, int64_t n, int32_t dtype, uint64_t seed);
 
 // max |x| over n elements of device memory, or over a (batch, seqlen, heads, head_dim) view.
@@ -28,8 +27,9 @@ float max_abs(const void* x, const Strides& s, int64_t batch, int64_t seqlen, in
 
 // n elements from device memory, as floats on the host.
 std::vector<float> download_as_float(const void* src, int64_t n, int32_t dtype);
-// n floats from device memory.
+// n floats from device memory, as floats or as doubles (the references' element type).
 std::vector<float> download_floats(const float* src, int64_t n);
+std::vector<double> download_doubles(const float* src, int64_t n);
 
 // Writes 0 to every element of a (batch, rows, heads, head_dim) view with strides `s`, and, where `lse`
 // is not null, -inf to its (batch, heads, rows) entries.

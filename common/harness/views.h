@@ -18,9 +18,8 @@ inline constexpr int64_t kHeadDimMultiple = 8;  // 16-byte rows for fp16/bf16
 // buffer) fits in int64_t.
 inline constexpr int64_t kMaxTensorElements = int64_t(1) << 58;
 
-// One tensor view as the sentences name it: "K" of the pair "K and V", over (batch, seqlen_k,
-// heads_kv, head_dim), or (num_pages, page_size, heads_kv, head_dim) for a paged cache, whose first
-// stride is then "page".
+// One tensor view as the sentences name it: "K" of the pair "K and V", over (batch, seqlen_k, heads_kv,
+// head_dim), or (num_pages, page_size, ...) for a paged cache, whose first stride is then "page".
 struct View {
   const char* name;         // "K"
   const char* pair;         // "K and V": the tensors that share its sizes

@@ -1,9 +1,5 @@
-"""The one ctypes layer over the C ABI of common/flash_steps.h (libflash_steps.so).
-
-The structs mirror fs_strides, fs_problem, fs_decode_problem and fs_backward_problem field for field
-(tests/python/test_flash_steps.py checks them against a C compiler). A pass (forward, decode, backward)
-is one entry of PASSES; the Library serves every pass with one method per verb, the pass chosen by the
-problem's type. A non-zero fs_status is raised as a FlashStepsError with the library's sentence."""
+"""The ctypes layer over common/flash_steps.h: its structs field for field (tested against a C compiler), one
+PASSES entry per pass, a Library method per verb, and a non-zero fs_status raised as a FlashStepsError."""
 from __future__ import annotations
 
 import ctypes
@@ -56,9 +52,8 @@ def refuse(function: str, message: str) -> InvalidArgument:
 INT32, INT64 = (-2 ** 31, 2 ** 31 - 1), (-2 ** 63, 2 ** 63 - 1)  # the ranges of int32_t and int64_t
 
 def integer(function: str, name: str, value, low: int, high: int, rule: str = "") -> int:
-    """value as an int from low to high, else InvalidArgument: an int or what stands for one (operator.index: a
-    numpy integer), not a bool, a float or a str. Checked before ctypes sees it, which would wrap 2**64 + 2 to 2
-    (as int() would make 1.9 a 1 and '7' a 7)."""
+    """value as an int from low to high (operator.index: no bool, float or str), else InvalidArgument; before
+    ctypes, which would wrap 2**64 + 2 to 2."""
     try:
         checked = None if isinstance(value, bool) else operator.index(value)
     except TypeError:
@@ -143,9 +138,7 @@ def pass_of(p) -> Pass:
                  + ", ".join(ps.struct.__name__ for ps in PASSES) + ")")
 
 def check_pointers(function: str, p, addresses: list) -> None:
-    """The C rules of a run's pointers (Pointer), checked in Python for a caller that asks fs_check or
-    fs_workspace_size, which read no pointer, before the run: `addresses` in the order of the pass's pointers,
-    None for one not checked."""
+    """The C rules of a run's pointers (Pointer; fs_check reads none), `addresses` in their order, None: unchecked."""
     attention = getattr(p, "attention", p)
     sizes = {"q": attention.seqlen_q, "k": attention.seqlen_k, "p": getattr(p, "page_size", 0)}
     for x, address in zip(pass_of(p).pointers, addresses):
@@ -308,9 +301,8 @@ class Library:
                 for i in range(lib.fs_step_count())]
 
     def _init(self, ps: Pass, sizes: tuple, dtype: str, causal: bool, extra: tuple = (), strides: dict | None = None):
-        """The pass's init function (contiguous, scale 1/sqrt(head_dim)), then the strides given,
-        {"q": (batch, row, head, dim), ...}: each a field of the problem or of its embedded attention. The
-        sizes must be int64s and causal a flag (ctypes would wrap them)."""
+        """The pass's init function, then the strides given ({"q": (batch, row, head, dim), ...}), each a field
+        of the problem or of its attention; sizes and causal checked first (ctypes would wrap them)."""
         p = ps.struct()
         sizes = [integer(ps.init, name, x, *INT64) for name, x in zip(SIZES, sizes)]
         self._fn(ps.init)(ctypes.byref(p), *sizes, DTYPE_CODES[dtype], flag(ps.init, "causal", causal), *extra)
@@ -365,9 +357,8 @@ class Library:
         return self._fn(fn)(ctypes.byref(p))
 
     def decode_kv_bytes(self, p: FsDecodeProblem, lengths: list[int] | None = None) -> float:
-        """The bytes of K and V a launch must read: every sequence at seqlen_k keys when lengths is None, else
-        lengths[b] keys (int32s, one per sequence; the library refuses another count or a length outside
-        [0, seqlen_k])."""
+        """The bytes of K and V a launch must read: seqlen_k keys a sequence when lengths is None, else lengths[b]
+        (int32s, one per sequence, each in [0, seqlen_k])."""
         values = None if lengths is None else [integer("fs_decode_kv_bytes", f"lengths[{i}]", x, *INT32)
                                                for i, x in enumerate(lengths)]
         c_lengths = None if values is None else (_I32 * len(values))(*values)
