@@ -24,11 +24,16 @@
 #include "common/forward/check.h"
 #include "common/forward/rules.h"
 #include "common/model/bank_model.h"
+#include "ptx_isa.h"
 #include "steps/08_tma_wgmma/traits.h"
 
 namespace {
 
 namespace s8 = fs::step08;
+using fs::ptx_isa::isa_k_major_address;
+using fs::ptx_isa::isa_mn_major_address;
+using fs::ptx_isa::isa_swizzled_address;
+using fs::ptx_isa::isa_tma_address;
 using fs::step08::frag::Coord;
 
 // ---- the PTX ISA's matrix descriptor: (first bit, width) of each field -------------------------
@@ -102,34 +107,12 @@ TEST_CASE("step 08: stepping a descriptor by additions equals encoding the moved
   check_advance_all(std::make_integer_sequence<int, s8::kNumConfigs>{});
 }
 
-// ---- the PTX ISA's 128-byte swizzle table: the 16-byte chunk found at each position of the 8 rows
-// of a 1024-byte-aligned block ("Swizzling Modes", 128 byte swizzle mode).
-constexpr int kIsaSwizzle128[8][8] = {
-    {0, 1, 2, 3, 4, 5, 6, 7}, {1, 0, 3, 2, 5, 4, 7, 6}, {2, 3, 0, 1, 6, 7, 4, 5}, {3, 2, 1, 0, 7, 6, 5, 4},
-    {4, 5, 6, 7, 0, 1, 2, 3}, {5, 4, 7, 6, 1, 0, 3, 2}, {6, 7, 4, 5, 2, 3, 0, 1}, {7, 6, 5, 4, 3, 2, 1, 0},
-};
-// Where the 128-byte swizzle puts the byte at unswizzled shared address `a`, by the table: the row of
-// the block is bits 7-9, the chunk bits 4-6; the chunk moves to the position that holds it.
-uint32_t isa_swizzled_address(uint32_t a) {
-  const int row = int(a >> 7) & 7, chunk = int(a >> 4) & 7;
-  int pos = -1;
-  for (int p = 0; p < 8; ++p)
-    if (kIsaSwizzle128[row][p] == chunk) pos = p;
-  return (a & ~0x70u) | uint32_t(pos) << 4;
-}
-
 TEST_CASE("step 08: the 128-byte swizzle is the PTX ISA's table and a bijection", "[step08]") {
   for (uint32_t a = 0; a < 4 * 1024; ++a) CHECK(s8::swizzle_128b(a) == isa_swizzled_address(a));
   std::set<uint32_t> seen;
   for (uint32_t a = 0; a < 16 * 1024; ++a) seen.insert(s8::swizzle_128b(a));
   CHECK(seen.size() == 16 * 1024);
   CHECK(*seen.rbegin() == 16 * 1024 - 1);
-}
-
-// What the TMA writes for box cb (columns 64·cb …) of a tile of `rows` rows at shared address
-// `tile`: element (r, c) of the box (row-major, 128-byte rows) at the swizzled address.
-uint32_t isa_tma_address(uint32_t tile, int rows, int cb, int r, int c) {
-  return isa_swizzled_address(tile + uint32_t(cb * rows * 128 + r * 128 + c * 2));
 }
 
 template <class Tr>
@@ -147,23 +130,6 @@ void check_tile_layout() {
     CHECK(offsets.size() == size_t(rows * Tr::HEAD_DIM));  // a bijection onto [0, tile bytes) in 2-byte steps
     CHECK(*offsets.rbegin() == uint32_t(rows * Tr::HEAD_DIM * 2 - 2));
   }
-}
-
-// The address wgmma forms for element (i, k) of a K-major operand (i = row of A or column of B,
-// k = the reduction index 0-15) from a descriptor with start address `start`, by the ISA's canonical
-// K-major layout with 128-byte swizzle, Swizzle<3,4,3> ∘ ((8,m),(T,2k)):((8T,SBO),(1,T)), T = 8
-// elements: rows 8T = 64 elements apart inside a group of 8, groups SBO bytes apart, k contiguous;
-// then the swizzle of the address.
-uint32_t isa_k_major_address(uint32_t start, uint32_t sbo, int i, int k) {
-  const uint32_t elements = uint32_t(i % 8) * 64 + uint32_t(k);
-  return isa_swizzled_address(start + elements * 2 + uint32_t(i / 8) * sbo);
-}
-// The same for an MN-major operand: element (k, n), k the reduction index (a key of V), n the N
-// index (a head dim), by Swizzle<3,4,3> ∘ ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): n contiguous for
-// 64 elements, then LBO bytes to the next 64; k rows 8T = 64 elements apart, 8-row groups SBO apart.
-uint32_t isa_mn_major_address(uint32_t start, uint32_t lbo, uint32_t sbo, int k, int n) {
-  const uint32_t elements = uint32_t(n % 64) + uint32_t(k % 8) * 64;
-  return isa_swizzled_address(start + elements * 2 + uint32_t(n / 64) * lbo + uint32_t(k / 8) * sbo);
 }
 
 template <class Tr>
