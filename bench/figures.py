@@ -886,6 +886,48 @@ def fig_11(fig, ax):
                  "them; P is rebuilt from the LSE, never stored", fontsize=9)
 
 
+
+# ---- step 12: where each operand of the five products lives (steps/12_hopper_backward/traits.h) ------
+
+# (product, A, where A is, B, where B is): one warpgroup's products for one query tile, as the kernel issues them.
+HOPPER_BACKWARD_PRODUCTS = [
+    ("Sᵀ = K·Qᵀ   [64 keys × BLOCK_Q]", "K (its 64 keys)", "smem", "Q", "smem"),
+    ("dPᵀ = V·dOᵀ  [64 keys × BLOCK_Q]", "V (its 64 keys)", "smem", "dO", "smem"),
+    ("dV += Pᵀ·dO  [64 keys × d]", "Pᵀ = exp2(Sᵀ·c − LSE₂)", "regs", "dO", "smem-mn"),
+    ("dK += dSᵀ·Q  [64 keys × d]", "dSᵀ = Pᵀ ∘ (dPᵀ − D)", "regs", "Q", "smem-mn"),
+    ("dQ = dS·K   [64 × 64 tile]", "dS (both warpgroups' dSᵀ)", "smem-mn", "K", "smem-mn"),
+]
+HOPPER_OPERAND_STYLE = {"smem": ("lightsteelblue", "shared memory, K-major"),
+                        "smem-mn": ("lavender", "shared memory, MN-major (imm-trans 1)"),
+                        "regs": ("honeydew", "registers: the accumulators of Sᵀ / dPᵀ, rounded in place")}
+
+
+@_drawn("12_operands.png", figsize=(12, 4.6))
+def fig_12(fig, ax):
+    """Step 12: each product's A and B, and where wgmma reads them from, for one warpgroup and one query tile."""
+    from matplotlib.patches import Patch
+    n = len(HOPPER_BACKWARD_PRODUCTS)
+    for i, (product, a, a_at, b, b_at) in enumerate(HOPPER_BACKWARD_PRODUCTS):
+        y = n - 1 - i
+        ax.text(0.0, y, product, ha="left", va="center", fontsize=9, family="monospace")
+        for x, text, at in ((5.2, a, a_at), (8.4, b, b_at)):
+            ax.text(x, y, text, ha="center", va="center", fontsize=8,
+                    bbox={"boxstyle": "round", "fc": HOPPER_OPERAND_STYLE[at][0], "ec": "0.5", "pad": 0.35})
+    ax.text(5.2, n - 0.35, "A", ha="center", fontsize=9, weight="bold")
+    ax.text(8.4, n - 0.35, "B", ha="center", fontsize=9, weight="bold")
+    ax.annotate("", xy=(5.2, 1.75), xytext=(5.2, 3.25), arrowprops={"arrowstyle": "->", "color": "tab:green", "lw": 1})
+    ax.text(5.35, 2.5, "same thread,\nsame registers", fontsize=7, color="tab:green", va="center")
+    ax.annotate("", xy=(5.2, 0.3), xytext=(6.3, 1.0), arrowprops={"arrowstyle": "->", "color": "tab:purple", "lw": 1,
+                                                                  "connectionstyle": "arc3,rad=-0.3"})
+    ax.text(6.45, 0.55, "dSᵀ stored [key][query]\n(4-byte stores)", fontsize=7, color="tab:purple")
+    ax.legend(handles=[Patch(fc=f, ec="0.5", label=l) for f, l in HOPPER_OPERAND_STYLE.values()], loc="lower center",
+              bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=7, frameon=False)
+    ax.set_xlim(-0.2, 9.8)
+    ax.set_ylim(-0.6, n)
+    ax.axis("off")
+    ax.set_title("Step 12: keys are the rows of every product but dQ, so Pᵀ and dSᵀ leave their accumulators as "
+                 "wgmma's register A operand", fontsize=9)
+
 def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--out-dir", default=str(OUT), help="where the PNGs go (default: notes/figures)")

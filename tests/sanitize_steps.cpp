@@ -96,11 +96,19 @@ int main(int argc, char** argv) {
         for (const bool deterministic : {false, true}) {
           const fs::BackwardProblem p =
               fs::make_backward_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal, deterministic);
+          const fs::Plan plan = fs::plan(s, p, dev);
+          if (!plan.accepted()) {  // the same rule as the forward's: a refusal only where the step does not claim
+            const bool claimed = s.backward.claims(p, dev);
+            std::cout << s.id << " backward " << fs::describe(p.attention) << ": refused (" << plan.refusal << ")"
+                      << (claimed ? " although the step claims this problem: FAILED" : "") << "\n";
+            failures += claimed ? 1 : 0;
+            continue;
+          }
           fs::BackwardWorkload w(p, 13);
           const fs::BackwardHostInputs in = w.download_inputs();
           const fs::BackwardReferences ref{fs::reference_cpu(p, in, false),
                                            fs::reference_cpu(p, in, true)};
-          const fs::Prepared prepared(s, p, dev);
+          const fs::Prepared prepared(s, p, plan);
           for (const fs::GradComparison& g : fs::launch_and_compare(
                    [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
             std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.attention)
