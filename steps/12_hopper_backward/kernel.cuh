@@ -1,7 +1,7 @@
 // Step 12 — the Hopper backward: dQ, dK, dV on the TMA and wgmma.
 //
 // Extends step 11 (the FlashAttention-2 backward on mma.sync). Its ncu profile says what holds it
-// back on the H200: the shared-memory pipe is 76 % busy against 45 % for the tensor pipe, because
+// back on the H200: the L1/shared pipe is 76 % busy against 45 % for the tensor pipe, because
 // every operand of every mma.sync passes through an ldmatrix. Step 08 took the forward off that path;
 // this step does the same for the five products of the backward:
 //

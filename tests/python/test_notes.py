@@ -75,8 +75,8 @@ class Slug(unittest.TestCase):
 
 
 class Shape(unittest.TestCase):
-    def test_there_are_eleven_notes(self):
-        self.assertEqual([p.name[:2] for p in step_notes()], [f"{i:02d}" for i in range(1, 12)])
+    def test_there_is_one_note_per_step(self):
+        self.assertEqual([p.name[:2] for p in step_notes()], [f"{i:02d}" for i in range(1, 13)])
 
     def test_core_then_appendix(self):
         for note in step_notes():
