@@ -165,7 +165,9 @@ TEST_CASE("step 12: the tile table covers head_dim up to 128 and the registers' 
 }
 
 TEST_CASE("step 12 runs on sm_90 only and refuses, in a sentence, what it does not run", "[step12][registry]") {
-  const fs::Step* s = fs::find_step("12_hopper_backward");
+  const char* id = GENERATE("12a_hopper_data_path", "12b_async_wgmma");
+  INFO(id);
+  const fs::Step* s = fs::find_step(id);
   REQUIRE(s != nullptr);
   CHECK(s->arch_specific == 90);
   CHECK_FALSE(s->forward.present());
@@ -190,7 +192,7 @@ TEST_CASE("step 12 runs on sm_90 only and refuses, in a sentence, what it does n
 }
 
 TEST_CASE("step 12 explains its maps without a GPU", "[step12]") {
-  const fs::Step* s = fs::find_step("12_hopper_backward");
+  const fs::Step* s = fs::find_step("12b_async_wgmma");
   REQUIRE(s != nullptr);
   REQUIRE(s->explain);
   std::ostringstream out;

@@ -19,11 +19,18 @@
 //   dV += Pᵀ·dO, dK += dSᵀ·Q  (wgmma rs)     __syncthreads     dQ = dS·K  (wgmma ss, both MN-major)
 //   red.global.add dQ → fp32 accumulator      __syncthreads     thread 0: TMA Q, dO of tile t + 2 → stage s
 //
+// The sub-steps (traits.h's enum Idea; `Tr::has(kIdea)` marks where each changes this kernel):
+//   12a kDataPath    the data path above, each commit group waited for in full (wait_group 0) before
+//                    the threads read a result: the tensor cores idle while the threads work
+//   12b kAsyncWgmma  wgmma is asynchronous, so wait only for what the next instructions read: Sᵀ
+//                    commits apart from dPᵀ and Pᵀ is computed while dPᵀ's products run; dV is issued
+//                    at once and runs under dSᵀ; dK is issued after dQ and runs under the atomics
+//
 // The rest is step 11's and is reused from it: the preprocessing (D and LSE₂), the conversion of the
 // fp32 dQ accumulator, and the deterministic mode's dQ kernel (steps/11_backward/kernel.cuh); step 08's
-// instructions (mbarrier, TMA, wgmma) come from steps/08_tma_wgmma/kernel.cuh. What stays for the next
-// sub-steps: the same threads still wait for the TMA, compute the softmax part and issue the atomics
-// while the tensor cores idle (warp specialization, as step 09 did for the forward).
+// instructions (mbarrier, TMA, wgmma) come from steps/08_tma_wgmma/kernel.cuh. What stays for later
+// sub-steps: the same threads still wait for the TMA and issue the copies and the atomics (warp
+// specialization, as step 09 did for the forward).
 #pragma once
 
 #include <cuda.h>
@@ -76,14 +83,14 @@ __device__ inline void wgmma_m64n64_ss_mn(float (&d)[32], uint64_t a_desc, uint6
 // One block: K/V head bh_kv, keys kv0 … kv0 + 127; warpgroup wg the keys 64·wg …. In thread t of a
 // warpgroup, accumulator register i of Sᵀ, dPᵀ, dK, dV is (key, column) = wgmma_acc(t, i). ATOMIC_DQ:
 // the dQ part (off in the deterministic mode, where step 11's dq_kernel computes dQ).
-template <typename T, int HEAD_DIM, int BLOCK_Q, bool ATOMIC_DQ>
+template <typename T, int HEAD_DIM, int BLOCK_Q, int IDEAS, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(NUM_THREADS, 1)
     hopper_backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                            const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                            T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_accum,
                            const float* __restrict__ lse2, const float* __restrict__ d_rows, const BackwardProblem p,
                            const float scale_log2) {
-  using Tr = Traits<HEAD_DIM, BLOCK_Q>;
+  using Tr = Traits<HEAD_DIM, BLOCK_Q, IDEAS>;
   const Problem& f = p.attention;
 
   extern __shared__ unsigned char smem_raw[];
@@ -170,6 +177,32 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     const uint32_t stage_bytes = uint32_t(s * Tr::Q_BYTES);
     sm90::mbarrier_wait(q_full(s), uint32_t(v / Q_STAGES) & 1u);
 
+    // The register operands of dV and dK: Pᵀ, dSᵀ packed to fp16/bf16 (queries 16·kk … are
+    // accumulators 8kk … 8kk + 7, step 08's p_source).
+    uint32_t p_frag[Tr::Q_K_STEPS][4], ds_frag[Tr::Q_K_STEPS][4];
+    // dV += Pᵀ·dO and dK += dSᵀ·Q   [64 keys, HEAD_DIM], Q_K_STEPS k16 steps over the queries; each
+    // is one commit group.
+    auto issue_dv = [&] {
+      sm90::fence_operands(dv_acc);
+#pragma unroll
+      for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk) sm90::fence_operands(p_frag[kk]);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
+        sm90::Wgmma<HEAD_DIM, T>::rs(dv_acc, p_frag[kk], advance(do_mn_desc, stage_bytes + q_mn_major_step(kk)));
+      sm90::wgmma_commit();
+    };
+    auto issue_dk = [&] {
+      sm90::fence_operands(dk_acc);
+#pragma unroll
+      for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk) sm90::fence_operands(ds_frag[kk]);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
+        sm90::Wgmma<HEAD_DIM, T>::rs(dk_acc, ds_frag[kk], advance(q_mn_desc, stage_bytes + q_mn_major_step(kk)));
+      sm90::wgmma_commit();
+    };
+
     // ---- Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   [64 keys, BLOCK_Q] each, D_K_STEPS k16 steps over head dims
     float s_acc[Tr::S_REGS], dp_acc[Tr::S_REGS];
     sm90::wgmma_fence();
@@ -177,17 +210,23 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
       sm90::Wgmma<BLOCK_Q, T>::ss(s_acc, advance(k_rows_desc, kv_rows_step(wg, ks)),
                                   advance(q_k_desc, stage_bytes + q_k_major_step(BLOCK_Q, ks)), ks > 0);
+    // 12b: Sᵀ is a commit group of its own, waited for alone.
+    if constexpr (Tr::has(kAsyncWgmma)) sm90::wgmma_commit();
 #pragma unroll
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
       sm90::Wgmma<BLOCK_Q, T>::ss(dp_acc, advance(v_rows_desc, kv_rows_step(wg, ks)),
                                   advance(do_k_desc, stage_bytes + q_k_major_step(BLOCK_Q, ks)), ks > 0);
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
+    if constexpr (Tr::has(kAsyncWgmma)) {
+      sm90::wgmma_wait<1>();  // Sᵀ is in; dPᵀ's products still run
+    } else {
+      sm90::wgmma_wait<0>();
+      sm90::fence_operands(dp_acc);
+    }
     sm90::fence_operands(s_acc);
-    sm90::fence_operands(dp_acc);
 
-    // ---- Pᵀ = exp2(Sᵀ·scale·log2(e) - LSE₂), dSᵀ = Pᵀ ∘ (dPᵀ - D), as step 11: masked pairs (a key past
-    // seqlen_k or after the row's diagonal) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
+    // ---- Pᵀ = exp2(Sᵀ·scale·log2(e) - LSE₂), as step 11: masked pairs (a key past seqlen_k or after
+    // the row's diagonal) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
     const float* lse_tile = lse_smem + s * BLOCK_Q;
     const float* dd_tile = dd_smem + s * BLOCK_Q;
     const bool masked = step11::tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
@@ -200,17 +239,25 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         if (key >= seqlen_k || (causal && key > row + seqlen_k - seqlen_q)) pv = 0.0f;
       }
       s_acc[i] = pv;
-      dp_acc[i] = pv * (dp_acc[i] - dd_tile[c.col]);
     }
-    // The A fragments of dV and dK: queries 16·kk … are accumulators 8kk … 8kk + 7 (step 08's p_source).
-    uint32_t p_frag[Tr::Q_K_STEPS][4], ds_frag[Tr::Q_K_STEPS][4];
 #pragma unroll
     for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        p_frag[kk][r] = step11::pack2<T>(s_acc[p_source(kk, r)], s_acc[p_source(kk, r) + 1]);
+      for (int r = 0; r < 4; ++r) p_frag[kk][r] = step11::pack2<T>(s_acc[p_source(kk, r)], s_acc[p_source(kk, r) + 1]);
+    if constexpr (Tr::has(kAsyncWgmma)) {
+      issue_dv();             // dV's products run while the threads compute dSᵀ
+      sm90::wgmma_wait<1>();  // dPᵀ is in; dV's products still run
+      sm90::fence_operands(dp_acc);
+    }
+
+    // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D)
+#pragma unroll
+    for (int i = 0; i < Tr::S_REGS; ++i) dp_acc[i] = s_acc[i] * (dp_acc[i] - dd_tile[wgmma_acc(t, i).col]);
+#pragma unroll
+    for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
         ds_frag[kk][r] = step11::pack2<T>(dp_acc[p_source(kk, r)], dp_acc[p_source(kk, r) + 1]);
-      }
 
     // dSᵀ into shared memory for dQ: register r of step kk holds (key, query), (key, query + 1).
     if constexpr (ATOMIC_DQ) {
@@ -225,22 +272,13 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       sm90::fence_proxy_async_shared();  // the generic stores, before wgmma reads them (async proxy)
     }
 
-    // ---- dV += Pᵀ·dO and dK += dSᵀ·Q   [64 keys, HEAD_DIM], Q_K_STEPS k16 steps over the queries
-    sm90::fence_operands(dv_acc);
-    sm90::fence_operands(dk_acc);
-#pragma unroll
-    for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk) {
-      sm90::fence_operands(p_frag[kk]);
-      sm90::fence_operands(ds_frag[kk]);
+    // 12b has issued dV already and issues dK after dQ, where the atomics run under it.
+    if constexpr (Tr::has(kAsyncWgmma)) {
+      if constexpr (!ATOMIC_DQ) issue_dk();
+    } else {
+      issue_dv();
+      issue_dk();
     }
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
-      sm90::Wgmma<HEAD_DIM, T>::rs(dv_acc, p_frag[kk], advance(do_mn_desc, stage_bytes + q_mn_major_step(kk)));
-#pragma unroll
-    for (int kk = 0; kk < Tr::Q_K_STEPS; ++kk)
-      sm90::Wgmma<HEAD_DIM, T>::rs(dk_acc, ds_frag[kk], advance(q_mn_desc, stage_bytes + q_mn_major_step(kk)));
-    sm90::wgmma_commit();
 
     if constexpr (ATOMIC_DQ) {
       __syncthreads();  // both warpgroups' dSᵀ are in
@@ -253,7 +291,12 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         wgmma_m64n64_ss_mn<T>(dq_acc, advance(ds_desc, ds_step(dq_tile.row_tile, kk)),
                               advance(k_mn_desc, k_mn_major_step(dq_tile.col_block, kk)), kk > 0);
       sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
+      if constexpr (Tr::has(kAsyncWgmma)) {
+        issue_dk();             // dK's products run under the dQ atomics
+        sm90::wgmma_wait<1>();  // dQ is in (and dV); dK's products still run
+      } else {
+        sm90::wgmma_wait<0>();
+      }
       sm90::fence_operands(dq_acc);
 
       // Every block of this head adds to the same dQ rows: fp32 atomics, two columns at once (sm_90).
@@ -264,9 +307,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         const step08::frag::Coord c = wgmma_acc(t, i);
         atomicAdd(reinterpret_cast<float2*>(acc_rows + c.row * HEAD_DIM + c.col), make_float2(dq_acc[i], dq_acc[i + 1]));
       }
-    } else {
-      sm90::wgmma_wait<0>();
     }
+    sm90::wgmma_wait<0>();
     sm90::fence_operands(dv_acc);
     sm90::fence_operands(dk_acc);
 

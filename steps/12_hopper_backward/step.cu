@@ -91,7 +91,7 @@ constexpr int max_smem_bytes() {
   return most > DqTr::SMEM_BYTES ? most : DqTr::SMEM_BYTES;
 }
 
-template <typename T, int CONFIG>
+template <typename T, int CONFIG, int IDEAS>
 std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& w) {
   constexpr Config c = kConfigs[CONFIG];
   using Dq = std::conditional_t<c.head_dim == 64, DqTr64, DqTr>;
@@ -100,8 +100,8 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
   k.push_back({reinterpret_cast<const void*>(&step11::preprocess_kernel<T>), step11::kPreprocessWarps * 32, 0,
                step11::tiles(w.rows, step11::kPreprocessWarps)});
   const void* main = p.deterministic
-                         ? reinterpret_cast<const void*>(&hopper_backward_kernel<T, c.head_dim, c.block_q, false>)
-                         : reinterpret_cast<const void*>(&hopper_backward_kernel<T, c.head_dim, c.block_q, true>);
+                         ? reinterpret_cast<const void*>(&hopper_backward_kernel<T, c.head_dim, c.block_q, IDEAS, false>)
+                         : reinterpret_cast<const void*>(&hopper_backward_kernel<T, c.head_dim, c.block_q, IDEAS, true>);
   k.push_back({main, NUM_THREADS, size_t(smem_bytes(c)), grid_blocks(f)});
   if (p.deterministic)
     k.push_back({reinterpret_cast<const void*>(&step11::dq_kernel<T, Dq>), Dq::NUM_THREADS, size_t(Dq::SMEM_BYTES),
@@ -112,6 +112,7 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
   return k;
 }
 
+template <int IDEAS>
 Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   Plan pl;
   std::ostringstream m;
@@ -134,7 +135,7 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   pl.workspace_bytes = size_t(w->bytes);
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_config<kNumConfigs>(pl.config, [&](auto c) { pl.kernels = kernels_of<T, decltype(c)::value>(p, *w); });
+    with_config<kNumConfigs>(pl.config, [&](auto c) { pl.kernels = kernels_of<T, decltype(c)::value, IDEAS>(p, *w); });
   });
   for (const KernelLaunch& k : pl.kernels)
     if (k.blocks > INT32_MAX) {
@@ -186,7 +187,7 @@ CUtensorMap make_tensor_map(const char* name, const void* data, CUtensorMapDataT
   return map;
 }
 
-template <typename T, int CONFIG>
+template <typename T, int CONFIG, int IDEAS>
 void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, const Workspace& w,
                    char* base, cudaStream_t stream) {
   constexpr Config c = kConfigs[CONFIG];
@@ -220,7 +221,7 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
                                                                                  t.lse, lse2, d_rows, p);
   CHECK_LAUNCH();
   auto run_main = [&](auto atomic) {
-    auto* kernel = hopper_backward_kernel<T, c.head_dim, c.block_q, decltype(atomic)::value>;
+    auto* kernel = hopper_backward_kernel<T, c.head_dim, c.block_q, IDEAS, decltype(atomic)::value>;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(main.smem_bytes)));
     kernel<<<unsigned(main.blocks), main.threads, main.smem_bytes, stream>>>(
         q_map, k_map, v_map, do_map, static_cast<T*>(t.dk), static_cast<T*>(t.dv), dq_accum, lse2, d_rows, p,
@@ -242,12 +243,13 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
   }
 }
 
+template <int IDEAS>
 void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, void* workspace,
             cudaStream_t stream) {
   const Workspace w = *workspace_of(p, kConfigs[plan.config].head_dim);
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     with_config<kNumConfigs>(plan.config, [&](auto c) {
-      launch_config<typename decltype(tag)::type, decltype(c)::value>(p, t, plan, w, static_cast<char*>(workspace),
+      launch_config<typename decltype(tag)::type, decltype(c)::value, IDEAS>(p, t, plan, w, static_cast<char*>(workspace),
                                                                        stream);
     });
   });
@@ -291,6 +293,12 @@ void explain(std::ostream& out) {
       << ", (1, 0) +" << ds_offset(1, 0) << ", (9, 17) +" << ds_offset(9, 17) << "\n";
 }
 
+template <int IDEAS>
+Step sub_step(const char* id, const char* name, const char* lesson) {
+  return {.id = id, .name = name, .lesson = lesson, .backward = {limits, plan<IDEAS>, launch<IDEAS>, claims},
+          .explain = explain};
+}
+
 }  // namespace
 }  // namespace fs::step12
 
@@ -298,12 +306,13 @@ namespace fs {
 
 void register_step_12_hopper_backward(Registry& r) {
   using namespace step12;
-  r.add({.id = "12_hopper_backward",
-         .name = "Hopper backward",
-         .lesson = "the backward on the TMA and wgmma: Q, dO, LSE and D streamed into an mbarrier ring, all five "
-                   "products on wgmma, Pᵀ and dSᵀ as register operands straight from their accumulators (sm_90a)",
-         .backward = {limits, plan, launch, claims},
-         .explain = explain});
+  r.add(sub_step<kDataPath>("12a_hopper_data_path", "Hopper backward: the data path",
+                            "the backward on the TMA and wgmma: Q, dO, LSE and D streamed into an mbarrier ring, all "
+                            "five products on wgmma, Pᵀ and dSᵀ as register operands straight from their accumulators "
+                            "(sm_90a)"));
+  r.add(sub_step<kAsyncWgmma>("12b_async_wgmma", "Hopper backward: asynchronous wgmma",
+                              "+ each wait covers only what the next instructions read: Pᵀ under dPᵀ's products, dSᵀ "
+                              "under dV's, the dQ atomics under dK's"));
 }
 
 }  // namespace fs

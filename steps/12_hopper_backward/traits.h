@@ -52,6 +52,17 @@ using step08::tile_offset;
 //   HEAD_DIM 128, BLOCK_Q  64:  64 + 64 + 32 + 32 = 192 at the peak
 // within the 255 a thread of a 256-thread block may have. A wider head_dim would need more: this step
 // runs head_dim up to 128 and refuses wider ones with a sentence naming step 11, which runs them.
+//
+// ---- the sub-steps -----------------------------------------------------------------------------
+// One kernel (kernel.cuh) builds every sub-step: `Tr::has(kIdea)` marks where an idea changes it, and
+// bench/substeps.py writes each sub-step's view (notes/substeps/12?_*.cuh) for diffing.
+enum Idea : int {
+  kDataPath = 1,    // 12a  the Hopper data path: the TMA ring, the five products on wgmma, each group of
+                    //      products waited for in full before the threads touch a result
+  kAsyncWgmma = 2,  // 12b  each wait covers only what the next instructions read: Pᵀ under dPᵀ's
+                    //      products, dSᵀ under dV's, the dQ atomics under dK's
+};
+
 struct Config {
   int head_dim;  // HEAD_DIM: tile width (64 or 128)
   int block_q;   // BLOCK_Q: query rows per visit, the N of Sᵀ and dPᵀ
@@ -79,10 +90,13 @@ FS_HD constexpr int smem_bytes(const Config& c) {
          tile_bytes(BLOCK_KV, c.block_q) + 2 * Q_STAGES * c.block_q * 4 + 8 * (1 + Q_STAGES) + int(SWIZZLE_ATOM);
 }
 
-template <int HEAD_DIM_, int BLOCK_Q_>
+// IDEAS: the sub-step (an Idea's value); the tiles and the map are the same for every sub-step.
+template <int HEAD_DIM_, int BLOCK_Q_, int IDEAS_ = kDataPath>
 struct Traits {
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int BLOCK_Q = BLOCK_Q_;
+  static constexpr int IDEAS = IDEAS_;
+  FS_HD static constexpr bool has(Idea idea) { return IDEAS >= idea; }
   static constexpr Config kConfig = {HEAD_DIM, BLOCK_Q};
   static constexpr int COL_BLOCKS = HEAD_DIM / 64;   // TMA boxes per K, V, Q, dO tile
   static constexpr int D_K_STEPS = HEAD_DIM / 16;    // k16 steps of Sᵀ and dPᵀ (over head dims)
