@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Every flash-steps step beside PyTorch SDPA and FlashAttention-4 (where installed), on the same tensors,
 timed and checked the same way: `python3 bench/compare_torch.py [--quick]` (the forward sweep), `--decode`
-(against a KV cache) or `--backward`. How it times and checks, and what it writes: bench/README.md.
+(against a KV cache), `--backward` or `--training` (forward and backward through autograd). How it times and checks, and what it writes: bench/README.md.
 """
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ DETERMINISTIC_SUFFIX = ":det"  # the impl of a step's deterministic row: "11_bac
 # many short with 64 query heads, and one without GQA (notes/10).
 DECODE_SHAPES = ((1, 131072, 32, 8), (8, 32768, 32, 8), (64, 4096, 32, 8), (128, 2048, 64, 8), (16, 16384, 32, 32))
 DECODE_DEFAULT_STEPS = "07g,08,09,10"
+BACKWARD_TENSORS = ("q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv")  # fs_run_backward's, in order
+# --training's first shape: the attention of bench/train_gpt.py's defaults (batch 32, seqlen 512, d_model 512,
+# head_dim 64, causal, bf16 autocast).
+TRAIN_GPT_SHAPE = {"batch": 32, "seqlen": 512, "heads": 8, "head_dim": 64, "causal": True, "dtype": "bf16"}
 CAUSALS = {"off": [False], "on": [True], "both": [False, True]}
 RATIOS = (("x_flash", "torch_flash"), ("x_cudnn", "torch_cudnn"), ("x_fa4", "fa4"))
 
@@ -580,31 +584,41 @@ class BackwardSweep(Sweep):
 
         def fn():
             out["g"] = torch.autograd.grad(o, inputs, d_o, retain_graph=True)
+        return fn, self.checked_gradients(row, fn, out, be.view, t, backend=True)
 
+    def checked_gradients(self, row, fn, out, view, t, backend: bool):
+        """The check of a launch fn that leaves (dQ, dK, dV) in out["g"] (view: back to (B, N, H, d)); the first
+        backend that gives gradients (SDPA flash by default) sets ref_err."""
         def checked():
             fn()
-            torch.cuda.synchronize()
-            errors = fr.gradient_errors(torch, dict(zip(("dq", "dk", "dv"), map(be.view, out.pop("g")))), t["exact"])
-            first = self.ref_err is None
-            if first:  # the first backend that gives gradients (SDPA flash by default) sets ref_err
+            self.torch.cuda.synchronize()
+            errors = fr.gradient_errors(self.torch, dict(zip(("dq", "dk", "dv"), map(view, out.pop("g")))),
+                                        t["exact"])
+            first = backend and self.ref_err is None
+            if first:
                 self.ref_err, self.ref_impl = errors, row["impl"]
             return self.judged(row["dtype"], errors, own_reference=first)
-        return fn, checked
+        return checked
 
-    def step(self, row, step_id, t):
-        torch, names = self.torch, ("q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv")
+    def backward_problem(self, row, t):
+        """The fs_backward_problem of the shape's tensors (our forward's O and LSE, computed once per shape by
+        --forward-step or the default step, which the row records)."""
         if "o" not in t:  # our forward, once per shape: O and LSE for every backward step
             fwd = self.args.forward_step or None
             t["o"], t["lse"] = flash_steps.forward(t["q"], t["k"], t["v"], row["causal"], t["scale"], fwd)
             t["forward_step"] = fwd or flash_steps.default_step(
                 problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"]))
-            t["dq"], t["dk"], t["dv"] = (torch.empty_like(t[n]) for n in ("q", "k", "v"))
+            t["dq"], t["dk"], t["dv"] = (self.torch.empty_like(t[n]) for n in ("q", "k", "v"))
         row["forward_step"] = t["forward_step"]
-        prob = flash_steps.backward_problem("compare_torch", *(t[n] for n in names), row["causal"], t["scale"],
-                                            row["deterministic"])
+        return flash_steps.backward_problem("compare_torch", *(t[n] for n in BACKWARD_TENSORS), row["causal"],
+                                            t["scale"], row["deterministic"])
+
+    def step(self, row, step_id, t):
+        torch = self.torch
+        prob = self.backward_problem(row, t)
         if self.refused(row, step_id, prob):
             return None
-        fn, grads = self.runner(step_id, prob, *(t[n] for n in names)), {n: t[n] for n in ("dq", "dk", "dv")}
+        fn, grads = self.runner(step_id, prob, *(t[n] for n in BACKWARD_TENSORS)), {n: t[n] for n in ("dq", "dk", "dv")}
 
         def checked():
             self.poisoned(fn, grads.values())
@@ -622,7 +636,67 @@ class BackwardSweep(Sweep):
         return fn, checked
 
 
-SWEEPS = {"forward": Sweep, "decode": DecodeSweep, "backward": BackwardSweep}
+class TrainingSweep(BackwardSweep):
+    """--training: a training step's attention, forward and backward timed together through autograd, as a
+    model runs them: o = attention(q, k, v), then torch.autograd.grad(o, (q, k, v), dO). Ours is
+    flash_steps.attention with the default forward step (or --forward-step) and each backward step; the
+    gradients are checked as --backward checks them (autograd allocates them, so they are not poisoned)."""
+    mode, name = "training", "compare_torch_training"
+    interleaved = True  # no graph is kept between launches
+    csv_fields = fields_of("batch seqlen heads head_dim causal dtype flops", "tflops x_flash x_cudnn x_fa4 "
+                           "forward_step", "dq_err dq_bound dk_err dk_bound dv_err dv_bound ref_impl nonfinite pass "
+                           "reason")
+
+    @classmethod
+    def plan(cls, args, lib):
+        args.head_dims = args.head_dims or [128]
+        shapes = sweep_shapes(args, lib, min_seqlen=1024)
+        if not args.no_train_gpt_shape:
+            shapes.insert(0, dict(TRAIN_GPT_SHAPE))
+        return shapes, {
+            "timing": {"timed": "forward and backward together: o = attention(q, k, v), then "
+                                "torch.autograd.grad(o, (q, k, v), dO); ours: flash_steps.attention (forward_step, "
+                                "then the row's backward step)"},
+            "flops": "fs_problem_flops + fs_backward_flops: 3.5 x the forward's",
+            "check": "as --backward: each gradient of batch 0, heads 0-1 within fs_backward_bound of SDPA flash's "
+                     "error against an fp32 reference", "train_gpt_shape": TRAIN_GPT_SHAPE}
+
+    def step_impls(self, steps):
+        return [({"impl": s["id"], "kind": "step", "deterministic": False}, s["id"]) for s in steps]
+
+    def heading(self, shape):
+        flops = shape_flops(self.lib, shape) + shape_flops(self.lib, shape, backward=True)
+        return f"{self.describe(shape)}  ({flops / 1e9:.0f} GFLOP forward + backward"
+
+    def tensors(self, si, shape):
+        t = super().tensors(si, shape)
+        t["fields"]["flops"] += shape_flops(self.lib, shape)
+        return t
+
+    def backend(self, row, be, t):
+        torch, out = self.torch, {}
+        inputs = [be.view(t[n].detach().requires_grad_()) for n in ("q", "k", "v")]
+        with torch.no_grad():
+            d_o = torch.empty_like(be(*inputs, row["causal"], t["scale"]))  # dO in O's own layout, as --backward
+        d_o.copy_(be.view(t["d_o"]))
+
+        def fn():
+            out["g"] = torch.autograd.grad(be(*inputs, row["causal"], t["scale"]), inputs, d_o)
+        return fn, self.checked_gradients(row, fn, out, be.view, t, backend=True)
+
+    def step(self, row, step_id, t):
+        if self.refused(row, step_id, self.backward_problem(row, t)):
+            return None
+        torch, out = self.torch, {}
+        inputs = [t[n].detach().requires_grad_() for n in ("q", "k", "v")]
+
+        def fn():
+            o = flash_steps.attention(*inputs, row["causal"], t["scale"], t["forward_step"], step_id)
+            out["g"] = torch.autograd.grad(o, inputs, t["d_o"])
+        return fn, self.checked_gradients(row, fn, out, lambda x: x, t, backend=False)
+
+
+SWEEPS = {"forward": Sweep, "decode": DecodeSweep, "backward": BackwardSweep, "training": TrainingSweep}
 
 
 # ---- running a pass ------------------------------------------------------------------------------------
@@ -668,7 +742,8 @@ def with_fa4(backends: list[str], default: bool, notes: list[str]) -> list[str]:
 
 
 def run(args) -> int:
-    cls = SWEEPS["decode" if args.decode else "backward" if args.backward else "forward"]
+    cls = SWEEPS["decode" if args.decode else "backward" if args.backward else "training" if args.training
+                 else "forward"]
     try:
         lib = flash_steps.library(args.lib)
     except flash_steps.LibraryNotFound as e:
@@ -752,16 +827,20 @@ def parse_args(argv=None):
         help="paged copies of the cache for the steps with a decode pass (none: contiguous only)")
     add("--backward", action="store_true", help="the backward pass instead of the forward (bench/README.md): from "
         "seqlen 1024, every step with a backward at deterministic 0 and 1")
-    add("--forward-step", default="", help="--backward: the step whose O and LSE the backward steps start from "
-        "(default: the newest step that accepts the shape)")
+    add("--training", action="store_true", help="a training step's attention (bench/README.md): forward and "
+        "backward together through autograd, every step with a backward after the default forward step; the "
+        "shape of bench/train_gpt.py, then the sweep's from seqlen 1024 at --head-dims (default 128)")
+    add("--no-train-gpt-shape", action="store_true", help="--training: leave out train_gpt.py's shape")
+    add("--forward-step", default="", help="--backward, --training: the step whose O and LSE the backward steps "
+        "start from (default: the newest step that accepts the shape)")
     add("--ceilings", help="the ceilings file whose hbm_read gives the %% of HBM (default: the newest "
         "bench/results/ceilings-*.json)")
     args = ap.parse_args(argv)
-    if args.decode and args.backward:
-        ap.error("--decode and --backward are two different runs; give one")
+    if args.decode + args.backward + args.training > 1:
+        ap.error("--decode, --backward and --training are different runs; give one")
     args.default_backends = args.backends is None  # then fa4 joins where it imports (forward and backward)
     if args.backends is None:
-        args.backends = "flash,cudnn" if args.decode else "flash,cudnn,efficient" if args.backward else ",".join(
+        args.backends = "flash,cudnn" if args.decode or args.training else "flash,cudnn,efficient" if args.backward else ",".join(
             TORCH_BACKENDS)
     if args.quick:
         args.iters, args.warmup = min(args.iters, 10), min(args.warmup, 1)

@@ -244,8 +244,8 @@ class Arguments(unittest.TestCase):
 
     def test_each_pass_names_its_files(self):
         self.assertEqual([c.name for c in ct.SWEEPS.values()],
-                         ["compare_torch", "compare_torch-decode", "compare_torch_backward"])
-        self.assertEqual([c.mode for c in ct.SWEEPS.values()], [None, "decode", "backward"])
+                         ["compare_torch", "compare_torch-decode", "compare_torch_backward", "compare_torch_training"])
+        self.assertEqual([c.mode for c in ct.SWEEPS.values()], [None, "decode", "backward", "training"])
         for cls in ct.SWEEPS.values():  # what every results file's CSV has, and the FA4 ratio
             self.assertEqual(cls.csv_fields[:5], ["date", "commit", "gpu", "impl", "kind"])
             self.assertIn("x_fa4", cls.csv_fields)
@@ -388,6 +388,31 @@ class SharedRules(unittest.TestCase):
         self.assertEqual([(s["seqlen"], s["heads"], s["causal"]) for s in ct.BackwardSweep.plan(a, lib)[0]],
                          [(512, 32, True)])
         self.assertEqual(len(ct.BackwardSweep.plan(ct.parse_args(["--backward", "--quick"]), lib)[0]), 3 * 2)
+
+    def test_shapes_of_a_training_step(self):
+        # train_gpt.py's attention first (its defaults: batch 32 x 512 tokens, 512 / 64 = 8 heads of 64, causal,
+        # bf16), then B*N = 16384 at head_dim 128 from N 1k.
+        a = ct.parse_args(["--training"])
+        self.assertEqual((a.backends, a.training), ("flash,cudnn", True))
+        shapes, head = ct.TrainingSweep.plan(a, self.lib)
+        import train_gpt as tg  # bench/ is on the path, as compare_torch's
+        c = tg.config_of(tg.parse_args([]))
+        self.assertEqual(shapes[0], {"batch": c["batch"], "seqlen": c["seqlen"], "heads": c["heads"],
+                                     "head_dim": c["head_dim"], "causal": True, "dtype": "bf16"})
+        self.assertEqual(shapes[0], {"batch": 32, "seqlen": 512, "heads": 8, "head_dim": 64, "causal": True,
+                                     "dtype": "bf16"})
+        self.assertEqual(head["train_gpt_shape"], shapes[0])
+        self.assertEqual(len(shapes), 1 + 5 * 2 * 2)
+        self.assertEqual({s["head_dim"] for s in shapes[1:]}, {128})
+        self.assertEqual({s["batch"] * s["seqlen"] for s in shapes[1:]}, {16384})
+        a = ct.parse_args(["--training", "--no-train-gpt-shape", "--seqlens", "2048", "--causal", "on", "--dtypes",
+                           "bf16"])
+        self.assertEqual([(s["seqlen"], s["head_dim"]) for s in ct.TrainingSweep.plan(a, self.lib)[0]], [(2048, 128)])
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            ct.parse_args(["--training", "--backward"])
+        s = sweep_of(ct.TrainingSweep, ["--training"])
+        self.assertEqual([f for f, _ in s.step_impls([{"id": "12b_async_wgmma"}])],
+                         [{"impl": "12b_async_wgmma", "kind": "step", "deterministic": False}])
 
 
 def run_sweep(shapes, sweep, d):
