@@ -54,6 +54,8 @@ INT32, INT64 = (-2 ** 31, 2 ** 31 - 1), (-2 ** 63, 2 ** 63 - 1)  # the ranges of
 def integer(function: str, name: str, value, low: int, high: int, rule: str = "") -> int:
     """value as an int from low to high (operator.index: no bool, float or str), else InvalidArgument; before
     ctypes, which would wrap 2**64 + 2 to 2."""
+    if type(value) is int and low <= value <= high:  # the common case, first: a plain int in range
+        return value
     try:
         checked = None if isinstance(value, bool) else operator.index(value)
     except TypeError:
@@ -81,6 +83,8 @@ def int64s(function: str, name: str, values, dims: tuple) -> tuple[int, ...]:
         entries = ()
     if len(entries) != len(dims):
         raise refuse(function, f"{name} is {values!r}; it must have one entry per dimension ({', '.join(dims)})")
+    if all(type(x) is int and INT64[0] <= x <= INT64[1] for x in entries):  # a torch.Size, a stride(): no names
+        return entries
     return tuple(integer(function, f"{dim} in {name} {entries}", x, *INT64) for dim, x in zip(dims, entries))
 
 _I64, _I32, _INT, _DBL, _U64, _PTR, _STR = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int, ctypes.c_double,
