@@ -228,6 +228,7 @@ def decode_problem(function: str, q, k_cache, v_cache, o, cache_seqlens, block_t
     return p
 
 _defaults: dict = {}  # (pass, problem's bytes, device) -> the step _default_step found
+_workspaces: dict = {}  # (step, pass, problem's bytes, device) -> its fs_workspace_size (fs_run checks it again)
 
 def _torch():
     import torch  # here, not at the top: `import flash_steps` needs no PyTorch
@@ -274,7 +275,10 @@ def _launch(p, step: str | None, device, tensors) -> None:
     torch, lib = _torch(), library()
     with torch.cuda.device(device):
         sid = step or _default_step(lib, p, device.index)
-        nbytes = lib.workspace_size(sid, p)
+        key = (sid, pass_of(p).name, bytes(p), device.index)
+        nbytes = _workspaces.get(key)
+        if nbytes is None:
+            nbytes = _workspaces[key] = lib.workspace_size(sid, p)
         ws = _empty((nbytes,), torch.uint8, device) if nbytes else None
         lib.run(sid, p, *(t.data_ptr() if t is not None else 0 for t in tensors),
                 workspace=ws.data_ptr() if ws is not None else 0, workspace_bytes=nbytes,
