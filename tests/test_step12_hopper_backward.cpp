@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "catch.h"
 #include "common/backward/rules.h"
@@ -199,4 +200,38 @@ TEST_CASE("step 12 explains its maps without a GPU", "[step12]") {
   s->explain(out);
   CHECK(out.str().find("imm-trans-a 1") != std::string::npos);
   CHECK(out.str().find("HEAD_DIM 128: BLOCK_Q 64") != std::string::npos);
+}
+
+// The rule flash_steps' default_step applies to a backward problem (python/flash_steps/_torch.py: the
+// newest registered step whose plan accepts it on the device), on the registry itself: 12b on an
+// H100/H200 up to head_dim 128; step 11 above that, and on any other GPU.
+TEST_CASE("the default backward step: 12b on sm_90 up to head_dim 128, step 11 elsewhere", "[step12][registry]") {
+  auto device = [](int cc, size_t smem_optin) {
+    fs::DeviceInfo d;
+    d.name = "fake";
+    d.compute_capability = cc;
+    d.sm_count = 132;
+    d.smem_per_block_optin = smem_optin;
+    d.free_bytes = d.total_bytes = size_t(80) << 30;
+    return d;
+  };
+  auto newest = [](const fs::BackwardProblem& p, const fs::DeviceInfo& dev) {
+    const std::vector<fs::Step>& all = fs::steps();
+    for (auto it = all.rbegin(); it != all.rend(); ++it)
+      if (it->backward.present() && fs::plan(*it, p, dev).accepted()) return it->id;
+    return std::string("none");
+  };
+  const fs::DeviceInfo h200 = device(90, 227 * 1024), a100 = device(80, 163 * 1024), l40 = device(89, 99 * 1024);
+  for (const bool causal : {false, true})
+    for (const int64_t d : {64, 96, 128}) {
+      const fs::BackwardProblem p = fs::make_backward_problem(2, 1000, 1000, 8, 2, d, fs::DType::bf16, causal, 0);
+      INFO("head_dim " << d << ", causal " << causal);
+      CHECK(newest(p, h200) == "12b_async_wgmma");
+      CHECK(newest(p, a100) == "11_backward");
+      CHECK(newest(p, l40) == "11_backward");
+    }
+  const fs::BackwardProblem wide = fs::make_backward_problem(2, 1000, 1000, 8, 8, 256, fs::DType::fp16, true, 0);
+  CHECK(newest(wide, h200) == "11_backward");
+  const fs::BackwardProblem deterministic = fs::make_backward_problem(1, 512, 512, 4, 4, 128, fs::DType::fp16, false, 1);
+  CHECK(newest(deterministic, h200) == "12b_async_wgmma");
 }
