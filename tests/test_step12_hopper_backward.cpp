@@ -192,14 +192,20 @@ TEST_CASE("step 12 runs on sm_90 only and refuses, in a sentence, what it does n
   CHECK(plan.refusal.find("this GPU allows 101376") != std::string::npos);
 }
 
-TEST_CASE("step 12 explains its maps without a GPU", "[step12]") {
-  const fs::Step* s = fs::find_step("12b_async_wgmma");
-  REQUIRE(s != nullptr);
-  REQUIRE(s->explain);
-  std::ostringstream out;
-  s->explain(out);
-  CHECK(out.str().find("imm-trans-a 1") != std::string::npos);
-  CHECK(out.str().find("HEAD_DIM 128: BLOCK_Q 64") != std::string::npos);
+TEST_CASE("step 12 explains its maps and each sub-step's schedule without a GPU", "[step12]") {
+  for (const char* id : {"12a_hopper_data_path", "12b_async_wgmma"}) {
+    INFO(id);
+    const fs::Step* s = fs::find_step(id);
+    REQUIRE(s != nullptr);
+    REQUIRE(s->explain);
+    std::ostringstream out;
+    s->explain(out);
+    CHECK(out.str().find("imm-trans-a 1") != std::string::npos);
+    CHECK(out.str().find("HEAD_DIM 128: BLOCK_Q 64") != std::string::npos);
+    const bool async = std::string(id) == "12b_async_wgmma";
+    CHECK((out.str().find("[S^T] [dP^T] wait 1") != std::string::npos) == async);
+    CHECK((out.str().find("[S^T dP^T] wait 0") != std::string::npos) == !async);
+  }
 }
 
 // The rule flash_steps' default_step applies to a backward problem (python/flash_steps/_torch.py: the

@@ -256,6 +256,7 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
 }
 
 // ---- explain -----------------------------------------------------------------------------------
+template <int IDEAS>
 void explain(std::ostream& out) {
   out << "Tile table (a block: " << BLOCK_KV << " keys, " << NUM_WARPGROUPS << " warpgroups of " << KEYS_PER_WARPGROUP
       << " keys; head_dim padded to HEAD_DIM):\n";
@@ -291,12 +292,19 @@ void explain(std::ostream& out) {
       << k_mn_major_step(1, 1) << " (LBO " << mn_major_lbo(BLOCK_KV) << ")\n";
   out << "dS^T element (key, query) stored at: (0, 0) +" << ds_offset(0, 0) << ", (0, 2) +" << ds_offset(0, 2)
       << ", (1, 0) +" << ds_offset(1, 0) << ", (9, 17) +" << ds_offset(9, 17) << "\n";
+  out << "\nOne query tile, per warpgroup ([...]: one wgmma commit group; wait N: wgmma.wait_group N):\n";
+  if constexpr (Traits<128, 64, IDEAS>::has(kAsyncWgmma))
+    out << "  [S^T] [dP^T] wait 1  P^T  [dV] wait 1  dS^T  sync  [dQ] [dK] wait 1  atomics  wait 0\n"
+           "  P^T is computed under dP^T's products, dS^T under dV's, the dQ atomics under dK's.\n";
+  else
+    out << "  [S^T dP^T] wait 0  P^T, dS^T  [dV dK]  sync  [dQ] wait 0  atomics\n"
+           "  every group is waited for in full: the tensor cores idle while the threads work.\n";
 }
 
 template <int IDEAS>
 Step sub_step(const char* id, const char* name, const char* lesson) {
   return {.id = id, .name = name, .lesson = lesson, .backward = {limits, plan<IDEAS>, launch<IDEAS>, claims},
-          .explain = explain};
+          .explain = explain<IDEAS>};
 }
 
 }  // namespace
