@@ -928,6 +928,53 @@ def fig_12(fig, ax):
     ax.set_title("Step 12: keys are the rows of every product but dQ, so Pᵀ and dSᵀ leave their accumulators as "
                  "wgmma's register A operand", fontsize=9)
 
+# ---- step 12: who owns which tile, and dQ's path (steps/12_hopper_backward/traits.h) --------------------
+
+HOPPER_BACKWARD_BLOCK_KV, HOPPER_BACKWARD_DQ_TILE = 128, 64  # BLOCK_KV, DQ_TILE
+HOPPER_BACKWARD_CONFIGS = ((64, 128), (128, 64))  # kConfigs: (HEAD_DIM, BLOCK_Q)
+
+
+def hopper_dq_tile(wg: int, block_q: int) -> tuple[int, int]:
+    """(row tile, column block) of warpgroup wg's 64 x 64 dQ tile: traits.h's dq_tile_of."""
+    return (wg, 0) if block_q // HOPPER_BACKWARD_DQ_TILE > 1 else (0, wg)
+
+
+@_drawn("12_ownership.png", 1, 3, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1, 1.1, 1.1]})
+def fig_12_ownership(fig, axes):
+    """Step 12: the keys each warpgroup owns (rows of Sᵀ, dPᵀ, dK, dV), its 64 x 64 tile of the block's dQ at
+    each head_dim, and the path dQ takes to memory."""
+    colors = ("#c6dbef", "#fdd0a2")
+    ax = axes[0]
+    for wg in range(2):
+        _box(ax, 0, 64 * wg, 1, 64, fc=colors[wg], ec="0.3")
+        ax.text(0.5, 64 * wg + 32, f"warpgroup {wg}\nkeys {64 * wg}-{64 * wg + 63}", ha="center", va="center",
+                fontsize=8)
+    ax.text(1.15, 64, "rows of Sᵀ, dPᵀ\n(its accumulators),\ndK and dV\n(in its registers\nall the loop)",
+            va="center", fontsize=7.5)
+    ax.set_xlim(-0.1, 1.9)
+    ax.set_ylim(HOPPER_BACKWARD_BLOCK_KV + 4, -14)
+    ax.set_title(f"a block: {HOPPER_BACKWARD_BLOCK_KV} keys of one K/V head", fontsize=9)
+    ax.axis("off")
+    for ax, (head_dim, block_q) in zip(axes[1:], HOPPER_BACKWARD_CONFIGS):
+        for wg in range(2):
+            row, col = hopper_dq_tile(wg, block_q)
+            t = HOPPER_BACKWARD_DQ_TILE
+            _box(ax, col * t, row * t, t, t, fc=colors[wg], ec="0.3")
+            ax.text(col * t + t / 2, row * t + t / 2, f"warpgroup {wg}\nqueries {row * t}-{row * t + t - 1}\n"
+                    f"dims {col * t}-{col * t + t - 1}", ha="center", va="center", fontsize=7.5)
+        ax.set_xlim(-4, 132)
+        ax.set_ylim(132, -4)
+        ax.set_aspect("equal")
+        ax.set_xlabel("head dims", fontsize=8)
+        ax.set_ylabel("query rows of the tile", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_title(f"dQ of one visit at head_dim {head_dim}: [{block_q} × {head_dim}]", fontsize=9)
+    fig.text(0.5, -0.06, "dQ's path: each warpgroup stores its dSᵀ rows to shared memory → block barrier → its dQ "
+             "tile = dS·K (wgmma, both operands from shared memory, all 128 keys)\n→ red.global.add.v2.f32 into the "
+             "fp32 accumulator every block of the head adds to → after the main kernel, step 11's conversion kernel "
+             "scales it and writes dQ", ha="center", fontsize=8.5)
+
+
 def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--out-dir", default=str(OUT), help="where the PNGs go (default: notes/figures)")

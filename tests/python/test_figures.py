@@ -209,6 +209,26 @@ class Descriptors08(unittest.TestCase):
             self.assertEqual(figures.matrix_descriptor(int(start), int(lbo), int(sbo)), int(value, 16))
 
 
+class Ownership12(unittest.TestCase):
+    """Step 12's dQ tiles, written again in figures.py (hopper_dq_tile), against explain's tile table."""
+
+    def test_by_hand(self):
+        self.assertEqual([figures.hopper_dq_tile(wg, 128) for wg in (0, 1)], [(0, 0), (1, 0)])  # d 64: row halves
+        self.assertEqual([figures.hopper_dq_tile(wg, 64) for wg in (0, 1)], [(0, 0), (0, 1)])   # d 128: column halves
+
+    @unittest.skipUnless(runner_path(), "the flash-steps runner is not built")
+    def test_against_the_runner(self):
+        text = subprocess.run([str(runner_path()), "explain", "--step", "12b_async_wgmma"], capture_output=True,
+                              text=True, check=True).stdout
+        found = re.findall(r"HEAD_DIM (\d+): BLOCK_Q (\d+), .*?; dQ tiles: warpgroup 0 rows (\d+)\+, cols (\d+)\+; "
+                           r"warpgroup 1 rows (\d+)\+, cols (\d+)\+", text)
+        self.assertEqual([(int(d), int(q)) for d, q, *_ in found], list(figures.HOPPER_BACKWARD_CONFIGS))
+        for _, block_q, *starts in found:
+            t = figures.HOPPER_BACKWARD_DQ_TILE
+            self.assertEqual([int(x) for x in starts], [t * x for wg in (0, 1)
+                                                        for x in figures.hopper_dq_tile(wg, int(block_q))])
+
+
 class Timeline05(unittest.TestCase):
     """The cp.async timeline is drawn to the measured scale: the two kernels' ncu durations and stall shares."""
 
