@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "fake_device.h"
 #include "common/backward/rules.h"
 #include "common/decode/rules.h"
 #include "common/forward/check.h"
@@ -523,16 +524,6 @@ TEST_CASE("step 08: every head_dim has a tile width, with a real column in every
     CHECK(s8::smem_bytes(c) <= 227 * 1024);
   }
   CHECK(s8::smem_bytes(s8::kConfigs[s8::config_for(128)]) == 32768 + 4 * 32768 + 5 * 8 + 1024);
-}
-
-fs::DeviceInfo fake_device(int cc, size_t smem_optin) {
-  fs::DeviceInfo d;
-  d.name = "fake";
-  d.compute_capability = cc;
-  d.sm_count = 132;
-  d.smem_per_block_optin = smem_optin;
-  d.free_bytes = d.total_bytes = size_t(80) << 30;
-  return d;
 }
 
 TEST_CASE("step 08 runs on sm_90 only and refuses, in a sentence, what the TMA or the GPU cannot do", "[step08][registry]") {

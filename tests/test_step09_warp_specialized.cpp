@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "fake_device.h"
 #include "common/backward/rules.h"
 #include "common/decode/rules.h"
 #include "common/forward/check.h"
@@ -863,16 +864,6 @@ TEST_CASE("step 09: K/V tile ranges and the mask match the causal rule and the e
 }
 
 // ---- the registry -------------------------------------------------------------------------------------
-fs::DeviceInfo fake_device(int cc, size_t smem_optin) {
-  fs::DeviceInfo d;
-  d.name = "fake";
-  d.compute_capability = cc;
-  d.sm_count = 132;
-  d.smem_per_block_optin = smem_optin;
-  d.free_bytes = d.total_bytes = size_t(80) << 30;
-  return d;
-}
-
 TEST_CASE("step 09: six sub-steps, in idea order, on sm_90 only, each with its tiles", "[step09][registry]") {
   const char* ids[] = {"09a_producer_consumer", "09b_pingpong", "09c_intra_overlap", "09d_tile_sizes",
                        "09e_three_consumers", "09f_persistent"};

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "fake_device.h"
 #include "common/backward/rules.h"
 #include "common/model/bank_model.h"
 #include "common/harness/chain.h"
@@ -212,22 +213,14 @@ TEST_CASE("step 12 explains its maps and each sub-step's schedule without a GPU"
 // newest registered step whose plan accepts it on the device), on the registry itself: 12b on an
 // H100/H200 up to head_dim 128; step 11 above that, and on any other GPU.
 TEST_CASE("the default backward step: 12b on sm_90 up to head_dim 128, step 11 elsewhere", "[step12][registry]") {
-  auto device = [](int cc, size_t smem_optin) {
-    fs::DeviceInfo d;
-    d.name = "fake";
-    d.compute_capability = cc;
-    d.sm_count = 132;
-    d.smem_per_block_optin = smem_optin;
-    d.free_bytes = d.total_bytes = size_t(80) << 30;
-    return d;
-  };
   auto newest = [](const fs::BackwardProblem& p, const fs::DeviceInfo& dev) {
     const std::vector<fs::Step>& all = fs::steps();
     for (auto it = all.rbegin(); it != all.rend(); ++it)
       if (it->backward.present() && fs::plan(*it, p, dev).accepted()) return it->id;
     return std::string("none");
   };
-  const fs::DeviceInfo h200 = device(90, 227 * 1024), a100 = device(80, 163 * 1024), l40 = device(89, 99 * 1024);
+  const fs::DeviceInfo h200 = fake_device(90, 227 * 1024), a100 = fake_device(80, 163 * 1024),
+                       l40 = fake_device(89, 99 * 1024);
   for (const bool causal : {false, true})
     for (const int64_t d : {64, 96, 128}) {
       const fs::BackwardProblem p = fs::make_backward_problem(2, 1000, 1000, 8, 2, d, fs::DType::bf16, causal, 0);
