@@ -331,43 +331,54 @@ def readable(t: Arg) -> bool:
     return (last == 1 and all(s >= 0 and s % 8 == 0 for s in outer) and t.address % 16 == 0
             and all(n <= 1 or s >= head_dim for n, s in ((rows, outer[1]), (heads, outer[2]))))
 
-def usable(t):
-    """t when the C ABI can read it as it is (readable), else a contiguous copy."""
-    if readable(read("flash_steps.attention", "the tensor", t, BSHD)):
-        return t
+def _copy(t):
     return t.clone(memory_format=_torch().contiguous_format)
+
+def usable(t, name: str = "the tensor"):
+    """t when the C ABI can read it as it is (readable), else a contiguous copy."""
+    return t if readable(read("flash_steps.attention", name, t, BSHD)) else _copy(t)
 
 @functools.cache
 def _attention_function():
-    """The torch.autograd.Function of attention (made on the first call: it subclasses a PyTorch class)."""
+    """The torch.autograd.Function of attention (made on the first call: it subclasses a PyTorch class). It is
+    given the forward's checked problem and builds the backward's from it: only dO is new to the backward."""
     class Attention(_torch().autograd.Function):
         """O = softmax(scale·Q·Kᵀ)·V with our forward; the backward from the saved Q, K, V, O and LSE."""
         @staticmethod
-        def forward(ctx, q, k, v, causal, scale, step, backward_step, deterministic):
-            q, k, v = usable(q), usable(k), usable(v)
-            o, lse = forward(q, k, v, causal, scale, step)
+        def forward(ctx, q, k, v, p, step, backward_step, deterministic):
+            o, lse = _outputs(q, None, None, p)
+            _launch(p, step, q.device, (q, k, v, o, lse))
             ctx.save_for_backward(q, k, v, o, lse)
-            ctx.options = (causal, scale, backward_step, deterministic)
+            ctx.options = (p, backward_step, deterministic)
             return o
 
         @staticmethod
         def backward(ctx, d_o):
-            causal, scale, backward_step, deterministic = ctx.options
-            grads = backward(*ctx.saved_tensors, usable(d_o), causal, scale, backward_step, deterministic)
-            return (*grads, None, None, None, None, None)
+            q, k, v, o, lse = ctx.saved_tensors
+            p, backward_step, deterministic = ctx.options
+            d_o = usable(d_o, "dO")  # autograd gives dO O's shape, dtype and device
+            dq, dk, dv = (_empty(x.shape, x.dtype, x.device) for x in (q, k, v))
+            problem = FsBackwardProblem(attention=p, deterministic=deterministic, d_o=FsStrides(*d_o.stride()),
+                                        dq=FsStrides(*dq.stride()), dk=FsStrides(*dk.stride()),
+                                        dv=FsStrides(*dv.stride()))
+            _launch(problem, backward_step, q.device, (q, k, v, o, lse, d_o, dq, dk, dv))
+            return dq, dk, dv, None, None, None, None
     return Attention
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None, step: str | None = None,
               backward_step: str | None = None, deterministic: bool = False):
     """O of softmax attention, differentiable, on tensors as forward's; a view the C ABI cannot read (see
     usable) is copied first. step / backward_step: the forward's and the backward's step (default
-    default_step's); deterministic: the backward's bitwise repeatable mode. The gradients are contiguous."""
+    default_step's); deterministic: the backward's bitwise repeatable mode. The gradients are contiguous.
+    The arguments are checked once, here; the backward checks only the dO it is given."""
     function = "flash_steps.attention"
     for name, s in (("step", step), ("backward_step", backward_step)):
         check_step(function, name, s)
-    flag(function, "deterministic", deterministic)
+    deterministic = flag(function, "deterministic", deterministic)
     given = [read(function, name, t, BSHD) for name, t in (("Q", q), ("K", k), ("V", v))]
     # forward's checks, before usable() copies a tensor, on what it gives: a view as it is or a contiguous copy
-    forward_problem(function, *(t if readable(t) else read(function, t.name, None, BSHD, t) for t in given), None,
-                    causal, scale)
-    return _attention_function().apply(q, k, v, causal, scale, step, backward_step, deterministic)
+    kept = [readable(t) for t in given]
+    p = forward_problem(function, *(t if keep else read(function, t.name, None, BSHD, t) for t, keep in
+                                    zip(given, kept)), None, causal, scale)
+    q, k, v = (t if keep else _copy(t) for t, keep in zip((q, k, v), kept))
+    return _attention_function().apply(q, k, v, p, step, backward_step, deterministic)
