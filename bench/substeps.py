@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One readable kernel per sub-step: `python3 bench/substeps.py [--write | --check]`.
 
-Steps 07, 09 and 12 build their lettered sub-steps (07a ... 07g, 09a ... 09f, 12a, 12b) from one kernel.cuh, where
+Steps 07, 09 and 12 build their lettered sub-steps (07a ... 07g, 09a ... 09f, 12a ... 12c) from one kernel.cuh, where
 `if constexpr (Tr::has(kIdea))` marks each idea's code, so `diff` of two sub-steps is impossible on the
 files themselves. This script writes notes/substeps/<id>.cuh for every sub-step: the kernel with the
 branches of the ideas it does not have pruned and those of the ideas it has kept, so that

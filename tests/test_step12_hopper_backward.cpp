@@ -108,6 +108,32 @@ void check_ds_stores() {
     }
 }
 
+// 12c's dQ staging (dq_slot): each warp's 8-byte stores of its accumulator pairs take the ideal two
+// wavefronts, and a warpgroup's slots are every float of its 64 × 64 tile once, so that the block's
+// two tiles fill the query tile's [BLOCK_Q, HEAD_DIM] floats of the accumulator exactly.
+template <class Tr>
+void check_dq_slots() {
+  std::set<int> slots;
+  for (int warp = 0; warp < 4; ++warp)
+    for (int i = 0; i < Tr::DQ_REGS; i += 2) {
+      fs::bank::WarpAccess a{};
+      a.width = 8;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int slot = s12::dq_slot(32 * warp + lane, i);
+        REQUIRE(slot % 2 == 0);
+        a.addr[lane] = uint32_t(slot * 4);
+        slots.insert(slot);
+        slots.insert(s12::dq_slot(32 * warp + lane, i + 1));
+      }
+      CAPTURE(warp, i);
+      CHECK(fs::bank::wavefronts(a) == 2);
+    }
+  CHECK(slots.size() == size_t(s12::DQ_TILE * s12::DQ_TILE));
+  CHECK(*slots.rbegin() == s12::DQ_TILE * s12::DQ_TILE - 1);
+  CHECK(s12::NUM_WARPGROUPS * s12::DQ_TILE * s12::DQ_TILE == Tr::BLOCK_Q * Tr::HEAD_DIM);
+  CHECK(Tr::DQ_TILE_BYTES % 16 == 0);
+}
+
 template <class Tr>
 void check_dq_cover() {
   std::set<std::pair<int, int>> cells;
@@ -128,6 +154,8 @@ void check_smem_map() {
   for (int o : offsets) CHECK(o % 1024 == 0);  // every swizzled tile on the swizzle's repeat
   CHECK(Tr::LSE_OFFSET % 16 == 0);             // bulk copies: 16-byte aligned
   CHECK(Tr::D_OFFSET % 16 == 0);
+  CHECK(Tr::DQ_OFFSET % 16 == 0);
+  CHECK(Tr::BARRIER_OFFSET - Tr::DQ_OFFSET == (Tr::has(s12::kBulkDq) ? Tr::DQ_TILE_BYTES : 0));
   CHECK(Tr::VISIT_BYTES == uint32_t(2 * Tr::BLOCK_Q * Tr::HEAD_DIM * 2 + 2 * Tr::BLOCK_Q * 4));
   CHECK(Tr::SMEM_BYTES <= 227 * 1024);
 }
@@ -137,6 +165,8 @@ void check_all(std::integer_sequence<int, I...>) {
   (check_views<s12::TraitsOf<I>>(), ...);
   (check_ds_stores<s12::TraitsOf<I>>(), ...);
   (check_dq_cover<s12::TraitsOf<I>>(), ...);
+  (check_dq_slots<s12::TraitsOf<I>>(), ...);
+  (check_smem_map<s12::Traits<s12::kConfigs[I].head_dim, s12::kConfigs[I].block_q, s12::kBulkDq>>(), ...);
   (check_smem_map<s12::TraitsOf<I>>(), ...);
 }
 
@@ -167,7 +197,7 @@ TEST_CASE("step 12: the tile table covers head_dim up to 128 and the registers' 
 }
 
 TEST_CASE("step 12 runs on sm_90 only and refuses, in a sentence, what it does not run", "[step12][registry]") {
-  const char* id = GENERATE("12a_hopper_data_path", "12b_async_wgmma");
+  const char* id = GENERATE("12a_hopper_data_path", "12b_async_wgmma", "12c_bulk_dq");
   INFO(id);
   const fs::Step* s = fs::find_step(id);
   REQUIRE(s != nullptr);
@@ -194,7 +224,7 @@ TEST_CASE("step 12 runs on sm_90 only and refuses, in a sentence, what it does n
 }
 
 TEST_CASE("step 12 explains its maps and each sub-step's schedule without a GPU", "[step12]") {
-  for (const char* id : {"12a_hopper_data_path", "12b_async_wgmma"}) {
+  for (const char* id : {"12a_hopper_data_path", "12b_async_wgmma", "12c_bulk_dq"}) {
     INFO(id);
     const fs::Step* s = fs::find_step(id);
     REQUIRE(s != nullptr);
@@ -203,16 +233,18 @@ TEST_CASE("step 12 explains its maps and each sub-step's schedule without a GPU"
     s->explain(out);
     CHECK(out.str().find("imm-trans-a 1") != std::string::npos);
     CHECK(out.str().find("HEAD_DIM 128: BLOCK_Q 64") != std::string::npos);
-    const bool async = std::string(id) == "12b_async_wgmma";
+    const bool async = std::string(id) != "12a_hopper_data_path", bulk = std::string(id) == "12c_bulk_dq";
     CHECK((out.str().find("[S^T] [dP^T] wait 1") != std::string::npos) == async);
     CHECK((out.str().find("[S^T dP^T] wait 0") != std::string::npos) == !async);
+    CHECK((out.str().find("one bulk reduce-add") != std::string::npos) == bulk);
+    CHECK((out.str().find("atomics  wait 0") != std::string::npos) == (async && !bulk));
   }
 }
 
 // The rule flash_steps' default_step applies to a backward problem (python/flash_steps/_torch.py: the
-// newest registered step whose plan accepts it on the device), on the registry itself: 12b on an
+// newest registered step whose plan accepts it on the device), on the registry itself: 12c on an
 // H100/H200 up to head_dim 128; step 11 above that, and on any other GPU.
-TEST_CASE("the default backward step: 12b on sm_90 up to head_dim 128, step 11 elsewhere", "[step12][registry]") {
+TEST_CASE("the default backward step: 12c on sm_90 up to head_dim 128, step 11 elsewhere", "[step12][registry]") {
   auto newest = [](const fs::BackwardProblem& p, const fs::DeviceInfo& dev) {
     const std::vector<fs::Step>& all = fs::steps();
     for (auto it = all.rbegin(); it != all.rend(); ++it)
@@ -225,12 +257,12 @@ TEST_CASE("the default backward step: 12b on sm_90 up to head_dim 128, step 11 e
     for (const int64_t d : {64, 96, 128}) {
       const fs::BackwardProblem p = fs::make_backward_problem(2, 1000, 1000, 8, 2, d, fs::DType::bf16, causal, 0);
       INFO("head_dim " << d << ", causal " << causal);
-      CHECK(newest(p, h200) == "12b_async_wgmma");
+      CHECK(newest(p, h200) == "12c_bulk_dq");
       CHECK(newest(p, a100) == "11_backward");
       CHECK(newest(p, l40) == "11_backward");
     }
   const fs::BackwardProblem wide = fs::make_backward_problem(2, 1000, 1000, 8, 8, 256, fs::DType::fp16, true, 0);
   CHECK(newest(wide, h200) == "11_backward");
   const fs::BackwardProblem deterministic = fs::make_backward_problem(1, 512, 512, 4, 4, 128, fs::DType::fp16, false, 1);
-  CHECK(newest(deterministic, h200) == "12b_async_wgmma");
+  CHECK(newest(deterministic, h200) == "12c_bulk_dq");
 }

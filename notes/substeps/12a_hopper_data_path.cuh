@@ -28,7 +28,7 @@
 // The rest is step 11's and is reused from it: the preprocessing (D and LSE₂), the conversion of the
 // fp32 dQ accumulator, and the deterministic mode's dQ kernel (steps/11_backward/kernel.cuh); step 08's
 // instructions (mbarrier, TMA, wgmma) come from steps/08_tma_wgmma/kernel.cuh. What stays for later
-// sub-steps: the same threads still wait for the TMA and issue the copies and the atomics (warp
+// sub-steps: the same threads still wait for the TMA, issue the copies and hand dQ on (warp
 // specialization, as step 09 did for the forward).
 #pragma once
 
@@ -61,6 +61,17 @@ __device__ inline void bulk_load(uint32_t dst, const void* src, uint32_t bytes, 
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+
+// 12c: a bulk reduce-add (no tensor map): `bytes` (a multiple of 16) of fp32 from shared memory added
+// element by element to global memory, both 16-byte aligned, in this thread's bulk group
+// (sm90::tma_store_commit closes it, tma_store_wait_read waits for its reads of shared memory); and
+// the wait until all of this thread's groups are complete.
+__device__ inline void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // wgmma m64n64k16 with both operands from shared memory, both MN-major (imm-trans-a = imm-trans-b =
 // 1): dQ = dS·K, dS read from dSᵀ stored [key][query] and K stored [key][dim].
@@ -285,7 +296,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 #pragma unroll
       for (int i = 0; i < Tr::DQ_REGS; i += 2) {
         const step08::frag::Coord c = wgmma_acc(t, i);
-        atomicAdd(reinterpret_cast<float2*>(acc_rows + c.row * HEAD_DIM + c.col), make_float2(dq_acc[i], dq_acc[i + 1]));
+        atomicAdd(reinterpret_cast<float2*>(acc_rows + c.row * HEAD_DIM + c.col),
+                  make_float2(dq_acc[i], dq_acc[i + 1]));
       }
     }
     sm90::wgmma_wait<0>();
@@ -296,6 +308,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     __syncthreads();
     if (threadIdx.x == 0 && v + Q_STAGES < visits) load_visit(v + Q_STAGES);
   }
+
 
   // ---- epilogue: dK = scale·dK_acc and dV, this warpgroup's keys, columns < head_dim
   T* dk_rows = dk + offset_of(p.dk, b, 0, h_kv);
@@ -308,6 +321,33 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     *reinterpret_cast<uint32_t*>(dk_rows + int64_t(key) * p.dk.row + c.col) =
         step11::pack2<T>(dk_acc[i] * f.softmax_scale, dk_acc[i + 1] * f.softmax_scale);
     *reinterpret_cast<uint32_t*>(dv_rows + int64_t(key) * p.dv.row + c.col) = step11::pack2<T>(dv_acc[i], dv_acc[i + 1]);
+  }
+}
+
+// 12c's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
+// [BLOCK_Q, HEAD_DIM] floats, warpgroup wg's 64 × 64 tile the wg-th DQ_TILE² of them). One thread per
+// 8 consecutive floats: threads t … t + 3 of one register pair, read as two float4.
+template <typename T, int HEAD_DIM, int BLOCK_Q>
+__global__ void __launch_bounds__(step11::kConvertThreads)
+    convert_dq_tiles_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq, const BackwardProblem p) {
+  const Problem& f = p.attention;
+  constexpr int TILE = BLOCK_Q * HEAD_DIM, SUB = DQ_TILE * DQ_TILE;
+  const int64_t rows_per_head = step11::padded_rows(f.seqlen_q), tiles_per_head = rows_per_head / BLOCK_Q;
+  const int64_t e0 = 8 * (int64_t(blockIdx.x) * step11::kConvertThreads + threadIdx.x);
+  if (e0 >= f.batch * f.heads_q * rows_per_head * HEAD_DIM) return;
+  const int64_t tile = e0 / TILE, bh = tile / tiles_per_head;
+  const int q0 = int(tile % tiles_per_head) * BLOCK_Q, within = int(e0 % TILE);
+  const DqTile d = dq_tile_of(within / SUB, BLOCK_Q);
+  const float4 lo = *reinterpret_cast<const float4*>(dq_accum + e0), hi = *reinterpret_cast<const float4*>(dq_accum + e0 + 4);
+  const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const int slot = within % SUB, i = 2 * (slot / 256), t0 = slot % 256 / 2;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const step08::frag::Coord c = wgmma_acc(t0 + k, i);
+    const int row = q0 + DQ_TILE * d.row_tile + c.row, col = DQ_TILE * d.col_block + c.col;
+    if (row < f.seqlen_q && col < f.head_dim)
+      *reinterpret_cast<uint32_t*>(dq + offset_of(p.dq, bh / f.heads_q, row, bh % f.heads_q) + col) =
+          step11::pack2<T>(v[2 * k] * f.softmax_scale, v[2 * k + 1] * f.softmax_scale);
   }
 }
 

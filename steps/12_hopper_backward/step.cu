@@ -85,9 +85,10 @@ std::optional<Workspace> workspace_of(const BackwardProblem& p, int tile_width) 
   return w;
 }
 
+template <int IDEAS>
 constexpr int max_smem_bytes() {
   int most = 0;
-  for (const Config& c : kConfigs) most = smem_bytes(c) > most ? smem_bytes(c) : most;
+  for (const Config& c : kConfigs) most = smem_bytes(c, IDEAS) > most ? smem_bytes(c, IDEAS) : most;
   return most > DqTr::SMEM_BYTES ? most : DqTr::SMEM_BYTES;
 }
 
@@ -102,10 +103,13 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
   const void* main = p.deterministic
                          ? reinterpret_cast<const void*>(&hopper_backward_kernel<T, c.head_dim, c.block_q, IDEAS, false>)
                          : reinterpret_cast<const void*>(&hopper_backward_kernel<T, c.head_dim, c.block_q, IDEAS, true>);
-  k.push_back({main, NUM_THREADS, size_t(smem_bytes(c)), grid_blocks(f)});
+  k.push_back({main, NUM_THREADS, size_t(smem_bytes(c, IDEAS)), grid_blocks(f)});
   if (p.deterministic)
     k.push_back({reinterpret_cast<const void*>(&step11::dq_kernel<T, Dq>), Dq::NUM_THREADS, size_t(Dq::SMEM_BYTES),
                  step11::tiles(f.seqlen_q, Dq::BLOCK_Q) * f.batch * f.heads_q});
+  else if constexpr (Traits<c.head_dim, c.block_q, IDEAS>::has(kBulkDq))  // 12c: the accumulator in dq_slot order
+    k.push_back({reinterpret_cast<const void*>(&convert_dq_tiles_kernel<T, c.head_dim, c.block_q>),
+                 step11::kConvertThreads, 0, step11::tiles(w.rows * (c.head_dim / 8), step11::kConvertThreads)});
   else
     k.push_back({reinterpret_cast<const void*>(&step11::convert_dq_kernel<T, c.head_dim>), step11::kConvertThreads, 0,
                  step11::tiles(f.batch * f.heads_q * f.seqlen_q * (f.head_dim / 8), step11::kConvertThreads)});
@@ -117,8 +121,8 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   Plan pl;
   std::ostringstream m;
   pl.config = config_for(p.attention.head_dim);
-  const int smem = smem_bytes(kConfigs[pl.config]);
-  if (dev.smem_per_block_optin < size_t(max_smem_bytes())) {
+  const int smem = smem_bytes(kConfigs[pl.config], IDEAS);
+  if (dev.smem_per_block_optin < size_t(max_smem_bytes<IDEAS>())) {
     m << "head_dim " << p.attention.head_dim << " runs on " << kConfigs[pl.config].head_dim
       << "-wide tiles, which need " << (smem > DqTr::SMEM_BYTES ? smem : DqTr::SMEM_BYTES)
       << " bytes of shared memory per block; this GPU allows " << dev.smem_per_block_optin;
@@ -152,9 +156,10 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
 // of compute capability 9.0 whose blocks may opt in to the table's shared memory (every H100 and H200),
 // with every grid within 2^31 - 1 blocks (step 11's bounds: at most 2^33 padded query rows, 2^31 / 4
 // K/V blocks).
+template <int IDEAS>
 bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
   const Problem& f = p.attention;
-  return dev.compute_capability == 90 && dev.smem_per_block_optin >= size_t(max_smem_bytes()) && limits(p).empty() &&
+  return dev.compute_capability == 90 && dev.smem_per_block_optin >= size_t(max_smem_bytes<IDEAS>()) && limits(p).empty() &&
          f.batch * f.heads_q <= (int64_t(1) << 33) / step11::padded_rows(f.seqlen_q) &&
          f.batch * f.heads_kv <= INT32_MAX / 4 / step11::tiles(f.seqlen_k, 64);
 }
@@ -237,8 +242,12 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
     CHECK_LAUNCH();
   } else {
     run_main(std::true_type{});
-    step11::convert_dq_kernel<T, c.head_dim>
-        <<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
+    if constexpr (Traits<c.head_dim, c.block_q, IDEAS>::has(kBulkDq))
+      convert_dq_tiles_kernel<T, c.head_dim, c.block_q>
+          <<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
+    else
+      step11::convert_dq_kernel<T, c.head_dim>
+          <<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
     CHECK_LAUNCH();
   }
 }
@@ -261,7 +270,7 @@ void explain(std::ostream& out) {
   out << "Tile table (a block: " << BLOCK_KV << " keys, " << NUM_WARPGROUPS << " warpgroups of " << KEYS_PER_WARPGROUP
       << " keys; head_dim padded to HEAD_DIM):\n";
   for (const Config& c : kConfigs)
-    out << "  HEAD_DIM " << c.head_dim << ": BLOCK_Q " << c.block_q << ", shared memory " << smem_bytes(c)
+    out << "  HEAD_DIM " << c.head_dim << ": BLOCK_Q " << c.block_q << ", shared memory " << smem_bytes(c, IDEAS)
         << " bytes; dQ tiles: warpgroup 0 rows " << DQ_TILE * dq_tile_of(0, c.block_q).row_tile << "+, cols "
         << DQ_TILE * dq_tile_of(0, c.block_q).col_block << "+; warpgroup 1 rows "
         << DQ_TILE * dq_tile_of(1, c.block_q).row_tile << "+, cols " << DQ_TILE * dq_tile_of(1, c.block_q).col_block
@@ -293,7 +302,12 @@ void explain(std::ostream& out) {
   out << "dS^T element (key, query) stored at: (0, 0) +" << ds_offset(0, 0) << ", (0, 2) +" << ds_offset(0, 2)
       << ", (1, 0) +" << ds_offset(1, 0) << ", (9, 17) +" << ds_offset(9, 17) << "\n";
   out << "\nOne query tile, per warpgroup ([...]: one wgmma commit group; wait N: wgmma.wait_group N):\n";
-  if constexpr (Traits<128, 64, IDEAS>::has(kAsyncWgmma))
+  if constexpr (Traits<128, 64, IDEAS>::has(kBulkDq))
+    out << "  [S^T] [dP^T] wait 1  P^T  [dV] wait 1  dS^T  sync  [dQ] [dK] wait 1  dQ -> smem  wait 0  sync  "
+           "one bulk reduce-add\n"
+           "  as 12b, with the query tile's dQ staged in shared memory and added by thread 0's cp.reduce.async.bulk,\n"
+           "  which runs under the next tile's products.\n";
+  else if constexpr (Traits<128, 64, IDEAS>::has(kAsyncWgmma))
     out << "  [S^T] [dP^T] wait 1  P^T  [dV] wait 1  dS^T  sync  [dQ] [dK] wait 1  atomics  wait 0\n"
            "  P^T is computed under dP^T's products, dS^T under dV's, the dQ atomics under dK's.\n";
   else
@@ -303,7 +317,7 @@ void explain(std::ostream& out) {
 
 template <int IDEAS>
 Step sub_step(const char* id, const char* name, const char* lesson) {
-  return {.id = id, .name = name, .lesson = lesson, .backward = {limits, plan<IDEAS>, launch<IDEAS>, claims},
+  return {.id = id, .name = name, .lesson = lesson, .backward = {limits, plan<IDEAS>, launch<IDEAS>, claims<IDEAS>},
           .explain = explain<IDEAS>};
 }
 
@@ -321,6 +335,10 @@ void register_step_12_hopper_backward(Registry& r) {
   r.add(sub_step<kAsyncWgmma>("12b_async_wgmma", "Hopper backward: asynchronous wgmma",
                               "+ each wait covers only what the next instructions read: Pᵀ under dPᵀ's products, dSᵀ "
                               "under dV's, the dQ atomics under dK's"));
+  r.add(sub_step<kBulkDq>("12c_bulk_dq", "Hopper backward: dQ by bulk reduce-add",
+                          "+ dQ through shared memory: both warpgroups store their tiles, one thread adds the query "
+                          "tile to the fp32 accumulator with one bulk reduce-add (cp.reduce.async.bulk) in place of 16 "
+                          "atomics per thread"));
 }
 
 }  // namespace fs

@@ -61,6 +61,9 @@ enum Idea : int {
                     //      products waited for in full before the threads touch a result
   kAsyncWgmma = 2,  // 12b  each wait covers only what the next instructions read: Pᵀ under dPᵀ's
                     //      products, dSᵀ under dV's, the dQ atomics under dK's
+  kBulkDq = 3,      // 12c  dQ leaves through shared memory: both warpgroups store their tiles, and one
+                    //      thread adds the query tile to the fp32 accumulator with one bulk reduce-add
+                    //      (the TMA's cp.reduce.async.bulk) instead of 16 atomics per thread
 };
 
 struct Config {
@@ -77,17 +80,25 @@ inline constexpr int NUM_WARPGROUPS = BLOCK_KV / KEYS_PER_WARPGROUP;
 inline constexpr int NUM_THREADS = NUM_WARPGROUPS * 128;
 inline constexpr int Q_STAGES = 2;  // Q/dO buffers: the next query tile lands during this one
 inline constexpr int DQ_TILE = 64;  // a warpgroup's dQ tile is DQ_TILE × DQ_TILE
+// 12c stages the block's dQ tile in shared memory in the order the accumulators hold it, which is
+// also its order in the fp32 accumulator: warpgroup wg's 64 × 64 tile is the wg-th DQ_TILE² floats
+// of the query tile's [BLOCK_Q, HEAD_DIM] region, and in it thread t's registers i, i + 1 are the
+// floats dq_slot(t, i), dq_slot(t, i) + 1. Consecutive threads store consecutive 8 bytes (no bank
+// conflict), and the whole query tile is one contiguous block for a single bulk reduce-add.
+FS_HD constexpr int dq_slot(int t, int i) { return (i / 2) * 256 + 2 * t + i % 2; }
+inline constexpr int DQ_STAGE_BYTES = NUM_WARPGROUPS * DQ_TILE * DQ_TILE * 4;
 
 // The row for a head_dim (a multiple of 8), or -1 above 128.
 FS_HD constexpr int config_for(int64_t head_dim) { return head_dim <= 64 ? 0 : head_dim <= 128 ? 1 : -1; }
 
 // Shared memory, bytes from the 1024-byte-aligned base: K, V (resident), Q_STAGES × (Q, dO), dSᵀ,
-// Q_STAGES × (LSE₂, D) rows (fp32), the mbarriers (K/V, one per Q/dO stage), and 1 KiB of slack to align
-// the base (as step 08).
+// Q_STAGES × (LSE₂, D) rows (fp32), from 12c the dQ staging rows, the mbarriers (K/V, one per Q/dO
+// stage), and 1 KiB of slack to align the base (as step 08).
 FS_HD constexpr int tile_bytes(int rows, int cols) { return rows * cols * 2; }
-FS_HD constexpr int smem_bytes(const Config& c) {
+FS_HD constexpr int smem_bytes(const Config& c, int ideas = kDataPath) {
   return 2 * tile_bytes(BLOCK_KV, c.head_dim) + 2 * Q_STAGES * tile_bytes(c.block_q, c.head_dim) +
-         tile_bytes(BLOCK_KV, c.block_q) + 2 * Q_STAGES * c.block_q * 4 + 8 * (1 + Q_STAGES) + int(SWIZZLE_ATOM);
+         tile_bytes(BLOCK_KV, c.block_q) + 2 * Q_STAGES * c.block_q * 4 + (ideas >= kBulkDq ? DQ_STAGE_BYTES : 0) +
+         8 * (1 + Q_STAGES) + int(SWIZZLE_ATOM);
 }
 
 // IDEAS: the sub-step (an Idea's value); the tiles and the map are the same for every sub-step.
@@ -106,6 +117,7 @@ struct Traits {
   static constexpr int KV_REGS = HEAD_DIM / 2;       // dv_acc, dk_acc: m64nHEAD_DIM fp32
   static constexpr int DQ_REGS = DQ_TILE / 2;        // dq_acc: m64n64 fp32
   static constexpr int DQ_ROW_TILES = BLOCK_Q / DQ_TILE;  // dQ tiles down the query rows (1 or 2)
+  static constexpr int DQ_TILE_BYTES = BLOCK_Q * HEAD_DIM * 4;  // 12c: one bulk reduce-add per query tile
 
   static constexpr int KV_BYTES = tile_bytes(BLOCK_KV, HEAD_DIM);  // K or V
   static constexpr int Q_BYTES = tile_bytes(BLOCK_Q, HEAD_DIM);    // one Q or dO buffer
@@ -118,8 +130,9 @@ struct Traits {
   static constexpr int DS_OFFSET = DO_OFFSET + Q_STAGES * Q_BYTES;
   static constexpr int LSE_OFFSET = DS_OFFSET + DS_BYTES;          // [Q_STAGES] LSE₂ rows
   static constexpr int D_OFFSET = LSE_OFFSET + Q_STAGES * ROWS_BYTES;  // [Q_STAGES] D rows
-  static constexpr int BARRIER_OFFSET = D_OFFSET + Q_STAGES * ROWS_BYTES;  // kv_full, q_full[Q_STAGES]
-  static constexpr int SMEM_BYTES = smem_bytes(kConfig);
+  static constexpr int DQ_OFFSET = D_OFFSET + Q_STAGES * ROWS_BYTES;     // 12c: [BLOCK_Q · HEAD_DIM] fp32
+  static constexpr int BARRIER_OFFSET = DQ_OFFSET + (IDEAS >= kBulkDq ? DQ_STAGE_BYTES : 0);  // kv_full, q_full[]
+  static constexpr int SMEM_BYTES = smem_bytes(kConfig, IDEAS);
   // What one Q/dO stage's barrier expects per phase: Q, dO, and the rows' LSE₂ and D.
   static constexpr uint32_t VISIT_BYTES = 2 * Q_BYTES + 2 * ROWS_BYTES;
 
@@ -128,7 +141,8 @@ struct Traits {
   static_assert(DQ_ROW_TILES * COL_BLOCKS == NUM_WARPGROUPS, "dQ is one 64 × 64 tile per warpgroup");
   static_assert(KV_BYTES % SWIZZLE_ATOM == 0 && Q_BYTES % SWIZZLE_ATOM == 0 && DS_BYTES % SWIZZLE_ATOM == 0,
                 "every tile starts on the swizzle's 1024-byte repeat");
-  static_assert(ROWS_BYTES % 16 == 0 && BARRIER_OFFSET % 8 == 0, "bulk copies move 16-byte units; barriers are 8 bytes");
+  static_assert(ROWS_BYTES % 16 == 0 && DQ_OFFSET % 16 == 0 && BARRIER_OFFSET % 8 == 0,
+                "bulk copies move 16-byte units; barriers are 8 bytes");
   static_assert(BARRIER_OFFSET + 8 * (1 + Q_STAGES) + int(SWIZZLE_ATOM) == SMEM_BYTES, "the map is smem_bytes");
   static_assert(SMEM_BYTES <= 227 * 1024, "an sm_90 block may opt in to 227 KiB of shared memory");
 };
