@@ -166,11 +166,15 @@ def backward_problem(function: str, q, k, v, o, lse, d_o, dq, dk, dv, causal: bo
     for t, like in ((d_o, q), (dq, q), (dk, k), (dv, v)):
         check_same_shape(function, t, like)
     check_lse(function, lse, q)
-    p = FsBackwardProblem(attention=forward, deterministic=flag(function, "deterministic", deterministic),
-                          d_o=FsStrides(*d_o.strides), dq=FsStrides(*dq.strides), dk=FsStrides(*dk.strides),
-                          dv=FsStrides(*dv.strides))
+    p = backward_struct(forward, flag(function, "deterministic", deterministic), d_o.strides, dq.strides, dk.strides,
+                        dv.strides)
     check_pointers(function, p, addresses(q, k, v, o, lse, d_o, dq, dk, dv))
     return p
+
+def backward_struct(forward: FsProblem, deterministic: int, d_o, dq, dk, dv) -> FsBackwardProblem:
+    """The fs_backward_problem of a checked forward problem and the strides of dO, dQ, dK, dV."""
+    return FsBackwardProblem(attention=forward, deterministic=deterministic, d_o=FsStrides(*d_o),
+                             dq=FsStrides(*dq), dk=FsStrides(*dk), dv=FsStrides(*dv))
 
 def decode_problem(function: str, q, k_cache, v_cache, o, cache_seqlens, block_table, causal: bool, scale,
                    max_seqlen_k, num_splits: int, checked: bool, lse=None) -> FsDecodeProblem:
@@ -358,9 +362,7 @@ def _attention_function():
             p, backward_step, deterministic = ctx.options
             d_o = usable(d_o, "dO")  # autograd gives dO O's shape, dtype and device
             dq, dk, dv = (_empty(x.shape, x.dtype, x.device) for x in (q, k, v))
-            problem = FsBackwardProblem(attention=p, deterministic=deterministic, d_o=FsStrides(*d_o.stride()),
-                                        dq=FsStrides(*dq.stride()), dk=FsStrides(*dk.stride()),
-                                        dv=FsStrides(*dv.stride()))
+            problem = backward_struct(p, deterministic, *(x.stride() for x in (d_o, dq, dk, dv)))
             _launch(problem, backward_step, q.device, (q, k, v, o, lse, d_o, dq, dk, dv))
             return dq, dk, dv, None, None, None, None
     return Attention

@@ -92,6 +92,16 @@ constexpr int max_smem_bytes() {
   return most > DqTr::SMEM_BYTES ? most : DqTr::SMEM_BYTES;
 }
 
+// The kernel that turns the fp32 dQ accumulator into dQ: 12c's reads its dq_slot order, step 11's the rows.
+template <typename T, int CONFIG, int IDEAS>
+constexpr auto convert_dq_of() {
+  constexpr Config c = kConfigs[CONFIG];
+  if constexpr (Traits<c.head_dim, c.block_q, IDEAS>::has(kBulkDq))
+    return &convert_dq_tiles_kernel<T, c.head_dim, c.block_q>;
+  else
+    return &step11::convert_dq_kernel<T, c.head_dim>;
+}
+
 template <typename T, int CONFIG, int IDEAS>
 std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& w) {
   constexpr Config c = kConfigs[CONFIG];
@@ -107,12 +117,12 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
   if (p.deterministic)
     k.push_back({reinterpret_cast<const void*>(&step11::dq_kernel<T, Dq>), Dq::NUM_THREADS, size_t(Dq::SMEM_BYTES),
                  step11::tiles(f.seqlen_q, Dq::BLOCK_Q) * f.batch * f.heads_q});
-  else if constexpr (Traits<c.head_dim, c.block_q, IDEAS>::has(kBulkDq))  // 12c: the accumulator in dq_slot order
-    k.push_back({reinterpret_cast<const void*>(&convert_dq_tiles_kernel<T, c.head_dim, c.block_q>),
-                 step11::kConvertThreads, 0, step11::tiles(w.rows * (c.head_dim / 8), step11::kConvertThreads)});
-  else
-    k.push_back({reinterpret_cast<const void*>(&step11::convert_dq_kernel<T, c.head_dim>), step11::kConvertThreads, 0,
-                 step11::tiles(f.batch * f.heads_q * f.seqlen_q * (f.head_dim / 8), step11::kConvertThreads)});
+  else  // 12c's covers every padded row of the accumulator, step 11's the rows of dQ
+    k.push_back({reinterpret_cast<const void*>(convert_dq_of<T, CONFIG, IDEAS>()), step11::kConvertThreads, 0,
+                 step11::tiles(Traits<c.head_dim, c.block_q, IDEAS>::has(kBulkDq)
+                                   ? w.rows * (c.head_dim / 8)
+                                   : f.batch * f.heads_q * f.seqlen_q * (f.head_dim / 8),
+                               step11::kConvertThreads)});
   return k;
 }
 
@@ -242,12 +252,7 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
     CHECK_LAUNCH();
   } else {
     run_main(std::true_type{});
-    if constexpr (Traits<c.head_dim, c.block_q, IDEAS>::has(kBulkDq))
-      convert_dq_tiles_kernel<T, c.head_dim, c.block_q>
-          <<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
-    else
-      step11::convert_dq_kernel<T, c.head_dim>
-          <<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
+    convert_dq_of<T, CONFIG, IDEAS>()<<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
     CHECK_LAUNCH();
   }
 }
