@@ -7,6 +7,7 @@
 //   - the two warpgroups' dQ tiles cover the block's [BLOCK_Q, HEAD_DIM] exactly once;
 //   - the shared-memory map, the tile table, and the refusals.
 #include <cstdint>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -134,6 +135,25 @@ void check_dq_slots() {
   CHECK(Tr::DQ_TILE_BYTES % 16 == 0);
 }
 
+// 12c's conversion reads the accumulator 8 floats at a time and stores them as one 16-byte row
+// segment: each 8 consecutive slots must be one row's 8 consecutive columns (8-aligned), starting
+// where the kernel computes it, wgmma_acc(slot % 256 / 2, 2 · (slot / 256)).
+void check_dq_slot_rows() {
+  std::map<int, fs::step08::frag::Coord> at;  // slot -> the cell of the 64 x 64 tile it holds
+  for (int t = 0; t < 128; ++t)
+    for (int i = 0; i < s12::DQ_TILE / 2; ++i) at[s12::dq_slot(t, i)] = fs::step08::wgmma_acc(t, i);
+  REQUIRE(at.size() == size_t(s12::DQ_TILE * s12::DQ_TILE));
+  for (int slot = 0; slot < s12::DQ_TILE * s12::DQ_TILE; slot += 8) {
+    const fs::step08::frag::Coord first = fs::step08::wgmma_acc(slot % 256 / 2, 2 * (slot / 256));
+    CAPTURE(slot);
+    CHECK(first.col % 8 == 0);
+    for (int k = 0; k < 8; ++k) {
+      CHECK(at[slot + k].row == first.row);
+      CHECK(at[slot + k].col == first.col + k);
+    }
+  }
+}
+
 template <class Tr>
 void check_dq_cover() {
   std::set<std::pair<int, int>> cells;
@@ -166,6 +186,7 @@ void check_all(std::integer_sequence<int, I...>) {
   (check_ds_stores<s12::TraitsOf<I>>(), ...);
   (check_dq_cover<s12::TraitsOf<I>>(), ...);
   (check_dq_slots<s12::TraitsOf<I>>(), ...);
+  check_dq_slot_rows();
   (check_smem_map<s12::Traits<s12::kConfigs[I].head_dim, s12::kConfigs[I].block_q, s12::kBulkDq>>(), ...);
   (check_smem_map<s12::TraitsOf<I>>(), ...);
 }
