@@ -39,8 +39,8 @@ mapfile -t objects < <(find "$build/steps/" -path "*step_${prefix}_*" -name '*.o
 
 # Counted in every kernel (not the never-executed "@!PT" instructions the compiler pads with, such as
 # the "@!PT LDS RZ, [RZ]" before each LDGSTS); the excerpt shows all but the exponentials by default.
-counted='HGMMA[.A-Za-z0-9x]*|HMMA[.A-Za-z0-9]*|LDSM[.A-Za-z0-9]*|UTMALDG[.A-Za-z0-9]*|UTMASTG[.A-Za-z0-9]*|UTMACMDFLUSH|SYNCS[.A-Za-z0-9]*|WARPGROUP[.A-Za-z0-9]*|BAR\.SYNC[.A-Za-z_]*|BAR\.ARV|USETMAXREG[.A-Za-z0-9_]*|MUFU\.EX2|LDGSTS[.A-Za-z0-9]*|LDGDEPBAR|DEPBAR[.A-Za-z0-9]*|LDL[.A-Za-z0-9]*|STL[.A-Za-z0-9]*|LDG\.[.A-Za-z0-9]*|STG\.[.A-Za-z0-9]*|LDS\.[.A-Za-z0-9]*|STS\.[.A-Za-z0-9]*|LDS |STS '
-shown="${SASS_SHOW:-HGMMA|UTMALDG|UTMASTG|UTMACMDFLUSH|SYNCS|WARPGROUP|BAR\.SYNC|BAR\.ARV|USETMAXREG|DEPBAR|LDL|STL}"
+counted='HGMMA[.A-Za-z0-9x]*|HMMA[.A-Za-z0-9]*|LDSM[.A-Za-z0-9]*|UTMALDG[.A-Za-z0-9]*|UTMASTG[.A-Za-z0-9]*|UTMACMDFLUSH|UBLKCP[.A-Za-z0-9]*|UBLKRED[.A-Za-z0-9]*|SYNCS[.A-Za-z0-9]*|WARPGROUP[.A-Za-z0-9]*|BAR\.SYNC[.A-Za-z_]*|BAR\.ARV|USETMAXREG[.A-Za-z0-9_]*|MUFU\.EX2|LDGSTS[.A-Za-z0-9]*|LDGDEPBAR|DEPBAR[.A-Za-z0-9]*|LDL[.A-Za-z0-9]*|STL[.A-Za-z0-9]*|LDG\.[.A-Za-z0-9]*|STG\.[.A-Za-z0-9]*|LDS\.[.A-Za-z0-9]*|STS\.[.A-Za-z0-9]*|LDS |STS '
+shown="${SASS_SHOW:-HGMMA|UTMALDG|UTMASTG|UTMACMDFLUSH|UBLKCP|UBLKRED|SYNCS|WARPGROUP|BAR\.SYNC|BAR\.ARV|USETMAXREG|DEPBAR|LDL|STL}"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

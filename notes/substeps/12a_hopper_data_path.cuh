@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 
 // 12c's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
 // [BLOCK_Q, HEAD_DIM] floats, warpgroup wg's 64 × 64 tile the wg-th DQ_TILE² of them). One thread per
-// 8 consecutive floats: threads t … t + 3 of one register pair, read as two float4.
+// 8 consecutive floats, read as two float4: threads t … t + 3's pairs, one row's 8 columns.
 template <typename T, int HEAD_DIM, int BLOCK_Q>
 __global__ void __launch_bounds__(step11::kConvertThreads)
     convert_dq_tiles_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq, const BackwardProblem p) {
@@ -339,16 +339,16 @@ __global__ void __launch_bounds__(step11::kConvertThreads)
   const int q0 = int(tile % tiles_per_head) * BLOCK_Q, within = int(e0 % TILE);
   const DqTile d = dq_tile_of(within / SUB, BLOCK_Q);
   const float4 lo = *reinterpret_cast<const float4*>(dq_accum + e0), hi = *reinterpret_cast<const float4*>(dq_accum + e0 + 4);
-  const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  const int slot = within % SUB, i = 2 * (slot / 256), t0 = slot % 256 / 2;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const step08::frag::Coord c = wgmma_acc(t0 + k, i);
-    const int row = q0 + DQ_TILE * d.row_tile + c.row, col = DQ_TILE * d.col_block + c.col;
-    if (row < f.seqlen_q && col < f.head_dim)
-      *reinterpret_cast<uint32_t*>(dq + offset_of(p.dq, bh / f.heads_q, row, bh % f.heads_q) + col) =
-          step11::pack2<T>(v[2 * k] * f.softmax_scale, v[2 * k + 1] * f.softmax_scale);
-  }
+  // The 8 floats are 4 threads' pairs (dq_slot), threads t0..t0+3 of one quad: one row, 8 consecutive
+  // columns (wgmma_acc), so they leave as one 16-byte store, like step 11's row-major conversion.
+  const int slot = within % SUB;
+  const step08::frag::Coord c = wgmma_acc(slot % 256 / 2, 2 * (slot / 256));
+  const int row = q0 + DQ_TILE * d.row_tile + c.row, col = DQ_TILE * d.col_block + c.col;
+  if (row >= f.seqlen_q || col >= f.head_dim) return;
+  const float s = f.softmax_scale;
+  const uint4 out = {step11::pack2<T>(lo.x * s, lo.y * s), step11::pack2<T>(lo.z * s, lo.w * s),
+                     step11::pack2<T>(hi.x * s, hi.y * s), step11::pack2<T>(hi.z * s, hi.w * s)};
+  *reinterpret_cast<uint4*>(dq + offset_of(p.dq, bh / f.heads_q, row, bh % f.heads_q) + col) = out;
 }
 
 }  // namespace fs::step12
