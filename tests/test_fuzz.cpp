@@ -255,6 +255,8 @@ TEST_CASE("fuzz: every accepted problem has representable sizes and a non-overla
   constexpr int kProblems = 200000;
   Draw d(20240611);
   const fs::DeviceInfo dev = fake_h100();
+  fs::DeviceInfo no_free_memory = dev;
+  no_free_memory.free_bytes = 0;
   int64_t accepted = 0, refused = 0, enumerated = 0, planned = 0, step_refusals = 0;
   for (int n = 0; n < kProblems; ++n) {
     bool strides_drawn = false;
@@ -271,10 +273,19 @@ TEST_CASE("fuzz: every accepted problem has representable sizes and a non-overla
     ++accepted;
     CAPTURE(fs::describe(p), p.softmax_scale, p.q.batch, p.q.row, p.q.head, p.o.batch, p.o.row, p.o.head);
     check_accepted(p, enumerated);
-    // Every step's device-free limits and its plan, on a made-up H100, on every accepted problem.
+    // Every step's device-free limits and its plan, on a made-up H100, on every accepted problem; a
+    // step that does not say it reads free memory plans the same without it (the C ABI's device).
     for (const fs::Step& s : fs::steps()) {
       const fs::Plan plan = fs::plan(s, p, dev);
       ++planned;
+      if (!s.reads_free_memory && n % 16 == 0) {
+        const fs::Plan blind = fs::plan(s, p, no_free_memory);
+        CAPTURE(s.id);
+        REQUIRE(blind.refusal == plan.refusal);
+        REQUIRE(blind.workspace_bytes == plan.workspace_bytes);
+        REQUIRE(blind.config == plan.config);
+        REQUIRE(blind.splits == plan.splits);
+      }
       if (!plan.accepted()) {
         REQUIRE(plan.refusal.size() > 15);
         ++step_refusals;

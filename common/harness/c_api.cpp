@@ -105,7 +105,7 @@ fs_status with_step(const char* step_id, const Problem* p, F&& body) noexcept {
 template <typename Problem>
 fs::Plan plan_here(const fs::Step& step, const Problem& p) {
   std::string why = fs::static_refusal(step, p);
-  return why.empty() ? fs::plan_on_device(step, p, fs::current_device()) : fs::Plan{.refusal = why};
+  return why.empty() ? fs::plan_on_device(step, p, fs::current_device(step.reads_free_memory)) : fs::Plan{.refusal = why};
 }
 
 template <typename Problem>
@@ -135,7 +135,7 @@ fs_status run(const char* step_id, const Problem* p, const fs::PassTensors<Probl
     if (why.empty()) why = fs::validate_tensors(prob, t);
     if (why.empty()) why = fs::validate_workspace_pointer(workspace, size_t(workspace_bytes));
     if (!why.empty()) return fail(FS_ERR_INVALID, why);
-    const fs::Plan plan = fs::plan_on_device(step, prob, fs::current_device());
+    const fs::Plan plan = fs::plan_on_device(step, prob, fs::current_device(step.reads_free_memory));
     why = plan.refusal;
     if (why.empty())
       why = fs::validate_workspace(plan, workspace, size_t(workspace_bytes), fs::Pass<Problem>::workspace_function);

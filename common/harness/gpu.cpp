@@ -45,6 +45,7 @@ DeviceInfo query_device(int ordinal) {
   CHECK_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
   d.smem_per_block_optin = static_cast<size_t>(optin);
   d.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
+  d.total_bytes = prop.totalGlobalMem;
   CHECK_CUDA(cudaDriverGetVersion(&d.driver_version));
   CHECK_CUDA(cudaRuntimeGetVersion(&d.runtime_version));
   return d;
@@ -62,8 +63,9 @@ std::string cuda_unavailable_reason() {
   return probe_cuda(absent);
 }
 
-DeviceInfo current_device() {
-  // The properties are read once per device (cudaGetDeviceProperties is slow); free memory each time.
+DeviceInfo current_device(bool with_free_memory) {
+  // The properties are read once per device (cudaGetDeviceProperties is slow); free memory each time
+  // it is asked for (free_bytes is 0 otherwise).
   static std::mutex mutex;
   static std::map<int, DeviceInfo> cache;
   static const std::string why = cuda_unavailable_reason();
@@ -77,7 +79,7 @@ DeviceInfo current_device() {
     if (it == cache.end()) it = cache.emplace(ordinal, query_device(ordinal)).first;
     d = it->second;
   }
-  CHECK_CUDA(cudaMemGetInfo(&d.free_bytes, &d.total_bytes));
+  if (with_free_memory) CHECK_CUDA(cudaMemGetInfo(&d.free_bytes, &d.total_bytes));
   return d;
 }
 

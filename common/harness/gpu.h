@@ -21,7 +21,7 @@ std::string cuda_unavailable_reason();
 bool cuda_device_absent();
 
 // The current device. Throws fs::CudaError with cuda_unavailable_reason() if there is none.
-DeviceInfo current_device();
+DeviceInfo current_device(bool with_free_memory = true);
 
 // A description of a device for logs and results files.
 std::string describe(const DeviceInfo& d);

@@ -75,7 +75,7 @@ struct DeviceInfo {
   int sm_count = 0;
   size_t smem_per_block_optin = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
   size_t l2_bytes = 0;
-  size_t free_bytes = 0;            // at the time of the query
+  size_t free_bytes = 0;            // at the time of the query (0 unless asked: Step::reads_free_memory)
   size_t total_bytes = 0;
   int driver_version = 0;           // e.g. 13000
   int runtime_version = 0;

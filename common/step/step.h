@@ -79,6 +79,9 @@ struct Step {
   Entry<fs_backward_problem, BackwardTensors> backward = {};
   // Optional: prints, without a GPU, what the step's index math predicts (`flash-steps explain`).
   std::function<void(std::ostream& out)> explain = {};
+  // Its plan reads DeviceInfo::free_bytes. The C ABI asks the driver for free memory (cudaMemGetInfo,
+  // microseconds) only for such a step; for the others free_bytes is 0.
+  bool reads_free_memory = false;
   // Set by the registry from steps/CMakeLists.txt: the directory under steps/, and for a step built
   // for one architecture only (ARCH 90a: 90) that architecture, which is then also its minimum.
   std::string dir = {};

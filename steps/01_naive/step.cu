@@ -90,7 +90,8 @@ void register_step_01_naive(Registry& r) {
   r.add({.id = "01_naive",
          .name = "naive attention",
          .lesson = "textbook attention: S = QKᵀ, softmax and P·V as three kernels, S in global memory",
-         .forward = {limits, plan, launch, claims}});
+         .forward = {limits, plan, launch, claims},
+         .reads_free_memory = true});  // plan() and claims() weigh S against free memory
 }
 
 }  // namespace fs
