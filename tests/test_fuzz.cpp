@@ -249,14 +249,34 @@ fs::DeviceInfo fake_h100() {
   return d;
 }
 
+// A step that does not say it reads free memory (Step::reads_free_memory) must plan the same on a
+// device reporting none: the C ABI asks the driver for free memory only for the steps that say so.
+template <typename Problem>
+void check_blind_plan(const fs::Step& s, const Problem& p, const fs::Plan& plan, const fs::DeviceInfo& dev) {
+  if (s.reads_free_memory) return;
+  fs::DeviceInfo blind_dev = dev;
+  blind_dev.free_bytes = 0;
+  const fs::Plan blind = fs::plan(s, p, blind_dev);
+  CAPTURE(s.id);
+  REQUIRE(blind.refusal == plan.refusal);
+  REQUIRE(blind.workspace_bytes == plan.workspace_bytes);
+  REQUIRE(blind.config == plan.config);
+  REQUIRE(blind.splits == plan.splits);
+  REQUIRE(blind.kernels.size() == plan.kernels.size());
+  for (size_t k = 0; k < plan.kernels.size(); ++k) {
+    REQUIRE(blind.kernels[k].function == plan.kernels[k].function);
+    REQUIRE(blind.kernels[k].threads == plan.kernels[k].threads);
+    REQUIRE(blind.kernels[k].smem_bytes == plan.kernels[k].smem_bytes);
+    REQUIRE(blind.kernels[k].blocks == plan.kernels[k].blocks);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("fuzz: every accepted problem has representable sizes and a non-overlapping output", "[fuzz]") {
   constexpr int kProblems = 200000;
   Draw d(20240611);
   const fs::DeviceInfo dev = fake_h100();
-  fs::DeviceInfo no_free_memory = dev;
-  no_free_memory.free_bytes = 0;
   int64_t accepted = 0, refused = 0, enumerated = 0, planned = 0, step_refusals = 0;
   for (int n = 0; n < kProblems; ++n) {
     bool strides_drawn = false;
@@ -278,14 +298,7 @@ TEST_CASE("fuzz: every accepted problem has representable sizes and a non-overla
     for (const fs::Step& s : fs::steps()) {
       const fs::Plan plan = fs::plan(s, p, dev);
       ++planned;
-      if (!s.reads_free_memory && n % 16 == 0) {
-        const fs::Plan blind = fs::plan(s, p, no_free_memory);
-        CAPTURE(s.id);
-        REQUIRE(blind.refusal == plan.refusal);
-        REQUIRE(blind.workspace_bytes == plan.workspace_bytes);
-        REQUIRE(blind.config == plan.config);
-        REQUIRE(blind.splits == plan.splits);
-      }
+      if (n % 16 == 0) check_blind_plan(s, p, plan, dev);
       if (!plan.accepted()) {
         REQUIRE(plan.refusal.size() > 15);
         ++step_refusals;
@@ -307,6 +320,7 @@ TEST_CASE("fuzz: every accepted problem has representable sizes and a non-overla
 TEST_CASE("fuzz: every accepted backward problem has representable gradients that never overlap", "[fuzz]") {
   constexpr int kProblems = 100000;
   Draw d(20261130);
+  const fs::DeviceInfo dev = fake_h100();
   int64_t accepted = 0, refused = 0, enumerated = 0;
   for (int n = 0; n < kProblems; ++n) {
     bool strides_drawn = false;
@@ -346,6 +360,9 @@ TEST_CASE("fuzz: every accepted backward problem has representable gradients tha
         REQUIRE(view_is_injective(v.s, f.batch, v.rows, v.heads, f.head_dim));
       }
     }
+    if (accepted % 16 == 0)
+      for (const fs::Step& s : fs::steps())
+        if (s.backward.present()) check_blind_plan(s, p, fs::plan(s, p, dev), dev);
   }
   std::ostringstream line;
   line << "fuzz: " << kProblems << " backward problems drawn: " << accepted << " accepted (" << enumerated
@@ -383,6 +400,7 @@ TEST_CASE("fuzz: every accepted decoding problem has a representable cache and b
       if (!s.decode.present()) continue;
       const fs::Plan plan = fs::plan(s, p, dev);
       ++planned;
+      if (n % 16 == 0) check_blind_plan(s, p, plan, dev);
       if (!plan.accepted()) {
         REQUIRE(plan.refusal.size() > 15);
         ++step_refusals;

@@ -137,14 +137,14 @@ void check_dq_slots() {
 
 // 12c's conversion reads the accumulator 8 floats at a time and stores them as one 16-byte row
 // segment: each 8 consecutive slots must be one row's 8 consecutive columns (8-aligned), starting
-// where the kernel computes it, wgmma_acc(slot % 256 / 2, 2 · (slot / 256)).
+// where dq_run_start (the kernel's store address) says.
 void check_dq_slot_rows() {
   std::map<int, fs::step08::frag::Coord> at;  // slot -> the cell of the 64 x 64 tile it holds
   for (int t = 0; t < 128; ++t)
     for (int i = 0; i < s12::DQ_TILE / 2; ++i) at[s12::dq_slot(t, i)] = fs::step08::wgmma_acc(t, i);
   REQUIRE(at.size() == size_t(s12::DQ_TILE * s12::DQ_TILE));
   for (int slot = 0; slot < s12::DQ_TILE * s12::DQ_TILE; slot += 8) {
-    const fs::step08::frag::Coord first = fs::step08::wgmma_acc(slot % 256 / 2, 2 * (slot / 256));
+    const fs::step08::frag::Coord first = s12::dq_run_start(slot);
     CAPTURE(slot);
     CHECK(first.col % 8 == 0);
     for (int k = 0; k < 8; ++k) {

@@ -345,10 +345,9 @@ __global__ void __launch_bounds__(step11::kConvertThreads)
   const int q0 = int(tile % tiles_per_head) * BLOCK_Q, within = int(e0 % TILE);
   const DqTile d = dq_tile_of(within / SUB, BLOCK_Q);
   const float4 lo = *reinterpret_cast<const float4*>(dq_accum + e0), hi = *reinterpret_cast<const float4*>(dq_accum + e0 + 4);
-  // The 8 floats are 4 threads' pairs (dq_slot), threads t0..t0+3 of one quad: one row, 8 consecutive
-  // columns (wgmma_acc), so they leave as one 16-byte store, like step 11's row-major conversion.
-  const int slot = within % SUB;
-  const step08::frag::Coord c = wgmma_acc(slot % 256 / 2, 2 * (slot / 256));
+  // One row's 8 consecutive columns (dq_run_start), so they leave as one 16-byte store, like step 11's
+  // row-major conversion.
+  const step08::frag::Coord c = dq_run_start(within % SUB);
   const int row = q0 + DQ_TILE * d.row_tile + c.row, col = DQ_TILE * d.col_block + c.col;
   if (row >= f.seqlen_q || col >= f.head_dim) return;
   const float s = f.softmax_scale;

@@ -86,6 +86,11 @@ inline constexpr int DQ_TILE = 64;  // a warpgroup's dQ tile is DQ_TILE × DQ_TI
 // floats dq_slot(t, i), dq_slot(t, i) + 1. Consecutive threads store consecutive 8 bytes (no bank
 // conflict), and the whole query tile is one contiguous block for a single bulk reduce-add.
 FS_HD constexpr int dq_slot(int t, int i) { return (i / 2) * 256 + 2 * t + i % 2; }
+// Read back 8 at a time (slot a multiple of 8), the floats are threads t … t + 3's pair i, i + 1: one
+// row's 8 consecutive columns, starting at this cell of the 64 × 64 tile (the conversion's one store).
+FS_HD constexpr step08::frag::Coord dq_run_start(int slot) {
+  return step08::wgmma_acc(slot % 256 / 2, 2 * (slot / 256));
+}
 inline constexpr int DQ_STAGE_BYTES = NUM_WARPGROUPS * DQ_TILE * DQ_TILE * 4;
 
 // The row for a head_dim (a multiple of 8), or -1 above 128.
