@@ -344,16 +344,13 @@ __global__ void __launch_bounds__(step11::kConvertThreads)
   const int64_t tile = e0 / TILE, bh = tile / tiles_per_head;
   const int q0 = int(tile % tiles_per_head) * BLOCK_Q, within = int(e0 % TILE);
   const DqTile d = dq_tile_of(within / SUB, BLOCK_Q);
-  const float4 lo = *reinterpret_cast<const float4*>(dq_accum + e0), hi = *reinterpret_cast<const float4*>(dq_accum + e0 + 4);
   // One row's 8 consecutive columns (dq_run_start), so they leave as one 16-byte store, like step 11's
   // row-major conversion.
   const step08::frag::Coord c = dq_run_start(within % SUB);
   const int row = q0 + DQ_TILE * d.row_tile + c.row, col = DQ_TILE * d.col_block + c.col;
   if (row >= f.seqlen_q || col >= f.head_dim) return;
-  const float s = f.softmax_scale;
-  const uint4 out = {step11::pack2<T>(lo.x * s, lo.y * s), step11::pack2<T>(lo.z * s, lo.w * s),
-                     step11::pack2<T>(hi.x * s, hi.y * s), step11::pack2<T>(hi.z * s, hi.w * s)};
-  *reinterpret_cast<uint4*>(dq + offset_of(p.dq, bh / f.heads_q, row, bh % f.heads_q) + col) = out;
+  *reinterpret_cast<uint4*>(dq + offset_of(p.dq, bh / f.heads_q, row, bh % f.heads_q) + col) =
+      step11::scaled_pack8<T>(dq_accum + e0, f.softmax_scale);
 }
 
 }  // namespace fs::step12
