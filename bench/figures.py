@@ -975,6 +975,40 @@ def fig_12_ownership(fig, axes):
              "scales it and writes dQ", ha="center", fontsize=8.5)
 
 
+# ---- step 13: the capped logit and its slope (common/step/softcap.h) --------------------------------
+
+def capped_logit(c: float, softcap: float) -> float:
+    """softcap·tanh(c / softcap) of a logit c (softcap 0: c), as the references compute it."""
+    return softcap * math.tanh(c / softcap) if softcap > 0 else c
+
+
+def capped_slope(c: float, softcap: float) -> float:
+    """d capped_logit / dc = 1 - tanh²(c / softcap): the factor the backward applies to dS."""
+    return 1 - math.tanh(c / softcap) ** 2 if softcap > 0 else 1.0
+
+
+@_drawn("13_softcap.png", 1, 2, figsize=(11.5, 4.0))
+def fig_13(fig, axes):
+    """Step 13a: what softcapping does to a logit (left) and to its gradient (right)."""
+    ax, bx = axes
+    xs = [x / 10 for x in range(-400, 401)]
+    ax.plot(xs, xs, color="0.6", lw=1, ls="--", label="no cap")
+    bx.plot(xs, [1.0] * len(xs), color="0.6", lw=1, ls="--", label="no cap")
+    for softcap, color in ((5, "tab:red"), (15, "tab:orange"), (30, "tab:blue")):
+        ax.plot(xs, [capped_logit(x, softcap) for x in xs], color=color, label=f"softcap {softcap}")
+        bx.plot(xs, [capped_slope(x, softcap) for x in xs], color=color, label=f"softcap {softcap}")
+    ax.set_xlabel("logit c = scale·q·k", fontsize=8)
+    ax.set_ylabel("softcap·tanh(c / softcap): what the softmax sees", fontsize=8)
+    ax.set_title("forward: logits squeezed into (-softcap, softcap)", fontsize=9)
+    bx.set_xlabel("logit c = scale·q·k", fontsize=8)
+    bx.set_ylabel("1 - tanh²(c / softcap): the factor on dS", fontsize=8)
+    bx.set_title("backward: dS scaled by the slope, ~0 where a logit is capped", fontsize=9)
+    for a in axes:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+        a.tick_params(labelsize=7)
+
+
 def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--out-dir", default=str(OUT), help="where the PNGs go (default: notes/figures)")

@@ -98,6 +98,7 @@ const Flag kFlags[] = {
      }},
     {"--causal", kResources, kSwitch, [](Parse& p) { p.o.causal = true; }},
     {"--scale", kResources, kDecimal, [](Parse& p) { p.o.scale = p.x; p.o.scale_given = true; }},
+    {"--softcap", kResources, kDecimal, [](Parse& p) { p.o.softcap = p.x; }},
     {"--iters", kRun, integer(1, 100000), [](Parse& p) { p.o.iters = int(p.n); }},
     {"--warmup", kRun, integer(0, 100000), [](Parse& p) { p.o.warmup = int(p.n); }},
     {"--seed", kRun, integer(0, INT64_MAX), [](Parse& p) { p.o.seed = uint64_t(p.n); }},
@@ -184,6 +185,7 @@ Problem problem_from(const RunnerOptions& o) {
   Problem p = make_problem(o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.kv_heads ? o.kv_heads : o.heads,
                            o.head_dim, o.dtype, o.causal);
   if (o.scale_given) p.softmax_scale = o.scale;
+  p.softcap = o.softcap;
   return p;
 }
 
@@ -191,6 +193,7 @@ DecodeProblem decode_problem_from(const RunnerOptions& o) {
   DecodeProblem p = make_decode_problem(o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.kv_heads ? o.kv_heads : o.heads,
                                         o.head_dim, o.dtype, o.causal, o.page_size);
   if (o.scale_given) p.attention.softmax_scale = o.scale;
+  p.attention.softcap = o.softcap;
   p.num_splits = o.splits;
   p.checked = o.checked ? 1 : 0;
   return p;
@@ -239,6 +242,7 @@ problem (defaults: batch 2, heads 16, seqlen 2048, head_dim 128, fp16, not causa
   --dtype fp16|bf16    element type of Q, K, V, O
   --causal             causal mask, bottom-right aligned
   --scale X            softmax scale (default 1/sqrt(head_dim))
+  --softcap X          logit softcapping: softcap * tanh(s / softcap) before the softmax (default 0: off)
 
 decoding (a few new tokens against a KV cache; any of these flags makes the problem a decoding one):
   --decode             a decoding problem: seqlen_q 1 unless --seqlen-q says otherwise, a KV cache of

@@ -27,6 +27,7 @@ struct RunnerOptions {
   bool causal = false;
   float scale = 0;  // 0: 1/sqrt(head_dim)
   bool scale_given = false;
+  float softcap = 0;  // 0: off
   int iters = 20;
   int warmup = 2;
   bool flush_l2 = true;

@@ -73,6 +73,35 @@ std::vector<Case> edge_cases() {
   return cases;
 }
 
+// What a step documents that it runs: its claims, with softcapping only where it has it (Step::softcap).
+bool claims(const fs::Step& s, const fs::Problem& p, const fs::DeviceInfo& dev) {
+  return s.forward.claims(p, dev) && (p.softcap == 0 || s.softcap);
+}
+
+// Logit softcapping: caps from tiny (every logit near 0: O near the mean of V) through the size of
+// the logits (tanh bends) to huge (the plain softmax) on odd lengths, GQA, causal or not, head_dims
+// 64 and 128 and a few others. Steps without softcapping refuse each with a sentence.
+std::vector<Case> softcap_cases() {
+  std::vector<Case> cases;
+  const Shape shapes[] = {{1, 1, 1, 1, 1},    {2, 17, 17, 2, 1}, {2, 128, 128, 8, 2}, {1, 257, 257, 2, 2},
+                          {1, 1000, 1000, 8, 1}, {1, 17, 257, 8, 2}, {2, 257, 64, 2, 1}};
+  const float caps[] = {1e-3f, 0.5f, 2.0f, 15.0f, 50.0f, 1e6f};
+  int k = 0;
+  for (const Shape& s : shapes)
+    for (int64_t d : {64, 128})
+      for (bool causal : {false, true}) {
+        const fs::DType dt = k % 2 ? fs::DType::bf16 : fs::DType::fp16;
+        cases.push_back({fs::make_problem(s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, d, dt, causal),
+                         uint64_t(3000 + k)});
+        cases.back().problem.softcap = caps[k++ % 6];
+      }
+  for (int64_t d : {8, 40, 96, 136, 192, 256}) {
+    cases.push_back({fs::make_problem(1, 129, 200, 4, 2, d, fs::DType::bf16, d % 64 == 0), uint64_t(3000 + k)});
+    cases.back().problem.softcap = caps[k++ % 6];
+  }
+  return cases;
+}
+
 bool all_nan(const std::vector<float>& x) {
   for (float v : x)
     if (v == v) return false;
@@ -95,7 +124,7 @@ void check_all_steps(const Case& c) {
     const fs::Plan plan = fs::plan(s, w.problem(), dev);
     if (!plan.accepted()) {
       INFO("refusal: " << plan.refusal);
-      CHECK_FALSE(s.forward.claims(w.problem(), dev));  // the step documents that it runs this problem
+      CHECK_FALSE(claims(s, w.problem(), dev));  // the step documents that it runs this problem
       // A refusal is a sentence, and nothing is launched: O keeps its poison.
       CHECK(plan.refusal.size() > 10);
       w.poison();
@@ -123,6 +152,11 @@ TEST_CASE("every step matches the reference on the shape matrix", "[steps]") {
 
 TEST_CASE("every step matches the reference on the edge shapes", "[edge]") {
   static const std::vector<Case> cases = edge_cases();
+  check_all_steps(cases[size_t(GENERATE(range(size_t(0), cases.size())))]);
+}
+
+TEST_CASE("steps with softcapping match the reference; the others refuse it", "[steps][softcap]") {
+  static const std::vector<Case> cases = softcap_cases();
   check_all_steps(cases[size_t(GENERATE(range(size_t(0), cases.size())))]);
 }
 

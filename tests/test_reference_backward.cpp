@@ -21,6 +21,7 @@ struct Tiny {
   bool causal;
   double scale;
   std::vector<double> q, k, v, d_o;
+  double softcap = 0;  // > 0: every logit c becomes softcap·tanh(c / softcap)
 };
 
 Tiny make_tiny(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, bool causal, unsigned seed) {
@@ -40,7 +41,7 @@ Tiny make_tiny(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64
   return t;
 }
 
-// loss = Σ dO ∘ O with O = softmax(scale·Q·Kᵀ, masked)·V, in fp64, written from the definition:
+// loss = Σ dO ∘ O with O = softmax(scale·Q·Kᵀ, masked, softcapped)·V, in fp64, written from the definition:
 // query head h reads K/V head h / (Hq / Hkv); causal lets row i see key j when j - i <= Sk - Sq.
 double loss(const Tiny& t) {
   const int64_t Sq = t.seqlen_q, Sk = t.seqlen_k, H = t.heads_q, Hkv = t.heads_kv, D = t.head_dim;
@@ -55,7 +56,7 @@ double loss(const Tiny& t) {
           double s = 0;
           for (int64_t d = 0; d < D; ++d)
             s += t.q[size_t(((b * Sq + i) * H + h) * D + d)] * t.k[size_t(((b * Sk + j) * Hkv + hk) * D + d)];
-          w.push_back(t.scale * s);
+          w.push_back(t.softcap > 0 ? t.softcap * std::tanh(t.scale * s / t.softcap) : t.scale * s);
           top = std::max(top, w.back());
         }
         double z = 0;
@@ -75,6 +76,7 @@ fs::BackwardProblem problem_of(const Tiny& t) {
   p.attention = fs::make_problem(t.batch, t.seqlen_q, t.seqlen_k, t.heads_q, t.heads_kv, t.head_dim, fs::DType::fp16,
                                t.causal);
   p.attention.softmax_scale = float(t.scale);
+  p.attention.softcap = float(t.softcap);
   p.d_o = p.dq = p.attention.q;
   p.dk = p.dv = p.attention.k;
   return p;
@@ -154,6 +156,30 @@ TEST_CASE("backward reference: dQ, dK, dV are the derivatives of Σ dO∘O (fini
     CHECK(max_abs(r.dq) > 0.01);  // a derivative that is not trivially zero
     CHECK(max_abs(r.dv) > 0.01);
   }
+}
+
+TEST_CASE("backward reference with softcapping: the derivatives of the capped logits (finite differences)",
+          "[reference][backward][softcap]") {
+  // Softcaps of the size of the logits (|scale·q·k| reaches about 3 here), where tanh bends: the slope
+  // 1 - tanh² is far from 1 and a missing or misplaced factor fails by far more than the tolerance.
+  unsigned seed = 40;
+  for (const double softcap : {0.5, 2.0, 30.0})
+    for (const bool causal : {false, true}) {
+      CAPTURE(softcap, causal);
+      Tiny t = make_tiny(1, 4, 5, 2, 1, 8, causal, seed++);
+      t.softcap = softcap;
+      const fs::BackwardReference r = fs::reference_cpu(problem_of(t), inputs_of(t), false);
+      const double tol = 1e-7;
+      CHECK(max_fd_error(t, &Tiny::q, r.dq) < tol * (1 + max_abs(r.dq)));
+      CHECK(max_fd_error(t, &Tiny::k, r.dk) < tol * (1 + max_abs(r.dk)));
+      CHECK(max_fd_error(t, &Tiny::v, r.dv) < tol * (1 + max_abs(r.dv)));
+      CHECK(max_abs(r.dq) > 0.001);
+      // The same inputs without the cap give other gradients (by more than the tolerance above).
+      Tiny plain = t;
+      plain.softcap = 0;
+      const fs::BackwardReference u = fs::reference_cpu(problem_of(plain), inputs_of(plain), false);
+      if (softcap < 10) CHECK(max_diff(u.dq, r.dq) > 1e-3);
+    }
 }
 
 TEST_CASE("backward reference: a row with no key has dQ = 0 and adds nothing to dK, dV", "[reference][backward]") {

@@ -151,3 +151,49 @@ TEST_CASE("reference: strided views read the same values as contiguous tensors",
   CHECK(a.o == b.o);
   CHECK(a.lse == b.lse);
 }
+
+TEST_CASE("reference with softcapping: softcap·tanh(scale·q·k / softcap) written out for one row", "[reference][softcap]") {
+  Problem p = fs::make_problem(1, 1, 3, 1, 1, 8, fs::DType::fp16, false);
+  p.softmax_scale = 0.5f;
+  p.softcap = 1.5f;  // about the size of the logits: tanh bends
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-1.0f, 2.0f);
+  const HostInputs in = make_inputs(p, [&](int, int64_t, int64_t, int64_t, int64_t) { return u(rng); });
+  const fs::Reference r = fs::reference_cpu(p, in);
+  double c[3], z = 0;
+  for (int j = 0; j < 3; ++j) {
+    double dot = 0;
+    for (int d = 0; d < 8; ++d) dot += double(in.q_ptr()[d]) * in.k_ptr()[j * 8 + d];
+    c[j] = 1.5 * std::tanh(0.5 * dot / 1.5);
+    z += std::exp(c[j]);
+  }
+  CHECK(std::fabs(lse_at(p, r, 0, 0, 0) - std::log(z)) < 1e-12);
+  for (int d = 0; d < 8; ++d) {
+    double o = 0;
+    for (int j = 0; j < 3; ++j) o += std::exp(c[j]) / z * in.v_ptr()[j * 8 + d];
+    CHECK(std::fabs(o_at(p, r, 0, 0, 0, d) - o) < 1e-12);
+  }
+}
+
+TEST_CASE("reference with softcapping: a tiny cap averages V, a huge one changes nothing", "[reference][softcap]") {
+  Problem p = fs::make_problem(1, 4, 6, 2, 1, 16, fs::DType::fp16, true);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> n(0.0f, 2.0f);
+  const HostInputs in = make_inputs(p, [&](int, int64_t, int64_t, int64_t, int64_t) { return n(rng); });
+  const fs::Reference plain = fs::reference_cpu(p, in);
+  p.softcap = 1e-6f;  // every logit is within 1e-6 of 0: O is the mean of the visible V rows
+  const fs::Reference tiny = fs::reference_cpu(p, in);
+  p.softcap = 1e30f;  // tanh(x) = x to fp64's precision
+  const fs::Reference huge = fs::reference_cpu(p, in);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t s = 0; s < 4; ++s) {
+      const int64_t keys = s + 1 + 6 - 4;  // bottom-right causal
+      for (int64_t d = 0; d < 16; ++d) {
+        double mean = 0;
+        for (int64_t j = 0; j < keys; ++j) mean += in.v_ptr()[j * 16 + d] / double(keys);
+        CHECK(std::fabs(o_at(p, tiny, 0, s, h, d) - mean) < 1e-5);
+        CHECK(std::fabs(o_at(p, huge, 0, s, h, d) - o_at(p, plain, 0, s, h, d)) < 1e-12);
+      }
+      CHECK(std::fabs(lse_at(p, tiny, 0, h, s) - std::log(double(keys))) < 1e-5);
+    }
+}

@@ -184,3 +184,34 @@ TEST_CASE("workspace: a plan's workspace is refused, in a sentence, when it is m
   fs::Tensors t{mem, mem, mem, mem, nullptr};
   CHECK_THROWS_AS(fs::run(*s, p, plan, t, nullptr, 0, nullptr), fs::Error);
 }
+
+TEST_CASE("softcap: a step without it refuses with a sentence naming one that has it, for each pass", "[registry][softcap]") {
+  const fs::Step* capped = nullptr;
+  for (const fs::Step& s : fs::steps())
+    if (s.softcap) capped = &s;
+  REQUIRE(capped != nullptr);
+  CHECK(capped->id == "13a_softcap");
+  REQUIRE(capped->forward.present());
+  REQUIRE(capped->backward.present());
+
+  fs::Problem p = fs::make_problem(1, 16, 64, 2, 2, 64, fs::DType::fp16, false);
+  p.softcap = 30.0f;
+  fs::BackwardProblem bp = fs::make_backward_problem(1, 16, 64, 2, 2, 64, fs::DType::fp16, false, 0);
+  bp.attention.softcap = 30.0f;
+  fs::DecodeProblem dp = fs::make_decode_problem(1, 1, 64, 2, 2, 64, fs::DType::fp16, false);
+  dp.attention.softcap = 30.0f;
+  CHECK(fs::static_refusal(*capped, p).empty());
+  CHECK(fs::static_refusal(*capped, bp).empty());
+  for (const fs::Step& s : fs::steps()) {
+    if (s.softcap) continue;
+    CAPTURE(s.id);
+    if (s.forward.present())
+      CHECK(fs::static_refusal(s, p) == "softcap is 30; step " + s.id +
+                                            " has no softcapping (0 turns it off); step 13a_softcap has it");
+    if (s.backward.present())
+      CHECK(fs::static_refusal(s, bp) == "softcap is 30; step " + s.id +
+                                             " has no softcapping (0 turns it off); step 13a_softcap has it");
+    if (s.decode.present())  // no step decodes with a softcap: the sentence names none
+      CHECK(fs::static_refusal(s, dp) == "softcap is 30; step " + s.id + " has no softcapping (0 turns it off)");
+  }
+}

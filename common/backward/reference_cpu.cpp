@@ -40,7 +40,8 @@ BackwardReference reference_cpu(const BackwardProblem& bp, const BackwardHostInp
   auto at = [](const float* base, const Strides& st, int64_t b, int64_t row, int64_t h) {
     return base + b * st.batch + row * st.row + h * st.head;
   };
-  std::vector<double> prob(static_cast<size_t>(Sk)), dp(static_cast<size_t>(Sk)), o(static_cast<size_t>(D));
+  std::vector<double> prob(static_cast<size_t>(Sk)), dp(static_cast<size_t>(Sk)), slope(static_cast<size_t>(Sk)),
+      o(static_cast<size_t>(D));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = kv_head_of(p, h);
@@ -51,7 +52,8 @@ BackwardReference reference_cpu(const BackwardProblem& bp, const BackwardHostInp
         if (keys == 0) continue;  // no key: P = 0, so dQ = 0 and nothing reaches dK, dV
         const float* q = at(in.qkv.q_ptr(), p.q, b, i, h);
         const float* d_o = in.d_o.data() + ((b * Sq + i) * H + h) * D;
-        // P = softmax(scale · q·k) over the visible keys; dP = dO·vᵀ.
+        // P = softmax(scale · q·k) over the visible keys (softcapped: of softcap·tanh(scale · q·k / softcap),
+        // whose slope dS takes); dP = dO·vᵀ.
         double m = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < keys; ++j) {
           const float* k = at(in.qkv.k_ptr(), p.k, b, j, hk);
@@ -61,7 +63,8 @@ BackwardReference reference_cpu(const BackwardProblem& bp, const BackwardHostInp
             dot += double(q[d]) * double(k[d]);
             dpj += double(d_o[d]) * double(v[d]);
           }
-          prob[j] = scale * dot;
+          prob[j] = capped_logit(scale * dot, p.softcap);
+          slope[j] = capped_slope(prob[j], p.softcap);
           dp[j] = dpj;
           m = std::max(m, prob[j]);
         }
@@ -82,7 +85,7 @@ BackwardReference reference_cpu(const BackwardProblem& bp, const BackwardHostInp
         }
         double* dq = &r.dq[size_t(((b * Sq + i) * H + h) * D)];
         for (int64_t j = 0; j < keys; ++j) {
-          const double ds = round(prob[j] * (dp[j] - row_d));  // from the unrounded P
+          const double ds = round(prob[j] * (dp[j] - row_d) * slope[j]);  // from the unrounded P
           const double pj = round(prob[j]);                    // the operand of dV = Pᵀ·dO
           const float* k = at(in.qkv.k_ptr(), p.k, b, j, hk);
           double* dk = &r.dk[size_t(((b * Sk + j) * Hkv + hk) * D)];

@@ -3,6 +3,7 @@
 //   S  = scale·Q·Kᵀ          masked softmax -> P          dP = dO·Vᵀ
 //   D  = rowsum(P ∘ dP), or (rounded) rowsum(dO ∘ O) with O = P·V rounded to the dtype
 //   dS = P ∘ (dP - D)        dQ = scale·dS·K              dK += scale·dSᵀ·Q      dV += Pᵀ·dO
+// (softcapping: S becomes softcap·tanh(S / softcap) before the softmax and dS takes its slope 1 - tanh²).
 // dK and dV add up over the chunks and over the group's query heads (GQA), in fp32.
 //
 // Q, K, V and dO are first converted to contiguous fp32 matrices (exact: fp16 and bf16 values are
@@ -39,9 +40,11 @@ __global__ void rowsum_do_o_kernel(const float* d_o, const float* o, int64_t hea
 
 // One block of kSoftmaxThreads per row r of the chunk. D = row_d[r] when given, else Σ_j P·dP; then
 // dS = P ∘ (dP - D) overwrites dP. rounded: dS rounded to the dtype, and then P (after dS used it
-// unrounded), as in reference_cpu_backward.
+// unrounded), as in reference_cpu_backward. slope (softcapping; else null): dS is also multiplied by
+// the logit's derivative, as masked_softmax_kernel wrote it.
 template <typename T>
-__global__ void ds_kernel(float* prob, float* dp, int64_t seqlen_k, const float* row_d, bool rounded) {
+__global__ void ds_kernel(float* prob, float* dp, int64_t seqlen_k, const float* row_d, bool rounded,
+                          const float* slope) {
   const int64_t r = blockIdx.x;
   float* p_row = prob + r * seqlen_k;
   float* dp_row = dp + r * seqlen_k;
@@ -55,7 +58,7 @@ __global__ void ds_kernel(float* prob, float* dp, int64_t seqlen_k, const float*
   }
   for (int64_t j = threadIdx.x; j < seqlen_k; j += blockDim.x) {
     const float p = p_row[j];
-    const float ds = p * (dp_row[j] - d_sum);
+    const float ds = p * (dp_row[j] - d_sum) * (slope ? slope[r * seqlen_k + j] : 1.0f);
     dp_row[j] = rounded ? round_to<T>(ds) : ds;
     p_row[j] = rounded ? round_to<T>(p) : p;
   }
@@ -81,15 +84,17 @@ void GpuReference::run(const BackwardProblem& bp, const BackwardTensors& t, bool
   if (Sk == 0 && q_bytes) CHECK_CUDA(cudaMemsetAsync(dq32, 0, q_bytes, stream));
   if (Sq == 0 || Sk == 0) return;
 
-  // Scratch of one query row of the group: P and dP (Sk each), Q, dO and O (D each), D (1).
-  const std::optional<int64_t> row_bytes = checked_product({int64_t(sizeof(float)), group, 2 * Sk + 3 * D + 1});
+  // Scratch of one query row of the group: P and dP (Sk each), the logits' slopes (Sk, softcapping only),
+  // Q, dO and O (D each), D (1).
+  const int64_t row_floats = (p.softcap > 0 ? 3 : 2) * Sk + 3 * D + 1;
+  const std::optional<int64_t> row_bytes = checked_product({int64_t(sizeof(float)), group, row_floats});
   if (!row_bytes)
     throw Error(sentence("backward reference: one query row of P and dP for ", group, " query heads and seqlen_k ", Sk,
                          " needs more than 2^63 bytes"));
   const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(Sq, int64_t(max_scratch_bytes_) / *row_bytes));
   const int64_t kv_elems = Sk * D;  // one K/V head as fp32: K and V
   const int64_t chunk = group * rows;  // rows of the chunk, [group][rows]
-  const size_t scratch_bytes = size_t(2 * kv_elems + chunk * (2 * Sk + 3 * D + 1)) * sizeof(float);
+  const size_t scratch_bytes = size_t(2 * kv_elems + chunk * row_floats) * sizeof(float);
   reserve(scratch_bytes, s_);
   float* k32 = s_.as<float>();
   float* v32 = k32 + kv_elems;
@@ -99,6 +104,7 @@ void GpuReference::run(const BackwardProblem& bp, const BackwardTensors& t, bool
   float* do32 = q32 + chunk * D;     // [group][rows][D]
   float* o32 = do32 + chunk * D;     // [group][rows][D] (rounded only)
   float* row_d = o32 + chunk * D;    // [group·rows] (rounded only)
+  float* slope = p.softcap > 0 ? row_d + chunk : nullptr;  // [group·rows][Sk] (softcapping only)
   CHECK_CUBLAS(cublasSetStream(handle_, stream));
   const float zero = 0.0f, one = 1.0f, scale = p.softmax_scale;
 
@@ -129,7 +135,7 @@ void GpuReference::run(const BackwardProblem& bp, const BackwardTensors& t, bool
           CHECK_CUBLAS(cublasSgemm_64(handle_, CUBLAS_OP_T, CUBLAS_OP_N, Sk, gn, D, &scale, k32, D, q32, D, &zero,
                                       prob, Sk));
           masked_softmax_kernel<<<unsigned(gn), kSoftmaxThreads, 0, stream>>>(prob, n, Sq, Sk, i0, b, h0, H,
-                                                                             p.causal != 0, nullptr);
+                                                                             p.causal != 0, nullptr, p.softcap, slope);
           CHECK_LAUNCH();
           CHECK_CUBLAS(cublasSgemm_64(handle_, CUBLAS_OP_T, CUBLAS_OP_N, Sk, gn, D, &one, v32, D, do32, D, &zero, dp,
                                       Sk));
@@ -140,7 +146,8 @@ void GpuReference::run(const BackwardProblem& bp, const BackwardTensors& t, bool
             rowsum_do_o_kernel<T><<<unsigned(gn), kSoftmaxThreads, 0, stream>>>(do32, o32, D, row_d);
             CHECK_LAUNCH();
           }
-          ds_kernel<T><<<unsigned(gn), kSoftmaxThreads, 0, stream>>>(prob, dp, Sk, rounded ? row_d : nullptr, rounded);
+          ds_kernel<T><<<unsigned(gn), kSoftmaxThreads, 0, stream>>>(prob, dp, Sk, rounded ? row_d : nullptr, rounded,
+                                                                     slope);
           CHECK_LAUNCH();
           // dQ (D × n per head) = scale · K · dS, written straight into (b, i, h, d) order: one batch
           // entry per query head, leading dimension H·D.

@@ -41,6 +41,7 @@ struct Pass<BackwardProblem> {
   using Tensors = BackwardTensors;
   static constexpr const char* workspace_function = "fs_backward_workspace_size";
   static const Entry<BackwardProblem, Tensors>& entry(const Step& s) { return s.backward; }
+  static const Problem& attention(const BackwardProblem& p) { return p.attention; }
   static std::string missing(const Step& s);  // names the steps that have a backward pass
   static size_t harness_workspace(const BackwardProblem&) { return 0; }
   // The gradients of empty problems; `done` then: nothing else is launched.

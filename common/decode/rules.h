@@ -53,6 +53,7 @@ struct Pass<DecodeProblem> {
   using Tensors = DecodeTensors;
   static constexpr const char* workspace_function = "fs_decode_workspace_size";
   static const Entry<DecodeProblem, Tensors>& entry(const Step& s) { return s.decode; }
+  static const Problem& attention(const DecodeProblem& p) { return p.attention; }
   static std::string missing(const Step& s) {
     return "step " + s.id + " has no decoding entry (per-sequence lengths, a paged cache); it runs forward "
            "problems (fs_check, fs_run), which a decoding problem is when its cache is contiguous and every "

@@ -21,6 +21,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,11 @@ struct Reference {
   std::vector<double> o;
   std::vector<double> lse;
 };
+
+// Logit softcapping (fs_problem::softcap): the logit c = softcap·tanh(s / softcap) of a scaled score s
+// (softcap 0: c = s), and dc/ds = 1 - (c / softcap)², the factor the backward applies to dS.
+inline double capped_logit(double s, double softcap) { return softcap > 0 ? softcap * std::tanh(s / softcap) : s; }
+inline double capped_slope(double c, double softcap) { return softcap > 0 ? 1 - (c / softcap) * (c / softcap) : 1; }
 
 struct Tolerance {
   double atol, rtol, lse_rtol;

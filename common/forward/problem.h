@@ -27,6 +27,7 @@ typedef struct fs_problem {
   int32_t dtype;  /* fs_dtype */
   int32_t causal; /* 0 or 1; bottom-right aligned */
   float softmax_scale;
+  float softcap; /* 0: off; else every logit s becomes softcap·tanh(s / softcap) before the softmax */
   fs_strides q, k, v, o;
 } fs_problem;
 

@@ -33,7 +33,7 @@ Reference reference_cpu(const Problem& p, const HostInputs& in) {
           const float* k = at(in.k_ptr(), p.k, b, j, hk);
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += double(q[d]) * double(k[d]);
-          s[j] = scale * dot;
+          s[j] = capped_logit(scale * dot, p.softcap);
           m = std::max(m, s[j]);
         }
         double sum = 0;

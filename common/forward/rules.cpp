@@ -17,7 +17,7 @@ Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t 
                      int64_t head_dim, DType dtype, int32_t causal) {
   const Strides q = contiguous_strides(seqlen_q, heads_q, head_dim), k = contiguous_strides(seqlen_k, heads_kv, head_dim);
   const float scale = head_dim > 0 ? float(1.0 / std::sqrt(double(head_dim))) : 1.0f;
-  return Problem{batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, int32_t(dtype), causal, scale, q, k, k, q};
+  return Problem{batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, int32_t(dtype), causal, scale, 0.0f, q, k, k, q};
 }
 
 std::string validate(const Problem& p) {
@@ -50,6 +50,18 @@ std::string validate(const Problem& p) {
     return sentence("softmax_scale is ", p.softmax_scale, "; it must be at most ", bound,
                     ", so that scale * log2(e) is at most 2^126 (finite in fp32)");
   }
+  if (!std::isfinite(p.softcap) || p.softcap < 0.0f)
+    return sentence("softcap is ", p.softcap, "; it must be finite and at least 0 (0: no softcapping)");
+  if (p.softcap > 0.0f) {
+    if (double(p.softcap) > kMaxLogit / kLog2e)
+      return sentence("softcap is ", p.softcap, "; it must be at most ", kMaxLogit / kLog2e,
+                      ", so that softcap * log2(e), the largest logit, is at most 2^126 (finite in fp32)");
+    const double up = double(p.softcap) / p.softmax_scale, down = double(p.softmax_scale) / p.softcap;
+    if (up > kMaxFloat || down > kMaxFloat)
+      return sentence("softcap is ", p.softcap, " and softmax_scale ", p.softmax_scale, "; the kernels form ",
+                      up > kMaxFloat ? "softcap / softmax_scale" : "softmax_scale / softcap", " = ",
+                      up > kMaxFloat ? up : down, " in fp32, which must be at most ", kMaxFloat);
+  }
   const View q{"Q", "Q and O", p.q, p.batch, p.seqlen_q, p.heads_q, p.head_dim, "seqlen_q", "heads_q"};
   const View k{"K", "K and V", p.k, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, "seqlen_k", "heads_kv"};
   const View v{"V", "K and V", p.v, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, "seqlen_k", "heads_kv"};
@@ -78,7 +90,8 @@ double attention_flops(const Problem& p) {
 
 std::string describe(const Problem& p) {
   return sentence("b", p.batch, " h", p.heads_q, "/", p.heads_kv, " sq", p.seqlen_q, " sk", p.seqlen_k, " d",
-                  p.head_dim, " ", dtype_name(p.dtype), p.causal ? " causal" : "");
+                  p.head_dim, " ", dtype_name(p.dtype), p.causal ? " causal" : "",
+                  p.softcap > 0 ? sentence(" softcap ", p.softcap) : std::string());
 }
 
 }  // namespace fs

@@ -22,6 +22,7 @@ inline constexpr int64_t kMaxBatchHeads = INT32_MAX;
 inline constexpr double kMaxLogit = 85070591730234615865843651857942052864.0;  // 2^126
 inline constexpr double kLog2e = 1.4426950408889634;
 inline constexpr double kMaxAbsFp16 = 65504.0;
+inline constexpr double kMaxFloat = 3.4028234663852886e38;  // FLT_MAX
 
 inline DType dtype_of(const Problem& p) { return static_cast<DType>(p.dtype); }
 const char* dtype_name(int32_t dtype);  // "fp16", "bf16" or "dtype?"
@@ -53,6 +54,7 @@ struct Pass<Problem> {
   using Tensors = fs::Tensors;
   static constexpr const char* workspace_function = "fs_workspace_size";
   static const Entry<Problem, Tensors>& entry(const Step& s) { return s.forward; }
+  static const Problem& attention(const Problem& p) { return p; }
   static std::string missing(const Step& s) {
     return "step " + s.id + " has no forward pass (it is a backward step: fs_run_backward)";
   }

@@ -88,11 +88,25 @@ std::string validate_workspace(const Plan& plan, const void* workspace, size_t w
   return "";
 }
 
+// "" when the step implements every feature the problem asks for (softcap), else a sentence naming a
+// step that does for this pass.
+template <typename Problem>
+std::string feature_refusal(const Step& step, const Problem& problem) {
+  const fs_problem& p = Pass<Problem>::attention(problem);
+  if (p.softcap == 0 || step.softcap) return "";
+  const auto& all = steps();
+  const auto it = std::find_if(all.begin(), all.end(),
+                               [](const Step& s) { return s.softcap && Pass<Problem>::entry(s).present(); });
+  return sentence("softcap is ", p.softcap, "; step ", step.id, " has no softcapping (0 turns it off)",
+                  it == all.end() ? std::string() : "; step " + it->id + " has it");
+}
+
 template <typename Problem>
 std::string static_refusal(const Step& step, const Problem& p) {
   const auto& entry = Pass<Problem>::entry(step);
   if (!entry.present()) return Pass<Problem>::missing(step);
   std::string why = validate(p);
+  if (why.empty()) why = feature_refusal(step, p);
   return why.empty() ? entry.limits(p) : why;
 }
 

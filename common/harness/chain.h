@@ -45,7 +45,7 @@ std::string validate_workspace(const Plan& plan, const void* workspace, size_t w
                                const char* size_function);
 
 // What can be said without a device: "" when the step has the pass, the problem follows the pass's
-// rules and the step's limits accept it.
+// rules, the step has the features it asks for and the step's limits accept it.
 template <typename Problem>
 std::string static_refusal(const Step& step, const Problem& p);
 

@@ -53,15 +53,24 @@ __device__ inline int64_t visible_keys(int64_t i, int64_t seqlen_q, int64_t seql
 // One block of kSoftmaxThreads per row of S: masked max, sum of exponentials, P = exp(s - max) / sum,
 // and (lse not null) LSE = max + log(sum). S holds `group` heads × `rows` query rows × Sk keys, for
 // query rows i0 … i0+rows-1 of heads h0 … h0+group-1. A row with no key gets P = 0, LSE = -inf.
+// softcap > 0: each logit s first becomes softcap·tanh(s / softcap) (tanhf, not the kernels' MUFU.TANH),
+// and `slope` (when not null, laid out as S) receives its derivative 1 - tanh².
 __global__ void masked_softmax_kernel(float* s, int64_t rows, int64_t seqlen_q, int64_t seqlen_k,
                                       int64_t i0, int64_t b, int64_t h0, int64_t heads_q, bool causal,
-                                      float* lse) {
+                                      float* lse, float softcap = 0.0f, float* slope = nullptr) {
   const int64_t r = blockIdx.x;
   const int64_t g = r / rows, i = i0 + r % rows;
   float* row = s + r * seqlen_k;
   const int64_t allowed = visible_keys(i, seqlen_q, seqlen_k, causal);
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) m = fmaxf(m, row[j]);
+  for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) {
+    if (softcap > 0.0f) {
+      const float t = tanhf(row[j] / softcap);
+      row[j] = softcap * t;
+      if (slope) slope[r * seqlen_k + j] = 1.0f - t * t;
+    }
+    m = fmaxf(m, row[j]);
+  }
   m = block_reduce(m, true);
   float sum = 0.0f;
   for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) sum += expf(row[j] - m);

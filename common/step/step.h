@@ -82,6 +82,9 @@ struct Step {
   // Its plan reads DeviceInfo::free_bytes. The C ABI asks the driver for free memory (cudaMemGetInfo,
   // microseconds) only for such a step; for the others free_bytes is 0.
   bool reads_free_memory = false;
+  // Its kernels apply logit softcapping (fs_problem::softcap). Every other step refuses a problem with
+  // softcap > 0, with a sentence naming a step that has it.
+  bool softcap = false;
   // Set by the registry from steps/CMakeLists.txt: the directory under steps/, and for a step built
   // for one architecture only (ARCH 90a: 90) that architecture, which is then also its minimum.
   std::string dir = {};

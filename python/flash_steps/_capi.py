@@ -99,7 +99,8 @@ class FsStrides(ctypes.Structure):
 
 class FsProblem(ctypes.Structure):
     _fields_ = ([(name, _I64) for name in SIZES]
-                + [("dtype", _I32), ("causal", _I32), ("softmax_scale", ctypes.c_float)]
+                + [("dtype", _I32), ("causal", _I32), ("softmax_scale", ctypes.c_float),
+                   ("softcap", ctypes.c_float)]
                 + [(name, FsStrides) for name in ("q", "k", "v", "o")])
 
 class FsDecodeProblem(ctypes.Structure):

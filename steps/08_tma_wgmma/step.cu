@@ -1,8 +1,6 @@
 // Step 08 — limits, plan, launch and registration of the TMA + wgmma kernel (kernel.cuh): the row
 // of the tile table for the problem's head_dim, the four tensor maps, the launch; and explain(),
 // which prints the layouts the kernel relies on without a GPU.
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver is reached through the runtime
-
 #include <cstdio>
 #include <ostream>
 #include <sstream>
@@ -13,6 +11,7 @@
 #include "common/step/dispatch.h"
 #include "common/step/dtype.cuh"
 #include "common/step/step.h"
+#include "common/step/tensor_map.h"
 #include "steps/08_tma_wgmma/kernel.cuh"
 
 namespace fs {
@@ -22,27 +21,12 @@ namespace s8 = step08;
 
 // ---- limits, plan, claims ----------------------------------------------------------------------
 
-// The TMA addresses tensors with byte strides below 2^40 (the harness already makes them multiples
-// of 16 bytes); a dimension of extent 1 is never stepped, so its stride does not count.
-std::string check_tma_strides(const char* name, const Strides& s, int64_t seqlen, int64_t heads, int64_t batch) {
-  const struct { const char* what; int64_t stride, extent; } dims[] = {
-      {"row", s.row, seqlen}, {"head", s.head, heads}, {"batch", s.batch, batch}};
-  for (const auto& d : dims)
-    if (d.extent > 1 && d.stride * 2 >= s8::kMaxTmaStrideBytes) {
-      std::ostringstream m;
-      m << name << "'s " << d.what << " stride is " << d.stride << " elements (" << d.stride * 2
-        << " bytes); the TMA addresses strides below 2^40 bytes";
-      return m.str();
-    }
-  return "";
-}
-
 std::string limits(const Problem& p) {
   std::string why;
-  if (why.empty()) why = check_tma_strides("Q", p.q, p.seqlen_q, p.heads_q, p.batch);
-  if (why.empty()) why = check_tma_strides("K", p.k, p.seqlen_k, p.heads_kv, p.batch);
-  if (why.empty()) why = check_tma_strides("V", p.v, p.seqlen_k, p.heads_kv, p.batch);
-  if (why.empty()) why = check_tma_strides("O", p.o, p.seqlen_q, p.heads_q, p.batch);
+  if (why.empty()) why = check_tma_strides("Q", p.q, p.seqlen_q, p.heads_q, p.batch, s8::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("K", p.k, p.seqlen_k, p.heads_kv, p.batch, s8::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("V", p.v, p.seqlen_k, p.heads_kv, p.batch, s8::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("O", p.o, p.seqlen_q, p.heads_q, p.batch, s8::kMaxTmaStrideBytes);
   return why;
 }
 
@@ -91,35 +75,6 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
 }
 
 // ---- launch ------------------------------------------------------------------------------------
-
-// cuTensorMapEncodeTiled, from the driver that the CUDA runtime has loaded (nothing links libcuda).
-// It computes a descriptor on the host; no GPU work is involved.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || fn == nullptr)
-      throw Error("the CUDA driver does not provide cuTensorMapEncodeTiled (CUDA 12.0 or newer is needed)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
-// A 4-D tensor map (head_dim, seqlen, heads, batch) with boxes [rows, 64], 128-byte swizzle, and
-// zeros for the elements of a box that lie outside the tensor. L2 promotion 256 B: the boxes of
-// one tile's column blocks are issued back to back and cover consecutive bytes of each row.
-CUtensorMap make_tensor_map(const char* name, const void* data, CUtensorMapDataType type, const s8::TensorMapShape& m) {
-  CUtensorMap map;
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&map, type, 4, const_cast<void*>(data), m.dims, m.strides, m.box,
-                                          element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw Error(std::string("cuTensorMapEncodeTiled refused the tensor map of ") + name + " (CUresult " +
-                std::to_string(int(r)) + ")");
-  return map;
-}
 
 template <typename T, int HEAD_DIM, int BLOCK_KV, int KV_STAGES>
 void launch_tiles(const Problem& p, const Tensors& t, const Plan& plan, cudaStream_t stream) {

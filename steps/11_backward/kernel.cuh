@@ -36,6 +36,7 @@
 
 #include "common/backward/problem.h"
 #include "common/step/dtype.cuh"
+#include "common/step/softcap.h"
 #include "steps/11_backward/traits.h"
 
 namespace fs::step11 {
@@ -506,11 +507,12 @@ __global__ void __launch_bounds__(kConvertThreads)
 // ---- deterministic mode: dQ by query rows, no atomics --------------------------------------------
 // Block x: query head bh = x / (q_tiles · D_SLICES), then query tile (the last first) and slice. Each
 // warp owns 16 query rows and sums dQ over the K/V tiles in order, so dQ is the same on every run.
-template <typename T, class Tr>
+// SOFTCAP: step 13a's logit softcapping (common/step/softcap.h), for its deterministic mode.
+template <typename T, class Tr, bool SOFTCAP = false>
 __global__ void __launch_bounds__(Tr::NUM_THREADS)
     dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_o,
               T* __restrict__ dq, const float* __restrict__ lse2, const float* __restrict__ d_rows,
-              const BackwardProblem p, const float scale_log2) {
+              const BackwardProblem p, const float scale_log2, const Softcap cap) {
   using Layout = typename Tr::Layout;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, BLOCK_KV = Tr::BLOCK_KV, NT = Tr::NUM_THREADS;
   const Problem& f = p.attention;
@@ -607,12 +609,17 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const frag::Coord c = frag::mma_c(lane, i);  // (row, key) inside the warp's tile
-        float pv = exp2_fast(fmaf(s_acc[nt][i], scale_log2, -lse_r[i / 2]));
+        float score = s_acc[nt][i], slope = 1.0f;
+        if constexpr (SOFTCAP) {
+          const float tc = tanh_approx(score * cap.pre);
+          score = cap.post * tc, slope = 1.0f - tc * tc;
+        }
+        float pv = exp2_fast(fmaf(score, scale_log2, -lse_r[i / 2]));
         if (masked) {
           const int key = kv0 + nt * 8 + c.col, row = q0 + 16 * warp + c.row;
           if (key >= seqlen_k || (causal && key > row + seqlen_k - seqlen_q)) pv = 0.0f;
         }
-        ds[i] = pv * (dp_acc[nt][i] - dd_r[i / 2]);
+        ds[i] = pv * (dp_acc[nt][i] - dd_r[i / 2]) * slope;
       }
 #pragma unroll
       for (int i = 0; i < 4; i += 2) ds_frag[nt / 2][frag::mma_a_reg_of_c(nt % 2, i)] = pack2<T>(ds[i], ds[i + 1]);

@@ -16,8 +16,6 @@ namespace {
 
 // Row indices are 32-bit inside the kernels and tiles round them up by at most 127.
 constexpr int64_t kMaxSeqlen = INT32_MAX - 127;
-// Whole 16-byte chunks: 256-byte aligned parts of the workspace.
-constexpr int64_t kAlign = 256;
 constexpr double kLog2e = 1.4426950408889634;  // exp(x) = 2^(x·log2(e))
 
 std::string limits(const BackwardProblem& p) {
@@ -29,31 +27,6 @@ std::string limits(const BackwardProblem& p) {
       return m.str();
     }
   return "";
-}
-
-// The workspace: LSE₂ and D (fp32, one per padded query row) and, without the deterministic mode,
-// the fp32 dQ accumulator (padded rows × the tile width). Byte offsets of each part.
-struct Workspace {
-  int64_t rows = 0;  // batch · heads_q · padded_rows(seqlen_q)
-  int64_t lse2 = 0, d_rows = 0, dq_accum = 0, bytes = 0;
-};
-std::optional<Workspace> workspace_of(const BackwardProblem& p, int tile_width) {
-  const Problem& f = p.attention;
-  const auto rows = checked_product({f.batch, f.heads_q, padded_rows(f.seqlen_q)});
-  if (!rows) return std::nullopt;
-  const auto row_bytes = checked_mul(*rows, 4);
-  const auto dq_bytes = p.deterministic ? std::optional<int64_t>(0) : checked_product({*rows, tile_width, 4});
-  if (!row_bytes || !dq_bytes || *row_bytes > INT64_MAX / 4 - kAlign) return std::nullopt;
-  Workspace w;
-  w.rows = *rows;
-  const int64_t aligned = (*row_bytes + kAlign - 1) / kAlign * kAlign;
-  w.lse2 = 0;
-  w.d_rows = aligned;
-  w.dq_accum = 2 * aligned;
-  const auto total = checked_add(w.dq_accum, *dq_bytes);
-  if (!total) return std::nullopt;
-  w.bytes = *total;
-  return w;
 }
 
 // The kernels of one launch, in order, with their grids: preprocess, the main kernel, then convert_dq
@@ -96,7 +69,7 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
     pl.refusal = m.str();
     return pl;
   }
-  const std::optional<Workspace> w = workspace_of(p, kConfigs[pl.config].head_dim);
+  const std::optional<Workspace> w = workspace_of(p.attention, p.deterministic, kConfigs[pl.config].head_dim);
   if (!w) {
     m << "the workspace of batch " << p.attention.batch << " · heads_q " << p.attention.heads_q << " · seqlen_q "
       << p.attention.seqlen_q << " rows does not fit in 64-bit byte counts";
@@ -133,7 +106,7 @@ bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
 
 void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, void* workspace,
             cudaStream_t stream) {
-  const Workspace w = *workspace_of(p, kConfigs[plan.config].head_dim);
+  const Workspace w = *workspace_of(p.attention, p.deterministic, kConfigs[plan.config].head_dim);
   char* base = static_cast<char*>(workspace);
   float* lse2 = reinterpret_cast<float*>(base + w.lse2);
   float* d_rows = reinterpret_cast<float*>(base + w.d_rows);
@@ -167,7 +140,7 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
         auto* kernel = dq_kernel<T, DqTr>;
         CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
         kernel<<<unsigned(dq.blocks), dq.threads, dq.smem_bytes, stream>>>(q, k, v, d_o, static_cast<T*>(t.dq), lse2,
-                                                                           d_rows, p, scale_log2);
+                                                                           d_rows, p, scale_log2, Softcap{});
         CHECK_LAUNCH();
       } else {
         run_main(std::true_type{});

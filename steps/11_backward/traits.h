@@ -8,9 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include "common/forward/problem.h"
+#include "common/step/overflow.h"
 
 namespace fs::step11 {
 
@@ -297,6 +299,32 @@ FS_HD constexpr int64_t tiles(int64_t n, int block) { return (n + block - 1) / b
 // (batch, query head): seqlen_q rounded up to 128, so a tile never reads past them. The padding rows
 // hold LSE = +inf and D = 0: their P is 0, so they add nothing.
 FS_HD constexpr int64_t padded_rows(int64_t seqlen_q) { return tiles(seqlen_q, 128) * 128; }
+
+// The workspace (steps 11, 12 and 13): LSE₂ and D (fp32, one per padded query row) and, without the
+// deterministic mode, the fp32 dQ accumulator (padded rows × the tile width). Byte offsets of each
+// part, each 256-byte aligned (whole 16-byte chunks); nothing when a size does not fit in 64 bits.
+struct Workspace {
+  int64_t rows = 0;  // batch · heads_q · padded_rows(seqlen_q)
+  int64_t lse2 = 0, d_rows = 0, dq_accum = 0, bytes = 0;
+};
+inline std::optional<Workspace> workspace_of(const Problem& f, bool deterministic, int tile_width) {
+  constexpr int64_t kAlign = 256;
+  const auto rows = checked_product({f.batch, f.heads_q, padded_rows(f.seqlen_q)});
+  if (!rows) return std::nullopt;
+  const auto row_bytes = checked_mul(*rows, 4);
+  const auto dq_bytes = deterministic ? std::optional<int64_t>(0) : checked_product({*rows, tile_width, 4});
+  if (!row_bytes || !dq_bytes || *row_bytes > INT64_MAX / 4 - kAlign) return std::nullopt;
+  Workspace w;
+  w.rows = *rows;
+  const int64_t aligned = (*row_bytes + kAlign - 1) / kAlign * kAlign;
+  w.lse2 = 0;
+  w.d_rows = aligned;
+  w.dq_accum = 2 * aligned;
+  const auto total = checked_add(w.dq_accum, *dq_bytes);
+  if (!total) return std::nullopt;
+  w.bytes = *total;
+  return w;
+}
 
 // Causal (bottom-right): query row i sees key j iff j <= i + seqlen_k - seqlen_q. The first query
 // row that sees any key of a K/V tile starting at key kv0 is kv0 - (seqlen_k - seqlen_q) (clamped to

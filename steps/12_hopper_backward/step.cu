@@ -1,8 +1,6 @@
 // Step 12 — the Hopper backward (kernel.cuh): what it accepts, its workspace (step 11's), the row of the
 // table (traits.h), the tensor maps and the launch. A backward-only step like step 11, whose
 // preprocessing, dQ conversion and deterministic dQ kernel it launches around its own main kernel.
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver is reached through the runtime
-
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -14,30 +12,18 @@
 #include "common/step/dispatch.h"
 #include "common/step/overflow.h"
 #include "common/step/step.h"
+#include "common/step/tensor_map.h"
 #include "steps/12_hopper_backward/kernel.cuh"
 
 namespace fs::step12 {
 namespace {
 
 constexpr int64_t kMaxSeqlen = INT32_MAX - 127;  // 32-bit rows, rounded up to whole tiles (step 11)
-constexpr int64_t kAlign = 256;                  // the workspace's parts start 256-byte aligned
 constexpr double kLog2e = 1.4426950408889634;
+using step11::Workspace;                         // step 11's workspace, and its rule
+using step11::workspace_of;
 using DqTr = step11::DqTraits<128, 1, 64, 64>;   // step 11's deterministic dQ kernel, 128-wide tiles
 using DqTr64 = step11::DqTraits<64, 1, 64, 64>;  // ... and 64-wide
-
-// The TMA addresses byte strides below 2^40 (a dimension of extent 1 is never stepped).
-std::string check_tma_strides(const char* name, const Strides& s, int64_t seqlen, int64_t heads, int64_t batch) {
-  const struct { const char* what; int64_t stride, extent; } dims[] = {
-      {"row", s.row, seqlen}, {"head", s.head, heads}, {"batch", s.batch, batch}};
-  for (const auto& d : dims)
-    if (d.extent > 1 && d.stride * 2 >= step08::kMaxTmaStrideBytes) {
-      std::ostringstream m;
-      m << name << "'s " << d.what << " stride is " << d.stride << " elements (" << d.stride * 2
-        << " bytes); the TMA addresses strides below 2^40 bytes";
-      return m.str();
-    }
-  return "";
-}
 
 std::string limits(const BackwardProblem& p) {
   const Problem& f = p.attention;
@@ -54,35 +40,11 @@ std::string limits(const BackwardProblem& p) {
         << "seqlens up to " << kMaxSeqlen;
       return m.str();
     }
-  std::string why = check_tma_strides("Q", f.q, f.seqlen_q, f.heads_q, f.batch);
-  if (why.empty()) why = check_tma_strides("K", f.k, f.seqlen_k, f.heads_kv, f.batch);
-  if (why.empty()) why = check_tma_strides("V", f.v, f.seqlen_k, f.heads_kv, f.batch);
-  if (why.empty()) why = check_tma_strides("dO", p.d_o, f.seqlen_q, f.heads_q, f.batch);
+  std::string why = check_tma_strides("Q", f.q, f.seqlen_q, f.heads_q, f.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("K", f.k, f.seqlen_k, f.heads_kv, f.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("V", f.v, f.seqlen_k, f.heads_kv, f.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("dO", p.d_o, f.seqlen_q, f.heads_q, f.batch, step08::kMaxTmaStrideBytes);
   return why;
-}
-
-// Step 11's workspace: LSE₂ and D (fp32, one per padded query row) and, without the deterministic
-// mode, the fp32 dQ accumulator (padded rows × the tile width).
-struct Workspace {
-  int64_t rows = 0;
-  int64_t lse2 = 0, d_rows = 0, dq_accum = 0, bytes = 0;
-};
-std::optional<Workspace> workspace_of(const BackwardProblem& p, int tile_width) {
-  const Problem& f = p.attention;
-  const auto rows = checked_product({f.batch, f.heads_q, step11::padded_rows(f.seqlen_q)});
-  if (!rows) return std::nullopt;
-  const auto row_bytes = checked_mul(*rows, 4);
-  const auto dq_bytes = p.deterministic ? std::optional<int64_t>(0) : checked_product({*rows, tile_width, 4});
-  if (!row_bytes || !dq_bytes || *row_bytes > INT64_MAX / 4 - kAlign) return std::nullopt;
-  Workspace w;
-  w.rows = *rows;
-  const int64_t aligned = (*row_bytes + kAlign - 1) / kAlign * kAlign;
-  w.d_rows = aligned;
-  w.dq_accum = 2 * aligned;
-  const auto total = checked_add(w.dq_accum, *dq_bytes);
-  if (!total) return std::nullopt;
-  w.bytes = *total;
-  return w;
 }
 
 template <int IDEAS>
@@ -139,7 +101,7 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
     pl.refusal = m.str();
     return pl;
   }
-  const std::optional<Workspace> w = workspace_of(p, kConfigs[pl.config].head_dim);
+  const std::optional<Workspace> w = workspace_of(p.attention, p.deterministic, kConfigs[pl.config].head_dim);
   if (!w) {
     m << "the workspace of batch " << p.attention.batch << " · heads_q " << p.attention.heads_q << " · seqlen_q "
       << p.attention.seqlen_q << " rows does not fit in 64-bit byte counts";
@@ -175,33 +137,6 @@ bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
 }
 
 // ---- launch ------------------------------------------------------------------------------------
-// cuTensorMapEncodeTiled from the driver the runtime has loaded, and a 4-D map (head_dim, seqlen,
-// heads, batch) with boxes [rows, 64], 128-byte swizzle, zeros outside the tensor: step 08's.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || fn == nullptr)
-      throw Error("the CUDA driver does not provide cuTensorMapEncodeTiled (CUDA 12.0 or newer is needed)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
-CUtensorMap make_tensor_map(const char* name, const void* data, CUtensorMapDataType type,
-                            const step08::TensorMapShape& m) {
-  CUtensorMap map;
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&map, type, 4, const_cast<void*>(data), m.dims, m.strides, m.box,
-                                          element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw Error(std::string("cuTensorMapEncodeTiled refused the tensor map of ") + name + " (CUresult " +
-                std::to_string(int(r)) + ")");
-  return map;
-}
-
 template <typename T, int CONFIG, int IDEAS>
 void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, const Workspace& w,
                    char* base, cudaStream_t stream) {
@@ -248,7 +183,7 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
     auto* kernel = step11::dq_kernel<T, Dq>;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
     kernel<<<unsigned(dq.blocks), dq.threads, dq.smem_bytes, stream>>>(q, k, v, d_o, static_cast<T*>(t.dq), lse2,
-                                                                       d_rows, p, scale_log2);
+                                                                       d_rows, p, scale_log2, Softcap{});
     CHECK_LAUNCH();
   } else {
     run_main(std::true_type{});
@@ -260,7 +195,7 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
 template <int IDEAS>
 void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, void* workspace,
             cudaStream_t stream) {
-  const Workspace w = *workspace_of(p, kConfigs[plan.config].head_dim);
+  const Workspace w = *workspace_of(p.attention, p.deterministic, kConfigs[plan.config].head_dim);
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     with_config<kNumConfigs>(plan.config, [&](auto c) {
       launch_config<typename decltype(tag)::type, decltype(c)::value, IDEAS>(p, t, plan, w, static_cast<char*>(workspace),

@@ -386,6 +386,21 @@ class SplitKV(unittest.TestCase):
 
 
 @unittest.skipUnless(has_matplotlib(), "matplotlib is not installed")
+class Softcap13(unittest.TestCase):
+    def test_the_slope_is_the_derivative(self):
+        for softcap in (0.5, 5.0, 30.0):
+            for c in (-40.0, -3.0, 0.0, 0.7, 12.0):
+                h = 1e-6
+                fd = (figures.capped_logit(c + h, softcap) - figures.capped_logit(c - h, softcap)) / (2 * h)
+                self.assertAlmostEqual(figures.capped_slope(c, softcap), fd, places=6)
+                self.assertLessEqual(abs(figures.capped_logit(c, softcap)), softcap)
+
+    def test_off_and_the_small_logits(self):
+        self.assertEqual(figures.capped_logit(7.5, 0), 7.5)
+        self.assertEqual(figures.capped_slope(7.5, 0), 1.0)
+        self.assertAlmostEqual(figures.capped_logit(0.01, 30.0), 0.01, places=9)  # tanh(x) ~ x near 0
+
+
 class Draw(unittest.TestCase):
     def test_every_figure(self):
         with tempfile.TemporaryDirectory() as tmp:

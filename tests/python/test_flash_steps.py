@@ -520,6 +520,20 @@ class Arguments(unittest.TestCase):
         if numpy is not None:
             self.assertEqual(decode(num_splits=numpy.int64(3), max_seqlen_k=numpy.int32(7)).num_splits, 3)
 
+    def test_softcap(self):
+        # the value is the library's to judge (finite, >= 0; 0 off); what is no real number is refused here
+        self.assertEqual(self.forward().softcap, 0.0)
+        p = fs.forward_problem("test", self.q, self.kv, self.kv, self.q, False, None, softcap=30)
+        self.assertEqual(p.softcap, 30.0)
+        for bad in ("30", True, None, b"1", [30.0], 1j):
+            self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, None, None, bad),
+                             f"softcap is {bad!r}; it must be a real number (0: off)")
+        self.assertEqual(fs.forward_problem("test", self.q, self.kv, self.kv, self.q, False, None, softcap=10 ** 400).softcap,
+                         float("inf"))  # then refused by the library's rule, in its sentence
+        lse = FakeTensor((2, 8, 64), "torch.float32")
+        args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv]
+        self.assertEqual(fs.backward_problem("test", *args, True, None, False, softcap=2.5).attention.softcap, 2.5)
+
     def test_backward_arguments(self):
         lse = FakeTensor((2, 8, 64), "torch.float32")
         args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv]

@@ -1,0 +1,347 @@
+// Step 13 — the production features (kernel.cuh), forward and backward in one step: the host code of
+// step 09f (forward) and step 12c (backward) as those steps have it, except that each launch picks the
+// kernel instantiation with or without the feature the problem asks for. Diff the forward part against
+// steps/09_warp_specialized/step.cu and the backward part against steps/12_hopper_backward/step.cu.
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "common/backward/problem.h"
+#include "common/step/dispatch.h"
+#include "common/step/softcap.h"
+#include "common/step/step.h"
+#include "common/step/tensor_map.h"
+#include "steps/13_features/kernel.cuh"
+
+namespace fs::step13 {
+namespace {
+
+constexpr double kLog2e = 1.4426950408889634;  // exp(x) = 2^(x·log2(e))
+
+// f(std::true_type) when the problem caps its logits, f(std::false_type) otherwise: the SOFTCAP flag
+// of both kernels.
+template <class F>
+void with_softcap(float softcap, F&& f) {
+  if (softcap > 0.0f)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+// ==== the forward: step 09f's host code ==========================================================
+namespace fwd {
+using namespace forward_pass;
+
+std::string limits(const Problem& p) {
+  std::string why = check_tma_strides("Q", p.q, p.seqlen_q, p.heads_q, p.batch, kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("K", p.k, p.seqlen_k, p.heads_kv, p.batch, kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("V", p.v, p.seqlen_k, p.heads_kv, p.batch, kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("O", p.o, p.seqlen_q, p.heads_q, p.batch, kMaxTmaStrideBytes);
+  return why;
+}
+
+constexpr int max_smem_bytes() {
+  int most = 0;
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (has_config(kForwardIdeas, i) && smem_bytes(kConfigs[i]) > most) most = smem_bytes(kConfigs[i]);
+  return most;
+}
+
+bool claims(const Problem& p, const DeviceInfo& dev) {
+  const int config = config_for(kForwardIdeas, p);
+  if (config < 0 || config >= kNumConfigs) return false;
+  return dev.compute_capability == 90 && dev.smem_per_block_optin >= size_t(max_smem_bytes()) && limits(p).empty() &&
+         grid_blocks(p, block_q(kConfigs[config].consumers)) <= INT32_MAX;
+}
+
+template <class Tr>
+struct TraitsTag {
+  using type = Tr;
+};
+
+// 09f's traits, or with causal masking 09e's (a block per tile, no persistent loop), as step 09 picks.
+template <class F>
+void with_traits(const Problem& p, int config, F&& f) {
+  with_config<kNumConfigs>(config, [&](auto c) {
+    constexpr int CONFIG = decltype(c)::value;
+    if constexpr (has_config(kForwardIdeas, CONFIG)) {
+      if (p.causal) return f(TraitsTag<TraitsOf<CONFIG, kThreeConsumers>>{});
+      f(TraitsTag<TraitsOf<CONFIG, kForwardIdeas>>{});
+    }
+  });
+}
+
+Plan plan(const Problem& p, const DeviceInfo& dev) {
+  Plan pl;
+  pl.config = config_for(kForwardIdeas, p);
+  const int smem = smem_bytes(kConfigs[pl.config]), rows = block_q(kConfigs[pl.config].consumers);
+  if (dev.smem_per_block_optin < size_t(smem)) {
+    std::ostringstream m;
+    m << "head_dim " << p.head_dim << " runs on " << padded_head_dim(p.head_dim) << "-wide tiles of "
+      << kConfigs[pl.config].block_kv << " keys, which need " << smem
+      << " bytes of shared memory per block; this GPU allows " << dev.smem_per_block_optin;
+    pl.refusal = m.str();
+    return pl;
+  }
+  const int64_t tiles = grid_blocks(p, rows);
+  if (tiles > INT32_MAX) {
+    std::ostringstream m;
+    m << "this step launches one block per " << rows << " query rows per batch and head, " << tiles
+      << " blocks here, more than the grid limit of " << INT32_MAX;
+    pl.refusal = m.str();
+    return pl;
+  }
+  dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    with_traits(p, pl.config, [&](auto tr) {
+      using Tr = typename decltype(tr)::type;
+      with_softcap(p.softcap, [&](auto capped) {
+        const int64_t blocks = Tr::has(kPersistent) ? persistent_blocks(tiles, dev.sm_count > 0 ? dev.sm_count : 1) : tiles;
+        pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&forward_kernel<T, Tr, decltype(capped)::value>),
+                                   Tr::NUM_THREADS, size_t(Tr::SMEM_BYTES), blocks}};
+      });
+    });
+  });
+  return pl;
+}
+
+void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStream_t stream) {
+  const float scale_log2 = float(double(p.softmax_scale) * kLog2e);
+  const Softcap cap = softcap_of(p.softmax_scale, p.softcap);
+  dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const CUtensorMapDataType type =
+        std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    with_traits(p, plan.config, [&](auto tr) {
+      using Tr = typename decltype(tr)::type;
+      const CUtensorMap q_map =
+          make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, p.seqlen_q, p.heads_q, p.batch, p.head_dim, Tr::BLOCK_Q));
+      const CUtensorMap k_map = make_tensor_map(
+          "K", t.k, type, tensor_map_shape(p.k, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
+      const CUtensorMap v_map = make_tensor_map(
+          "V", t.v, type, tensor_map_shape(p.v, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
+      const CUtensorMap o_map = make_tensor_map(
+          "O", t.o, type, tensor_map_shape(p.o, p.seqlen_q, p.heads_q, p.batch, p.head_dim, ROWS_PER_WARPGROUP));
+      with_softcap(p.softcap, [&](auto capped) {
+        auto* kernel = forward_kernel<T, Tr, decltype(capped)::value>;
+        CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
+        kernel<<<unsigned(plan.kernels.front().blocks), Tr::NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
+            q_map, k_map, v_map, o_map, t.lse, p, scale_log2, cap);
+        CHECK_LAUNCH();
+      });
+    });
+  });
+}
+
+}  // namespace fwd
+
+// ==== the backward: step 12c's host code =========================================================
+namespace bwd {
+using namespace backward_pass;
+using step11::Workspace;
+using step11::workspace_of;
+
+constexpr int64_t kMaxSeqlen = INT32_MAX - 127;  // 32-bit rows, rounded up to whole tiles (step 11)
+using DqTr = step11::DqTraits<128, 1, 64, 64>;   // step 11's deterministic dQ kernel, 128-wide tiles
+using DqTr64 = step11::DqTraits<64, 1, 64, 64>;  // ... and 64-wide
+
+std::string limits(const BackwardProblem& p) {
+  const Problem& f = p.attention;
+  if (config_for(f.head_dim) < 0) {
+    std::ostringstream m;
+    m << "head_dim " << f.head_dim << " is above 128: this step keeps dK and dV of 64 keys × head_dim in each "
+      << "warpgroup's registers, which hold up to 128 columns (step 11_backward runs every head_dim up to 256, "
+      << "without softcapping)";
+    return m.str();
+  }
+  for (const auto& [name, len] : {std::pair{"seqlen_q", f.seqlen_q}, std::pair{"seqlen_k", f.seqlen_k}})
+    if (len > kMaxSeqlen) {
+      std::ostringstream m;
+      m << name << " is " << len << "; this step counts rows in 32-bit integers, rounded up to whole tiles, and runs "
+        << "seqlens up to " << kMaxSeqlen;
+      return m.str();
+    }
+  std::string why = check_tma_strides("Q", f.q, f.seqlen_q, f.heads_q, f.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("K", f.k, f.seqlen_k, f.heads_kv, f.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("V", f.v, f.seqlen_k, f.heads_kv, f.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("dO", p.d_o, f.seqlen_q, f.heads_q, f.batch, step08::kMaxTmaStrideBytes);
+  return why;
+}
+
+constexpr int max_smem_bytes() {
+  int most = 0;
+  for (const Config& c : kConfigs) most = smem_bytes(c, kBackwardIdeas) > most ? smem_bytes(c, kBackwardIdeas) : most;
+  return most > DqTr::SMEM_BYTES ? most : DqTr::SMEM_BYTES;
+}
+
+template <typename T, int CONFIG, bool SOFTCAP>
+std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& w) {
+  constexpr Config c = kConfigs[CONFIG];
+  using Dq = std::conditional_t<c.head_dim == 64, DqTr64, DqTr>;
+  const Problem& f = p.attention;
+  std::vector<KernelLaunch> k;
+  k.push_back({reinterpret_cast<const void*>(&step11::preprocess_kernel<T>), step11::kPreprocessWarps * 32, 0,
+               step11::tiles(w.rows, step11::kPreprocessWarps)});
+  const void* main =
+      p.deterministic ? reinterpret_cast<const void*>(&backward_kernel<T, c.head_dim, c.block_q, false, SOFTCAP>)
+                      : reinterpret_cast<const void*>(&backward_kernel<T, c.head_dim, c.block_q, true, SOFTCAP>);
+  k.push_back({main, NUM_THREADS, size_t(smem_bytes(c, kBackwardIdeas)), grid_blocks(f)});
+  if (p.deterministic)
+    k.push_back({reinterpret_cast<const void*>(&step11::dq_kernel<T, Dq, SOFTCAP>), Dq::NUM_THREADS,
+                 size_t(Dq::SMEM_BYTES), step11::tiles(f.seqlen_q, Dq::BLOCK_Q) * f.batch * f.heads_q});
+  else  // 12c's conversion: every padded row of the accumulator
+    k.push_back({reinterpret_cast<const void*>(&convert_dq_tiles_kernel<T, c.head_dim, c.block_q>),
+                 step11::kConvertThreads, 0, step11::tiles(w.rows * (c.head_dim / 8), step11::kConvertThreads)});
+  return k;
+}
+
+Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
+  Plan pl;
+  std::ostringstream m;
+  pl.config = config_for(p.attention.head_dim);
+  const int smem = smem_bytes(kConfigs[pl.config], kBackwardIdeas);
+  if (dev.smem_per_block_optin < size_t(max_smem_bytes())) {
+    m << "head_dim " << p.attention.head_dim << " runs on " << kConfigs[pl.config].head_dim
+      << "-wide tiles, which need " << (smem > DqTr::SMEM_BYTES ? smem : DqTr::SMEM_BYTES)
+      << " bytes of shared memory per block; this GPU allows " << dev.smem_per_block_optin;
+    pl.refusal = m.str();
+    return pl;
+  }
+  const std::optional<Workspace> w = workspace_of(p.attention, p.deterministic, kConfigs[pl.config].head_dim);
+  if (!w) {
+    m << "the workspace of batch " << p.attention.batch << " · heads_q " << p.attention.heads_q << " · seqlen_q "
+      << p.attention.seqlen_q << " rows does not fit in 64-bit byte counts";
+    pl.refusal = m.str();
+    return pl;
+  }
+  pl.workspace_bytes = size_t(w->bytes);
+  dispatch_dtype(p.attention.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    with_config<kNumConfigs>(pl.config, [&](auto c) {
+      with_softcap(p.attention.softcap,
+                   [&](auto capped) { pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value>(p, *w); });
+    });
+  });
+  for (const KernelLaunch& k : pl.kernels)
+    if (k.blocks > INT32_MAX) {
+      m << "this problem needs " << k.blocks << " blocks in one of the backward's grids, more than the grid limit of "
+        << INT32_MAX;
+      pl.refusal = m.str();
+      pl.kernels.clear();
+      return pl;
+    }
+  return pl;
+}
+
+bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
+  const Problem& f = p.attention;
+  return dev.compute_capability == 90 && dev.smem_per_block_optin >= size_t(max_smem_bytes()) && limits(p).empty() &&
+         f.batch * f.heads_q <= (int64_t(1) << 33) / step11::padded_rows(f.seqlen_q) &&
+         f.batch * f.heads_kv <= INT32_MAX / 4 / step11::tiles(f.seqlen_k, 64);
+}
+
+template <typename T, int CONFIG, bool SOFTCAP>
+void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, const Workspace& w,
+                   char* base, cudaStream_t stream) {
+  constexpr Config c = kConfigs[CONFIG];
+  using Dq = std::conditional_t<c.head_dim == 64, DqTr64, DqTr>;
+  const Problem& f = p.attention;
+  float* lse2 = reinterpret_cast<float*>(base + w.lse2);
+  float* d_rows = reinterpret_cast<float*>(base + w.d_rows);
+  float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
+  const float scale_log2 = float(double(f.softmax_scale) * kLog2e);
+  const Softcap cap = softcap_of(f.softmax_scale, f.softcap);
+  const KernelLaunch& pre = plan.kernels.at(0);
+  const KernelLaunch& main = plan.kernels.at(1);
+  const KernelLaunch& dq = plan.kernels.at(2);
+  const T* q = static_cast<const T*>(t.q);
+  const T* k = static_cast<const T*>(t.k);
+  const T* v = static_cast<const T*>(t.v);
+  const T* d_o = static_cast<const T*>(t.d_o);
+
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMap q_map = make_tensor_map(
+      "Q", q, type, step08::tensor_map_shape(f.q, f.seqlen_q, f.heads_q, f.batch, f.head_dim, c.block_q));
+  const CUtensorMap do_map = make_tensor_map(
+      "dO", d_o, type, step08::tensor_map_shape(p.d_o, f.seqlen_q, f.heads_q, f.batch, f.head_dim, c.block_q));
+  const CUtensorMap k_map = make_tensor_map(
+      "K", k, type, step08::tensor_map_shape(f.k, f.seqlen_k, f.heads_kv, f.batch, f.head_dim, BLOCK_KV));
+  const CUtensorMap v_map = make_tensor_map(
+      "V", v, type, step08::tensor_map_shape(f.v, f.seqlen_k, f.heads_kv, f.batch, f.head_dim, BLOCK_KV));
+
+  if (!p.deterministic) CHECK_CUDA(cudaMemsetAsync(dq_accum, 0, size_t(w.bytes - w.dq_accum), stream));
+  step11::preprocess_kernel<T><<<unsigned(pre.blocks), pre.threads, 0, stream>>>(static_cast<const T*>(t.o), d_o,
+                                                                                 t.lse, lse2, d_rows, p);
+  CHECK_LAUNCH();
+  auto run_main = [&](auto atomic) {
+    auto* kernel = backward_kernel<T, c.head_dim, c.block_q, decltype(atomic)::value, SOFTCAP>;
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(main.smem_bytes)));
+    kernel<<<unsigned(main.blocks), main.threads, main.smem_bytes, stream>>>(
+        q_map, k_map, v_map, do_map, static_cast<T*>(t.dk), static_cast<T*>(t.dv), dq_accum, lse2, d_rows, p,
+        scale_log2, cap);
+    CHECK_LAUNCH();
+  };
+  if (p.deterministic) {
+    run_main(std::false_type{});
+    auto* kernel = step11::dq_kernel<T, Dq, SOFTCAP>;
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
+    kernel<<<unsigned(dq.blocks), dq.threads, dq.smem_bytes, stream>>>(q, k, v, d_o, static_cast<T*>(t.dq), lse2,
+                                                                       d_rows, p, scale_log2, cap);
+    CHECK_LAUNCH();
+  } else {
+    run_main(std::true_type{});
+    convert_dq_tiles_kernel<T, c.head_dim, c.block_q>
+        <<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
+    CHECK_LAUNCH();
+  }
+}
+
+void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, void* workspace,
+            cudaStream_t stream) {
+  const Workspace w = *workspace_of(p.attention, p.deterministic, kConfigs[plan.config].head_dim);
+  dispatch_dtype(p.attention.dtype, [&](auto tag) {
+    with_config<kNumConfigs>(plan.config, [&](auto c) {
+      with_softcap(p.attention.softcap, [&](auto capped) {
+        launch_config<typename decltype(tag)::type, decltype(c)::value, decltype(capped)::value>(
+            p, t, plan, w, static_cast<char*>(workspace), stream);
+      });
+    });
+  });
+}
+
+}  // namespace bwd
+
+void explain(std::ostream& out) {
+  const Softcap cap = softcap_of(0.125f, 30.0f);
+  out << "13a softcapping: each raw score s becomes post·tanh(s·pre) where it sits in registers, one MUFU.TANH\n"
+         "beside the softmax's one MUFU.EX2; the softmax, the masks and the LSE are unchanged.\n"
+         "  head_dim 64 (scale 1/8), softcap 30: pre = scale / softcap = "
+      << cap.pre << ", post = softcap / scale = " << cap.post
+      << "\n"
+         "  forward  (step 09f's kernel): s_acc[i] = post·tanh(s_acc[i]·pre) after S = Q·Kᵀ, before the row max\n"
+         "  backward (step 12c's kernel): P from the capped score, then s_acc keeps P·(1 - tanh²), the slope that\n"
+         "           dSᵀ = Pᵀ ∘ (dPᵀ - D) ∘ (1 - tanh²) needs; the deterministic mode's dQ kernel (step 11) the same\n";
+}
+
+}  // namespace
+}  // namespace fs::step13
+
+namespace fs {
+
+void register_step_13_features(Registry& r) {
+  using namespace step13;
+  r.add({.id = "13a_softcap",
+         .name = "production features: softcapping",
+         .lesson = "logit softcapping (Gemma 2), softcap·tanh(s / softcap) fused where the scores are in registers: "
+                   "step 09f's forward and step 12c's backward, whose dS takes the slope 1 - tanh² (sm_90a)",
+         .forward = {fwd::limits, fwd::plan, fwd::launch, fwd::claims},
+         .backward = {bwd::limits, bwd::plan, bwd::launch, bwd::claims},
+         .explain = explain,
+         .softcap = true});
+}
+
+}  // namespace fs

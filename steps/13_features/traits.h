@@ -1,0 +1,23 @@
+// Step 13 — the compile-time choices of the production features. 13a reuses step 09's forward tiles,
+// rings and index math (steps/09_warp_specialized/traits.h) and step 12's backward ones
+// (steps/12_hopper_backward/traits.h) as they are; what it adds is one template flag per kernel and the
+// two factors of common/step/softcap.h.
+#pragma once
+
+#include "steps/09_warp_specialized/traits.h"
+#include "steps/12_hopper_backward/traits.h"
+
+namespace fs::step13 {
+
+// ---- the ideas of step 13 ----------------------------------------------------------------------
+enum Idea : int {
+  kSoftcap = 1,  // 13a  logit softcapping, softcap·tanh(s / softcap), where the scores are in registers:
+                 //      in the forward before the row max, in the backward before P, whose dS takes
+                 //      the slope 1 - tanh²
+};
+
+// The forward runs step 09f's kernel (its tile table and persistent schedule), the backward step 12c's.
+inline constexpr int kForwardIdeas = step09::kPersistent;
+inline constexpr int kBackwardIdeas = step12::kBulkDq;
+
+}  // namespace fs::step13
