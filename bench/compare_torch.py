@@ -48,8 +48,8 @@ def refusal(check, *args) -> str:
     return ""
 
 
-def problem_for_tensors(q, k, v, o, causal: bool):  # (B, N, H, d) tensors, their own strides
-    return flash_steps.forward_problem("compare_torch", q, k, v, o, causal, None)
+def problem_for_tensors(q, k, v, o, causal: bool, softcap: float = 0.0):  # (B, N, H, d) tensors, own strides
+    return flash_steps.forward_problem("compare_torch", q, k, v, o, causal, None, softcap=softcap)
 
 
 # ---- shapes ------------------------------------------------------------------------------------------
@@ -217,7 +217,7 @@ class Sweep:
         heads = min(hq, 2)
         kv_of = torch.tensor([h // (hq // hkv) for h in range(heads)], device="cuda")
         k0, v0 = (t[n][0:1].index_select(2, kv_of) for n in ("k", "v"))
-        t["ref"] = fr.reference(torch, t["q"], k0, v0, shape["causal"], t["scale"], heads)
+        t["ref"] = fr.reference(torch, t["q"], k0, v0, shape["causal"], t["scale"], heads, softcap=self.args.softcap)
         t["tol"] = self.lib.tolerance(shape["dtype"], float(t["v"].abs().max()))
         return t
 
@@ -232,7 +232,7 @@ class Sweep:
         return draw
 
     def step(self, row: dict, step_id: str, t: dict):
-        prob = problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"])
+        prob = problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"], self.args.softcap)
         if not self.refused(row, step_id, prob):
             return self.checked_output(self.runner(step_id, prob, t["q"], t["k"], t["v"], t["o"], t["lse"]), t)
 
@@ -248,7 +248,7 @@ class Sweep:
         out = {}
 
         def fn():
-            out["o"] = be(q, k, v, row["causal"], t["scale"])
+            out["o"] = be(q, k, v, row["causal"], t["scale"], self.args.softcap)
 
         def checked():
             fn()
@@ -547,7 +547,7 @@ class BackwardSweep(Sweep):
         t = {x: draw(b, n, h, d) for x in ("q", "k", "v", "d_o")}
         t.update(scale=1.0 / math.sqrt(d), fields={"flops": shape_flops(self.lib, shape, backward=True)})
         t["exact"] = fr.reference(self.torch, t["q"], t["k"], t["v"], shape["causal"], t["scale"], min(h, 2),
-                                  d_o=t["d_o"])
+                                  d_o=t["d_o"], softcap=self.args.softcap)
         return t
 
     def judged(self, dtype: str, errors: dict, own_reference: bool) -> dict:
@@ -578,7 +578,7 @@ class BackwardSweep(Sweep):
     def backend(self, row, be, t):
         torch, out = self.torch, {}
         inputs = [be.view(t[n].detach().requires_grad_()) for n in ("q", "k", "v")]  # views of leaf tensors
-        o = be(*inputs, row["causal"], t["scale"])  # the graph, once
+        o = be(*inputs, row["causal"], t["scale"], self.args.softcap)  # the graph, once
         d_o = torch.empty_like(o)  # dO in O's own layout, so that no backend copies it to match
         d_o.copy_(be.view(t["d_o"]))
 
@@ -605,13 +605,14 @@ class BackwardSweep(Sweep):
         --forward-step or the default step, which the row records)."""
         if "o" not in t:  # our forward, once per shape: O and LSE for every backward step
             fwd = self.args.forward_step or None
-            t["o"], t["lse"] = flash_steps.forward(t["q"], t["k"], t["v"], row["causal"], t["scale"], fwd)
+            t["o"], t["lse"] = flash_steps.forward(t["q"], t["k"], t["v"], row["causal"], t["scale"], fwd,
+                                                   softcap=self.args.softcap)
             t["forward_step"] = fwd or flash_steps.default_step(
-                problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"]))
+                problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"], self.args.softcap))
             t["dq"], t["dk"], t["dv"] = (self.torch.empty_like(t[n]) for n in ("q", "k", "v"))
         row["forward_step"] = t["forward_step"]
         return flash_steps.backward_problem("compare_torch", *(t[n] for n in BACKWARD_TENSORS), row["causal"],
-                                            t["scale"], row["deterministic"])
+                                            t["scale"], row["deterministic"], softcap=self.args.softcap)
 
     def step(self, row, step_id, t):
         torch = self.torch
@@ -779,6 +780,7 @@ def run(args) -> int:
               "order": f"a shape's implementations interleaved, {ROUNDS} rounds, in order then reversed"
                        if cls.interleaved else "each implementation's launches together"}
     result = {**fr.result_head("compare_torch", cls.mode, date, commit, env, lib.path), "timing": timing, **head,
+              "softcap": args.softcap,
               "steps": steps, "backends": backends, "notes": notes, "complete": False, "rows": []}
     hbm = head.get("hbm")
     print(f"compare_torch{' --' + cls.mode if cls.mode else ''} {commit} on {env['gpu']} (driver {env['driver']}, "
@@ -833,12 +835,20 @@ def parse_args(argv=None):
     add("--no-train-gpt-shape", action="store_true", help="--training: leave out train_gpt.py's shape")
     add("--forward-step", default="", help="--backward, --training: the step whose O and LSE the backward steps "
         "start from (default: the newest step that accepts the shape)")
+    add("--softcap", type=float, default=0.0, help="logit softcapping, softcap*tanh(s/softcap), for every shape "
+        "(forward and --backward; default 0: off). SDPA has none: the backends are fa4 alone (--backends: fa4 only)")
     add("--ceilings", help="the ceilings file whose hbm_read gives the %% of HBM (default: the newest "
         "bench/results/ceilings-*.json)")
     args = ap.parse_args(argv)
     if args.decode + args.backward + args.training > 1:
         ap.error("--decode, --backward and --training are different runs; give one")
     args.default_backends = args.backends is None  # then fa4 joins where it imports (forward and backward)
+    if args.softcap and (args.decode or args.training):
+        ap.error("--softcap: the forward sweep and --backward only")
+    if args.softcap and args.backends not in (None, "fa4"):
+        ap.error("--softcap: PyTorch SDPA has no softcapping; --backends may be fa4 only")
+    if args.softcap and args.backends is None:
+        args.backends = ""  # fa4 joins where it imports
     if args.backends is None:
         args.backends = "flash,cudnn" if args.decode or args.training else "flash,cudnn,efficient" if args.backward else ",".join(
             TORCH_BACKENDS)

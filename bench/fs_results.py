@@ -332,10 +332,13 @@ class Backend:
     def view(self, x):
         return x if self.name == "fa4" else x.transpose(1, 2)
 
-    def __call__(self, q, k, v, causal: bool, scale: float | None):
+    def __call__(self, q, k, v, causal: bool, scale: float | None, softcap: float = 0.0):
         if self.name == "fa4":
-            out = self.func(q, k, v, softmax_scale=scale, causal=causal)
+            extra = {"softcap": softcap} if softcap else {}  # off: the call as before softcapping existed
+            out = self.func(q, k, v, softmax_scale=scale, causal=causal, **extra)
             return out[0] if isinstance(out, tuple) else out  # (out, lse)
+        if softcap:
+            raise ValueError("PyTorch SDPA has no logit softcapping")
         sq, sk = q.shape[2], k.shape[2]
         kw = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
         if causal and sq != sk:
@@ -348,11 +351,13 @@ class Backend:
 
 # ---- the check ---------------------------------------------------------------------------------
 
-def reference(torch, q, k, v, causal: bool, scale: float, heads: int, d_o=None, chunk: int = 1024) -> dict:
+def reference(torch, q, k, v, causal: bool, scale: float, heads: int, d_o=None, chunk: int = 1024,
+              softcap: float = 0.0) -> dict:
     """The exact attention of batch 0, heads [0, heads) ((B, N, H, d) tensors; query head h reads K/V head
     h), bottom-right causal, in chunks of query rows, TF32 off: {"o": fp64 O (heads, Sq, d), "lse": fp64
     (heads, Sq)} when d_o is None, else fp32 {"dq", "dk", "dv"} (heads, S, d) for the gradient d_o, from the
-    inputs alone (P recomputed, D = rowsum(P∘dP)). A row with no key: O = 0, LSE = -inf, P = 0."""
+    inputs alone (P recomputed, D = rowsum(P∘dP)). A row with no key: O = 0, LSE = -inf, P = 0. softcap > 0:
+    every logit c becomes softcap·tanh(c / softcap), and dS takes the slope 1 - tanh²."""
     dt = torch.float64 if d_o is None else torch.float32
     qs, ks, vs = (x[0, :, :heads].transpose(0, 1).to(dt) for x in (q, k, v))
     sq, sk = qs.shape[1], ks.shape[1]
@@ -367,6 +372,9 @@ def reference(torch, q, k, v, causal: bool, scale: float, heads: int, d_o=None, 
         for r0 in range(0, sq, chunk):
             r1 = min(sq, r0 + chunk)
             s = torch.matmul(qs[:, r0:r1], ks.transpose(1, 2)) * scale
+            if softcap:
+                th = torch.tanh(s / softcap)
+                s = softcap * th
             if causal:
                 i = torch.arange(r0, r1, device=q.device)[:, None]
                 j = torch.arange(sk, device=q.device)[None, :]
@@ -382,6 +390,8 @@ def reference(torch, q, k, v, causal: bool, scale: float, heads: int, d_o=None, 
                 continue
             dp = torch.matmul(dos[:, r0:r1], vs.transpose(1, 2))
             ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+            if softcap:
+                ds = ds * (1 - th * th)
             out["dq"][:, r0:r1] = torch.matmul(ds, ks) * scale
             out["dk"] += torch.matmul(ds.transpose(1, 2), qs[:, r0:r1]) * scale
             out["dv"] += torch.matmul(p.transpose(1, 2), dos[:, r0:r1])

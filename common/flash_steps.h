@@ -39,6 +39,10 @@
  *             fp16 input gives finite logits (|q.k| <= head_dim·65504²).
  *       bf16: scale <= 2^126 / log2(e), about 5.9e37. bf16 values up to 3.4e38 have products beyond
  *             fp32 whatever the scale, so the caller keeps |q.k| <= 2^126 / (scale·log2(e)).
+ *   - softcap (fs_problem_init: 0, off): > 0 turns every logit c = scale·q.k into softcap·tanh(c / softcap)
+ *     before the softmax (Gemma 2), forward and backward. It must be finite, >= 0, at most 2^126 / log2(e),
+ *     and scale / softcap at most FLT_MAX. Only steps with softcapping run it (13a and later); every other
+ *     step refuses it with a sentence naming one that does.
  *   - GQA / MQA: heads_q a multiple of heads_kv; query head h reads K/V head h / (heads_q / heads_kv).
  *   - causal is bottom-right aligned, as in FlashAttention >= 2.1: query i attends to key j iff
  *     j <= i + seqlen_k - seqlen_q. A query row with no key to attend gets O = 0 and LSE = -inf.
@@ -94,7 +98,7 @@ FS_API int fs_step_runs(int index, int32_t pass);
 
 /* ---- The forward pass: O and LSE of softmax attention --------------------------------------- */
 
-/* Fills *p with the given shape, contiguous strides and softmax_scale = 1/sqrt(head_dim). */
+/* Fills *p with the given shape, contiguous strides, softmax_scale = 1/sqrt(head_dim) and softcap 0. */
 FS_API void fs_problem_init(fs_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
                             int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype,
                             int32_t causal);

@@ -28,11 +28,13 @@ int main(int argc, char** argv) {
     int64_t b, sq, sk, hq, hkv, d;
     fs::DType dtype;
     bool causal;
+    float softcap = 0.0f;  // > 0: only the steps with softcapping (Step::softcap) run it
   };
   const Shape shapes[] = {
       {1, 65, 129, 2, 1, 64, fs::DType::fp16, true},   {1, 129, 65, 2, 2, 128, fs::DType::bf16, true},
       {2, 7, 7, 1, 1, 40, fs::DType::fp16, false},     {1, 64, 64, 4, 2, 128, fs::DType::fp16, false},
       {1, 1, 33, 2, 1, 64, fs::DType::bf16, true},     {1, 100, 130, 1, 1, 256, fs::DType::fp16, true},
+      {1, 65, 129, 2, 1, 64, fs::DType::fp16, true, 15.0f}, {1, 129, 65, 2, 2, 128, fs::DType::bf16, false, 2.0f},
   };
   int failures = 0;
   try {
@@ -40,7 +42,9 @@ int main(int argc, char** argv) {
     for (const fs::Step& s : fs::steps())
       for (const Shape& sh : shapes) {
         if (!s.forward.present() || !fs::test::step_selected(s.id)) break;  // a backward-only step has no forward
-        const fs::Problem p = fs::make_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal);
+        if (sh.softcap > 0 && !s.softcap) continue;
+        fs::Problem p = fs::make_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal);
+        p.softcap = sh.softcap;
         const fs::Plan plan = fs::plan(s, p, dev);
         if (!plan.accepted()) {
           const bool claimed = s.forward.claims(p, dev);
@@ -85,17 +89,21 @@ int main(int argc, char** argv) {
       int64_t b, sq, sk, hq, hkv, d;
       fs::DType dtype;
       bool causal;
+      float softcap = 0.0f;
     };
     const BackwardShape backward_shapes[] = {
         {1, 70, 150, 4, 2, 64, fs::DType::fp16, true},  {1, 150, 70, 2, 1, 128, fs::DType::bf16, true},
         {1, 33, 65, 2, 2, 96, fs::DType::fp16, false},  {1, 40, 30, 1, 1, 256, fs::DType::bf16, true},
+        {1, 70, 150, 4, 2, 64, fs::DType::fp16, true, 15.0f}, {1, 150, 70, 2, 1, 128, fs::DType::bf16, false, 1.0f},
     };
     for (const fs::Step& s : fs::steps()) {
       if (!s.backward.present() || !fs::test::step_selected(s.id)) continue;
       for (const BackwardShape& sh : backward_shapes)
         for (const bool deterministic : {false, true}) {
-          const fs::BackwardProblem p =
+          if (sh.softcap > 0 && !s.softcap) continue;
+          fs::BackwardProblem p =
               fs::make_backward_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal, deterministic);
+          p.attention.softcap = sh.softcap;
           const fs::Plan plan = fs::plan(s, p, dev);
           if (!plan.accepted()) {  // the same rule as the forward's: a refusal only where the step does not claim
             const bool claimed = s.backward.claims(p, dev);

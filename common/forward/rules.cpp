@@ -56,11 +56,10 @@ std::string validate(const Problem& p) {
     if (double(p.softcap) > kMaxLogit / kLog2e)
       return sentence("softcap is ", p.softcap, "; it must be at most ", kMaxLogit / kLog2e,
                       ", so that softcap * log2(e), the largest logit, is at most 2^126 (finite in fp32)");
-    const double up = double(p.softcap) / p.softmax_scale, down = double(p.softmax_scale) / p.softcap;
-    if (up > kMaxFloat || down > kMaxFloat)
-      return sentence("softcap is ", p.softcap, " and softmax_scale ", p.softmax_scale, "; the kernels form ",
-                      up > kMaxFloat ? "softcap / softmax_scale" : "softmax_scale / softcap", " = ",
-                      up > kMaxFloat ? up : down, " in fp32, which must be at most ", kMaxFloat);
+    const double pre = double(p.softmax_scale) / p.softcap;  // common/step/softcap.h
+    if (pre > kMaxFloat)
+      return sentence("softcap is ", p.softcap, " and softmax_scale ", p.softmax_scale,
+                      "; the kernels form softmax_scale / softcap = ", pre, " in fp32, which must be at most ", kMaxFloat);
   }
   const View q{"Q", "Q and O", p.q, p.batch, p.seqlen_q, p.heads_q, p.head_dim, "seqlen_q", "heads_q"};
   const View k{"K", "K and V", p.k, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, "seqlen_k", "heads_kv"};

@@ -1,25 +1,28 @@
-// Logit softcapping (fs_problem::softcap, Gemma 2's attention): every logit c = scale·s becomes
-// softcap·tanh(c / softcap) before the softmax. A kernel keeps its softmax as it is and changes the
-// raw score s (q·k) it feeds it into
-//     post · tanh(s · pre),   pre = scale / softcap,   post = softcap / scale,
-// whose product with the scale is the capped logit; the backward multiplies dS by the logit's slope,
-// 1 - tanh². Both factors are finite: the harness's rules bound softcap / scale and scale / softcap.
+// Logit softcapping (fs_problem::softcap, Gemma 2's attention): every logit c = scale·s of a raw score
+// s = q·k becomes softcap·tanh(c / softcap) before the softmax. A kernel computes
+//     t = tanh(s · pre),   pre = scale / softcap,
+// one FMUL and one MUFU.TANH per score, and uses softcap wherever it used the scale (the logit is
+// softcap·t): its exponent's factor is softcap·log2(e) in place of scale·log2(e) (logit_scale below), so
+// the softmax, the masks and the LSE need no change. The backward multiplies dS by the logit's slope,
+// 1 - t². pre is finite: the harness's rules bound scale / softcap.
 #pragma once
 
+#include "forward/problem.h"
 #include "step/hd.h"
 
 namespace fs {
 
 struct Softcap {
-  float pre = 0.0f;   // scale / softcap
-  float post = 0.0f;  // softcap / scale
+  float pre = 0.0f;  // scale / softcap (0, which no kernel reads, when softcapping is off)
 };
 
-// The factors of a problem with softcap > 0 (a Softcap of zeros otherwise, which no kernel reads).
-inline Softcap softcap_of(float softmax_scale, float softcap) {
-  if (!(softcap > 0.0f)) return {};
-  return {float(double(softmax_scale) / softcap), float(double(softcap) / softmax_scale)};
+inline Softcap softcap_of(const fs_problem& p) {
+  if (!(p.softcap > 0.0f)) return {};
+  return {float(double(p.softmax_scale) / p.softcap)};
 }
+
+// The logit of one unit of what a kernel's scores hold: scale (raw scores), or softcap (tanh values).
+FS_HD inline float logit_scale(const fs_problem& p) { return p.softcap > 0.0f ? p.softcap : p.softmax_scale; }
 
 #ifdef __CUDACC__
 // tanh as one MUFU.TANH (tanh.approx.f32, sm_75 and newer), as FlashAttention's kernels compute it.

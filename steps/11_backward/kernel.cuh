@@ -612,7 +612,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
         float score = s_acc[nt][i], slope = 1.0f;
         if constexpr (SOFTCAP) {
           const float tc = tanh_approx(score * cap.pre);
-          score = cap.post * tc, slope = 1.0f - tc * tc;
+          score = tc, slope = 1.0f - tc * tc;  // scale_log2 is softcap·log2(e): the logit is softcap·tc
         }
         float pv = exp2_fast(fmaf(score, scale_log2, -lse_r[i / 2]));
         if (masked) {

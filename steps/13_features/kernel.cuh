@@ -3,10 +3,11 @@
 //
 //   13a kSoftcap   logit softcapping (Gemma 2): softcap·tanh(s / softcap) before the softmax, fused where
 //                  the scores are in registers. The forward (step 09f's kernel) turns each raw score s into
-//                  post·tanh(s·pre) before the row max (common/step/softcap.h has the factors), so its
-//                  online softmax, masks and LSE are unchanged; the backward (step 12c's) does the same
-//                  before P and multiplies dSᵀ by the slope 1 - tanh², which it keeps in place of P once P
-//                  is packed for dV. Each costs one MUFU.TANH per score beside the one MUFU.EX2.
+//                  t = tanh(s·pre) before the row max and is given softcap·log2(e) as the exponent's
+//                  factor in place of scale·log2(e) (common/step/softcap.h), so its online softmax, masks
+//                  and LSE are unchanged; the backward (step 12c's) does the same before P and multiplies
+//                  dSᵀ by the slope 1 - t², which it keeps in place of P once P is packed for dV. Each
+//                  costs one FMUL and one MUFU.TANH per score beside the one MUFU.EX2.
 //
 // Both kernels are copies of their steps' final sub-steps (notes/substeps/09f_persistent.cuh and
 // 12c_bulk_dq.cuh: diff them against this file), with SOFTCAP a template flag: false, each is the
@@ -249,12 +250,12 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         float correction[2];
         bool max_grew = false;
         if constexpr (HAS_S) {
-          // 13a: softcapping. Each raw score s becomes post·tanh(s·pre), one FMUL, one MUFU.TANH and one
-          // FMUL, so that s·scale is the capped logit softcap·tanh(scale·s / softcap): the masks and the
-          // online softmax below are step 09f's, unchanged. P·V(k-1) still runs.
+          // 13a: softcapping. Each raw score s becomes t = tanh(s·pre), one FMUL and one MUFU.TANH; the
+          // host passed scale_log2 = softcap·log2(e), so t·scale_log2 is the capped logit softcap·t in
+          // base 2: the masks and the online softmax below are step 09f's, unchanged. P·V(k-1) still runs.
           if constexpr (SOFTCAP) {
 #pragma unroll
-            for (int i = 0; i < Tr::S_REGS; ++i) s_acc[i] = cap.post * tanh_approx(s_acc[i] * cap.pre);
+            for (int i = 0; i < Tr::S_REGS; ++i) s_acc[i] = tanh_approx(s_acc[i] * cap.pre);
           }
 
           // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
@@ -366,7 +367,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         inv_sum[r] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
         const int row = c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;  // inside the tile
         if (lse && t % 4 == 0 && row < x.q_rows)
-          lse[int64_t(x.bh) * seqlen_q + x.q0 + row] = sum > 0.0f ? row_max[r] * p.softmax_scale + logf(sum) : -INFINITY;
+          lse[int64_t(x.bh) * seqlen_q + x.q0 + row] = sum > 0.0f ? row_max[r] * logit_scale(p) + logf(sum) : -INFINITY;
       }
 
       // O, normalized and rounded, into this consumer's own rows of q_smem, in the layout the TMA reads
@@ -568,7 +569,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       return pv;
     };
     if constexpr (SOFTCAP) {
-      // 13a: softcapping. The score becomes post·tanh(s·pre) before P, as in the forward, and dSᵀ needs
+      // 13a: softcapping. The score becomes t = tanh(s·pre) before P, as in the forward, and dSᵀ needs
       // the slope 1 - tanh² beside P: P goes straight into p_frag, pair by pair, and s_acc keeps
       // P·(1 - tanh²), all that dSᵀ = Pᵀ ∘ (dPᵀ - D) ∘ (1 - tanh²) reads of it below. No register more.
 #pragma unroll
@@ -580,7 +581,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float tc = tanh_approx(s_acc[i + e] * cap.pre);
-            pv[e] = probability(i + e, cap.post * tc);
+            pv[e] = probability(i + e, tc);
             s_acc[i + e] = pv[e] * (1.0f - tc * tc);
           }
           p_frag[kk][r] = step11::pack2<T>(pv[0], pv[1]);

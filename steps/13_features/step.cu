@@ -109,8 +109,8 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
 }
 
 void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStream_t stream) {
-  const float scale_log2 = float(double(p.softmax_scale) * kLog2e);
-  const Softcap cap = softcap_of(p.softmax_scale, p.softcap);
+  const float scale_log2 = float(double(logit_scale(p)) * kLog2e);  // softcap·log2(e) when capped
+  const Softcap cap = softcap_of(p);
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const CUtensorMapDataType type =
@@ -252,8 +252,8 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
   float* lse2 = reinterpret_cast<float*>(base + w.lse2);
   float* d_rows = reinterpret_cast<float*>(base + w.d_rows);
   float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
-  const float scale_log2 = float(double(f.softmax_scale) * kLog2e);
-  const Softcap cap = softcap_of(f.softmax_scale, f.softcap);
+  const float scale_log2 = float(double(logit_scale(f)) * kLog2e);  // softcap·log2(e) when capped
+  const Softcap cap = softcap_of(f);
   const KernelLaunch& pre = plan.kernels.at(0);
   const KernelLaunch& main = plan.kernels.at(1);
   const KernelLaunch& dq = plan.kernels.at(2);
@@ -316,15 +316,18 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
 }  // namespace bwd
 
 void explain(std::ostream& out) {
-  const Softcap cap = softcap_of(0.125f, 30.0f);
-  out << "13a softcapping: each raw score s becomes post·tanh(s·pre) where it sits in registers, one MUFU.TANH\n"
-         "beside the softmax's one MUFU.EX2; the softmax, the masks and the LSE are unchanged.\n"
+  fs_problem p{};
+  p.softmax_scale = 0.125f;  // head_dim 64
+  p.softcap = 30.0f;
+  out << "13a softcapping: each raw score s becomes t = tanh(s·pre) where it sits in registers (one FMUL, one\n"
+         "MUFU.TANH beside the softmax's one MUFU.EX2), and softcap replaces the scale in the exponent's factor\n"
+         "and the LSE: the logit is softcap·t. The softmax and the masks are unchanged.\n"
          "  head_dim 64 (scale 1/8), softcap 30: pre = scale / softcap = "
-      << cap.pre << ", post = softcap / scale = " << cap.post
-      << "\n"
-         "  forward  (step 09f's kernel): s_acc[i] = post·tanh(s_acc[i]·pre) after S = Q·Kᵀ, before the row max\n"
-         "  backward (step 12c's kernel): P from the capped score, then s_acc keeps P·(1 - tanh²), the slope that\n"
-         "           dSᵀ = Pᵀ ∘ (dPᵀ - D) ∘ (1 - tanh²) needs; the deterministic mode's dQ kernel (step 11) the same\n";
+      << softcap_of(p).pre << ", exponent factor softcap·log2(e) = " << logit_scale(p) * kLog2e
+      << " (uncapped: scale·log2(e) = " << p.softmax_scale * kLog2e << ")\n"
+         "  forward  (step 09f's kernel): s_acc[i] = tanh(s_acc[i]·pre) after S = Q·Kᵀ, before the masks and row max\n"
+         "  backward (step 12c's kernel): P from t, then s_acc keeps P·(1 - t²), the slope that\n"
+         "           dSᵀ = Pᵀ ∘ (dPᵀ - D) ∘ (1 - t²) needs; the deterministic mode's dQ kernel (step 11) the same\n";
 }
 
 }  // namespace

@@ -209,6 +209,18 @@ class Arguments(unittest.TestCase):
         self.assertFalse(ct.parse_args(["--backends", "flash"]).default_backends)
         self.assertEqual(ct.parse_args(["--seqlens", "4096", "1024"]).seqlens, [4096, 1024])
 
+    def test_softcap(self):
+        self.assertEqual(ct.parse_args([]).softcap, 0.0)
+        a = ct.parse_args(["--softcap", "30", "--backward"])
+        self.assertEqual((a.softcap, a.backends, a.default_backends), (30.0, "", True))  # fa4 alone, where it imports
+        self.assertEqual(ct.parse_args(["--softcap", "30", "--backends", "fa4"]).backends, "fa4")
+        for bad in (["--backends", "flash"], ["--decode"], ["--training"]):
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+                ct.parse_args(["--softcap", "30", *bad])
+        self.assertEqual(ct.problem_for_tensors(FakeTensor((2, 64, 8, 128)), FakeTensor((2, 96, 2, 128)),
+                                                FakeTensor((2, 96, 2, 128)), FakeTensor((2, 64, 8, 128)), False,
+                                                15.0).softcap, 15.0)
+
     def test_backends_known(self):
         ct.check_backends(["flash", "cudnn", "efficient", "math", "fa4"])
         with self.assertRaises(ValueError) as e:
@@ -791,7 +803,7 @@ class EveryPassOnAStandIn(unittest.TestCase):
                 mock.patch.object(fs_results, "reference", lambda *a, **k: {}), \
                 mock.patch.object(fs_results, "compare", lambda *a, **k: dict(ok)), \
                 mock.patch.object(fs_results, "gradient_errors", lambda *a, **k: dict(errors)), \
-                mock.patch.object(ct.flash_steps, "forward", lambda q, *a: (T(*q.shape), T(
+                mock.patch.object(ct.flash_steps, "forward", lambda q, *a, **k: (T(*q.shape), T(
                     q.shape[0], q.shape[2], q.shape[1], dtype="torch.float32"))), \
                 mock.patch.object(ct.flash_steps, "default_step", lambda p: "09d_tile_sizes"), \
                 contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()):
