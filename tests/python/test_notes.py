@@ -76,7 +76,7 @@ class Slug(unittest.TestCase):
 
 class Shape(unittest.TestCase):
     def test_there_is_one_note_per_step(self):
-        self.assertEqual([p.name[:2] for p in step_notes()], [f"{i:02d}" for i in range(1, 13)])
+        self.assertEqual([p.name[:2] for p in step_notes()], [f"{i:02d}" for i in range(1, 14)])
 
     def test_core_then_appendix(self):
         for note in step_notes():

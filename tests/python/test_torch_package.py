@@ -1,6 +1,6 @@
 """The flash_steps package on a GPU with PyTorch: forward against SDPA's math backend in fp32, attention's
 gradients against an fp32 reference by fs_backward_bound (ref_err: SDPA's error in the dtype), GQA, strided views, the deterministic mode, decode on a contiguous and a paged
-cache. Its own ctest entry, python.torch: Skipped (77) without PyTorch or a CUDA device."""
+cache, softcapped attention and its gradients against a softcapped fp32 reference. Its own ctest entry, python.torch: Skipped (77) without PyTorch or a CUDA device."""
 import math
 import sys
 import unittest
@@ -51,6 +51,25 @@ def low_precision_grads(q, k, v, d_o, causal):
     kr, vr = (x.repeat_interleave(hq // hkv, dim=1) for x in (kl, vl))
     o = F.scaled_dot_product_attention(ql, kr, vr, is_causal=causal)
     return [x.transpose(1, 2) for x in torch.autograd.grad(o, (ql, kl, vl), d_o.transpose(1, 2))]
+
+
+def softcapped(q, k, v, causal, softcap, dtype=torch.float32 if HAVE_CUDA else None):
+    """O of (B, N, H, d) tensors with softcapped logits, written out in `dtype` (fp32: the reference; the
+    inputs' dtype: the same computation rounded, the ref_err of the bound), and its gradients function."""
+    hq, hkv, sq, sk, d = q.shape[2], k.shape[2], q.shape[1], k.shape[1], q.shape[3]
+    qf, kf, vf = (x.detach().to(dtype).transpose(1, 2).requires_grad_() for x in (q, k, v))
+    kr, vr = (x.repeat_interleave(hq // hkv, dim=1) for x in (kf, vf))
+    s = torch.matmul(qf, kr.transpose(2, 3)) * d ** -0.5
+    s = softcap * torch.tanh(s / softcap)
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    o = torch.matmul(torch.softmax(s.float(), dim=-1).to(dtype), vr)
+
+    def grads(d_o):
+        return [x.transpose(1, 2) for x in torch.autograd.grad(o, (qf, kf, vf), d_o.to(dtype).transpose(1, 2))]
+    return o.transpose(1, 2), grads
 
 
 @needs_gpu
@@ -117,6 +136,40 @@ class Torch(unittest.TestCase):
                         err = float((got.float() - ex).abs().max())
                         bound = self.lib.backward_bound(dname, float((lp.float() - ex).abs().max()), scale)
                         self.assertLessEqual(err, bound, f"{name} {dname} causal={causal} heads_kv={hkv}")
+
+    def test_softcapped_attention_and_its_gradients(self):
+        # softcap 2: logits of these inputs reach about 5, so tanh bends and the slope 1 - t^2 matters
+        steps = [s.id for s in fs.steps() if s.runs("backward")]
+        for dtype, dname in ((torch.float16, "fp16"), (torch.bfloat16, "bf16")):
+            for causal in (False, True):
+                q = self.draw(2, 384, 8, 64, dtype=dtype).requires_grad_()
+                k = self.draw(2, 512, 2, 64, dtype=dtype).requires_grad_()
+                v = self.draw(2, 512, 2, 64, dtype=dtype).requires_grad_()
+                d_o = self.draw(2, 384, 8, 64, dtype=dtype)
+                try:
+                    o = fs.attention(q, k, v, causal=causal, softcap=2.0)
+                except fs.InvalidArgument as e:  # a GPU without a softcapping step: refused, never wrong
+                    self.assertIn("softcap is 2", e.message)
+                    continue
+                o.backward(d_o)
+                ref, grads = softcapped(q, k, v, causal, 2.0)
+                atol, rtol, _ = self.lib.tolerance(dname, float(v.abs().max()))
+                err = (o.float() - ref).abs()
+                self.assertTrue(bool((err <= atol + rtol * ref.abs()).all()), f"{dname} causal={causal}: O error "
+                                f"{float(err.max())}")
+                exact = grads(d_o)
+                _, low = softcapped(q, k, v, causal, 2.0, dtype)
+                lowp = low(d_o)
+                plain = fs.attention(q.detach(), k.detach(), v.detach(), causal=causal)
+                self.assertGreater(float((plain.float() - ref).abs().max()), 10 * float(err.max()))  # the cap bites
+                scale = max(float(ex.abs().max()) for ex in exact)
+                for name, got, ex, lp in zip(("dQ", "dK", "dV"), (q.grad, k.grad, v.grad), exact, lowp):
+                    got_err = float((got.float() - ex).abs().max())
+                    bound = self.lib.backward_bound(dname, float((lp.float() - ex).abs().max()), scale)
+                    self.assertLessEqual(got_err, bound, f"{name} {dname} causal={causal} ({steps})")
+        with self.assertRaises(fs.InvalidArgument) as e:
+            fs.forward(q.detach(), k.detach(), v.detach(), step="09f_persistent", softcap=2.0)
+        self.assertIn("step 09f_persistent has no softcapping", e.exception.message)
 
     def test_deterministic_backward_is_repeatable(self):
         if not self.has_backward():
