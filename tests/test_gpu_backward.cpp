@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -223,6 +224,48 @@ void check_backward_steps(const BackwardCase& c) {
 }
 
 }  // namespace
+
+// PyTorch's autograd runs the backward on a thread of its own, which may have made no CUDA call: no
+// context is current there, and a driver call (the TMA's tensor-map encoding) must not depend on one.
+TEST_CASE("every step's backward runs from a thread that has made no CUDA call", "[backward]") {
+  const fs::DeviceInfo dev = fs::current_device();
+  for (const float softcap : {0.0f, 2.0f}) {
+    fs::BackwardProblem p = fs::make_backward_problem(1, 130, 200, 4, 2, 64, fs::DType::fp16, true, 0);
+    p.attention.softcap = softcap;
+    fs::BackwardWorkload w(p, 77);
+    bool references_ready = false;
+    fs::BackwardReferences ref;
+    for (const fs::Step& s : fs::steps()) {
+      if (!fs::test::step_selected(s.id) || !s.backward.present()) continue;
+      const fs::Plan plan = fs::plan(s, p, dev);
+      if (!plan.accepted()) continue;  // refusals are the other tests' subject
+      INFO("step " << s.id << " softcap " << softcap);
+      if (!references_ready) {
+        fs::GpuReference gpu;
+        ref = fs::make_reference(w, gpu);
+        references_ready = true;
+      }
+      const fs::Prepared prepared(s, p, plan);
+      w.poison();
+      CHECK_CUDA(cudaDeviceSynchronize());
+      std::string error;
+      std::thread fresh([&] {
+        try {
+          prepared.launch(w.tensors(), nullptr);
+          CHECK_CUDA(cudaDeviceSynchronize());
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      });
+      fresh.join();
+      CHECK(error == "");
+      for (const fs::GradComparison& g : fs::compare_gradients(p, w.download_dq(), w.download_dk(), w.download_dv(), ref)) {
+        INFO(g.summary());
+        CHECK(g.pass());
+      }
+    }
+  }
+}
 
 TEST_CASE("every step's backward matches the references on the backward shapes", "[backward]") {
   static const std::vector<BackwardCase> cases = backward_cases();

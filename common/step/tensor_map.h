@@ -46,8 +46,14 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // A 4-D tensor map of `shape` (dims, strides, box: step 08's TensorMapShape), 128-byte swizzle, zeros
 // for the elements of a box that lie outside the tensor. L2 promotion 256 B: the boxes of one tile's
 // column blocks are issued back to back and cover consecutive bytes of each row.
+// The driver encodes only with a context current on the calling thread, which a thread that has made no
+// runtime call yet lacks (PyTorch's autograd runs the backward on such a thread): cudaSetDevice to the
+// thread's device makes its primary context current (CUDA 12 and newer), at the cost of a call.
 template <class Shape>
 CUtensorMap make_tensor_map(const char* name, const void* data, CUtensorMapDataType type, const Shape& shape) {
+  int device = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaSetDevice(device));
   CUtensorMap map;
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUresult r = tensor_map_encoder()(&map, type, 4, const_cast<void*>(data), shape.dims, shape.strides,
