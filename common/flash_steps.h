@@ -41,8 +41,8 @@
  *             fp32 whatever the scale, so the caller keeps |q.k| <= 2^126 / (scale·log2(e)).
  *   - softcap (fs_problem_init: 0, off): > 0 turns every logit c = scale·q.k into softcap·tanh(c / softcap)
  *     before the softmax (Gemma 2), forward and backward. It must be finite, >= 0, at most 2^126 / log2(e),
- *     and scale / softcap at most FLT_MAX. Only steps with softcapping run it (13a and later); every other
- *     step refuses it with a sentence naming one that does.
+ *     and scale / softcap at most FLT_MAX. Only steps with softcapping run it (13a and later; 11_backward
+ *     for the backward); every other step refuses it with a sentence naming one that does.
  *   - GQA / MQA: heads_q a multiple of heads_kv; query head h reads K/V head h / (heads_q / heads_kv).
  *   - causal is bottom-right aligned, as in FlashAttention >= 2.1: query i attends to key j iff
  *     j <= i + seqlen_k - seqlen_q. A query row with no key to attend gets O = 0 and LSE = -inf.

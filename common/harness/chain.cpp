@@ -95,10 +95,10 @@ std::string feature_refusal(const Step& step, const Problem& problem) {
   const fs_problem& p = Pass<Problem>::attention(problem);
   if (p.softcap == 0 || step.softcap) return "";
   const auto& all = steps();
-  const auto it = std::find_if(all.begin(), all.end(),
+  const auto it = std::find_if(all.rbegin(), all.rend(),  // the newest step with it
                                [](const Step& s) { return s.softcap && Pass<Problem>::entry(s).present(); });
   return sentence("softcap is ", p.softcap, "; step ", step.id, " has no softcapping (0 turns it off)",
-                  it == all.end() ? std::string() : "; step " + it->id + " has it");
+                  it == all.rend() ? std::string() : "; step " + it->id + " has it");
 }
 
 template <typename Problem>

@@ -306,7 +306,7 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, step: str
     head_dim), fp16 or bf16 on one CUDA device, any strides the C ABI accepts. causal: bottom-right aligned.
     scale: default 1/sqrt(head_dim). step: default default_step's. out (like q) and lse (fp32, contiguous
     (batch, heads_q, seqlen_q)): written when given, else allocated. softcap: each logit s becomes
-    softcap·tanh(s / softcap) before the softmax (0: off; step 13 and later)."""
+    softcap·tanh(s / softcap) before the softmax (0: off; step 13a and later)."""
     check_step("flash_steps.forward", "step", step)
     p = forward_problem("flash_steps.forward", q, k, v, out, causal, scale, lse, softcap)  # before any allocation
     o, lse = _outputs(q, out, lse, p)

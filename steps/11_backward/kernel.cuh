@@ -214,12 +214,13 @@ __device__ __forceinline__ void store_rows(T* dst, const float (&acc)[Tr::KEY_TI
 
 // Block x: K/V head bh_kv = x / (kv_tiles · D_SLICES), then K/V tile and column slice; K/V tile 0
 // first (with causal it sees the most query tiles). ATOMIC_DQ: the dQ part (off in deterministic mode).
-template <typename T, class Tr, bool ATOMIC_DQ>
+// SOFTCAP: logit softcapping (common/step/softcap.h; note 13), two lines where P is made.
+template <typename T, class Tr, bool ATOMIC_DQ, bool SOFTCAP = false>
 __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
     backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                     const T* __restrict__ d_o, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_accum,
                     const float* __restrict__ lse2, const float* __restrict__ d_rows, const BackwardProblem p,
-                    const float scale_log2) {
+                    const float scale_log2, const Softcap cap) {
   using Layout = typename Tr::Layout;
   using DsLayout = typename Tr::DsLayout;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, BLOCK_KV = Tr::BLOCK_KV, NT = Tr::NUM_THREADS;
@@ -367,13 +368,18 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
         for (int i = 0; i < 4; ++i) {
           const frag::Coord c = frag::mma_c(lane, i);  // (key, query) inside the m16 tile
           const int qi = wq0 + nt * 8 + c.col;           // query inside the tile
-          float pv = exp2_fast(fmaf(s_acc[mi][nt][i], scale_log2, -lse_tile[qi]));
+          float score = s_acc[mi][nt][i], slope = 1.0f;
+          if constexpr (SOFTCAP) {
+            const float tc = tanh_approx(score * cap.pre);
+            score = tc, slope = 1.0f - tc * tc;  // scale_log2 is softcap·log2(e): the logit is softcap·tc
+          }
+          float pv = exp2_fast(fmaf(score, scale_log2, -lse_tile[qi]));
           if (masked) {
             const int key = key0 + 16 * mi + c.row, row = q0 + qi;
             if (key >= seqlen_k || (causal && key > row + seqlen_k - seqlen_q)) pv = 0.0f;
           }
           s_acc[mi][nt][i] = pv;
-          dp_acc[mi][nt][i] = pv * (dp_acc[mi][nt][i] - dd_tile[qi]);
+          dp_acc[mi][nt][i] = pv * (dp_acc[mi][nt][i] - dd_tile[qi]) * slope;
         }
 
     // A warp's dSᵀ rows go to ds_smem (dQ reads them as dS) and, when warps share keys, its Pᵀ to
@@ -507,7 +513,7 @@ __global__ void __launch_bounds__(kConvertThreads)
 // ---- deterministic mode: dQ by query rows, no atomics --------------------------------------------
 // Block x: query head bh = x / (q_tiles · D_SLICES), then query tile (the last first) and slice. Each
 // warp owns 16 query rows and sums dQ over the K/V tiles in order, so dQ is the same on every run.
-// SOFTCAP: step 13a's logit softcapping (common/step/softcap.h), for its deterministic mode.
+// SOFTCAP: logit softcapping (common/step/softcap.h), as in backward_kernel.
 template <typename T, class Tr, bool SOFTCAP = false>
 __global__ void __launch_bounds__(Tr::NUM_THREADS)
     dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_o,

@@ -8,6 +8,7 @@
 #include "common/backward/problem.h"
 #include "common/step/dispatch.h"
 #include "common/step/overflow.h"
+#include "common/step/softcap.h"
 #include "common/step/step.h"
 #include "steps/11_backward/kernel.cuh"
 
@@ -31,7 +32,7 @@ std::string limits(const BackwardProblem& p) {
 
 // The kernels of one launch, in order, with their grids: preprocess, the main kernel, then convert_dq
 // (atomic dQ) or dq_kernel (deterministic).
-template <typename T, int CONFIG>
+template <typename T, int CONFIG, bool SOFTCAP>
 std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& w) {
   using Tr = TraitsOf<CONFIG>;
   using DqTr = DqTraitsOf<CONFIG>;
@@ -43,12 +44,12 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
                tiles(w.rows, kPreprocessWarps)});
   const int64_t main_blocks = tiles(f.seqlen_k, Tr::BLOCK_KV) * Tr::D_SLICES * f.batch * f.heads_kv;
   if (p.deterministic) {
-    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, false>), Tr::NUM_THREADS,
+    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, false, SOFTCAP>), Tr::NUM_THREADS,
                  size_t(Tr::SMEM_BYTES), main_blocks});
-    k.push_back({reinterpret_cast<const void*>(&dq_kernel<T, DqTr>), DqTr::NUM_THREADS, size_t(DqTr::SMEM_BYTES),
+    k.push_back({reinterpret_cast<const void*>(&dq_kernel<T, DqTr, SOFTCAP>), DqTr::NUM_THREADS, size_t(DqTr::SMEM_BYTES),
                  tiles(f.seqlen_q, DqTr::BLOCK_Q) * DqTr::D_SLICES * f.batch * f.heads_q});
   } else {
-    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, true>), Tr::NUM_THREADS,
+    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, true, SOFTCAP>), Tr::NUM_THREADS,
                  size_t(Tr::SMEM_BYTES), main_blocks});
     k.push_back({reinterpret_cast<const void*>(&convert_dq_kernel<T, Tr::HEAD_DIM>), kConvertThreads, 0,
                  tiles(f.batch * f.heads_q * f.seqlen_q * (f.head_dim / 8), kConvertThreads)});
@@ -79,7 +80,12 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   pl.workspace_bytes = size_t(w->bytes);
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_config<kNumConfigs>(pl.config, [&](auto c) { pl.kernels = kernels_of<T, decltype(c)::value>(p, *w); });
+    with_config<kNumConfigs>(pl.config, [&](auto c) {
+      if (p.attention.softcap > 0.0f)
+        pl.kernels = kernels_of<T, decltype(c)::value, true>(p, *w);
+      else
+        pl.kernels = kernels_of<T, decltype(c)::value, false>(p, *w);
+    });
   });
   for (const KernelLaunch& k : pl.kernels)
     if (k.blocks > INT32_MAX) {
@@ -104,50 +110,60 @@ bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
          f.batch * f.heads_kv <= INT32_MAX / 4 / tiles(f.seqlen_k, 64);
 }
 
-void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, void* workspace,
-            cudaStream_t stream) {
-  const Workspace w = *workspace_of(p.attention, p.deterministic, kConfigs[plan.config].head_dim);
-  char* base = static_cast<char*>(workspace);
+// The kernels of the plan, in its order, for dtype T, tile row CONFIG and SOFTCAP.
+template <typename T, int CONFIG, bool SOFTCAP>
+void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, const Workspace& w,
+                   char* base, cudaStream_t stream) {
+  using Tr = TraitsOf<CONFIG>;
+  using DqTr = DqTraitsOf<CONFIG>;
   float* lse2 = reinterpret_cast<float*>(base + w.lse2);
   float* d_rows = reinterpret_cast<float*>(base + w.d_rows);
   float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
-  const float scale_log2 = float(double(p.attention.softmax_scale) * kLog2e);
+  const float scale_log2 = float(double(logit_scale(p.attention)) * kLog2e);  // softcap·log2(e) when capped
+  const Softcap cap = softcap_of(p.attention);
   const KernelLaunch& pre = plan.kernels.at(0);
   const KernelLaunch& main = plan.kernels.at(1);
   const KernelLaunch& dq = plan.kernels.at(2);
+  const T* q = static_cast<const T*>(t.q);
+  const T* k = static_cast<const T*>(t.k);
+  const T* v = static_cast<const T*>(t.v);
+  const T* d_o = static_cast<const T*>(t.d_o);
+  if (!p.deterministic) CHECK_CUDA(cudaMemsetAsync(dq_accum, 0, size_t(w.bytes - w.dq_accum), stream));
+  preprocess_kernel<T><<<unsigned(pre.blocks), pre.threads, 0, stream>>>(static_cast<const T*>(t.o), d_o, t.lse,
+                                                                          lse2, d_rows, p);
+  CHECK_LAUNCH();
+  auto run_main = [&](auto atomic) {
+    auto* kernel = backward_kernel<T, Tr, decltype(atomic)::value, SOFTCAP>;
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(main.smem_bytes)));
+    kernel<<<unsigned(main.blocks), main.threads, main.smem_bytes, stream>>>(
+        q, k, v, d_o, static_cast<T*>(t.dk), static_cast<T*>(t.dv), dq_accum, lse2, d_rows, p, scale_log2, cap);
+    CHECK_LAUNCH();
+  };
+  if (p.deterministic) {
+    run_main(std::false_type{});
+    auto* kernel = dq_kernel<T, DqTr, SOFTCAP>;
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
+    kernel<<<unsigned(dq.blocks), dq.threads, dq.smem_bytes, stream>>>(q, k, v, d_o, static_cast<T*>(t.dq), lse2,
+                                                                       d_rows, p, scale_log2, cap);
+    CHECK_LAUNCH();
+  } else {
+    run_main(std::true_type{});
+    convert_dq_kernel<T, Tr::HEAD_DIM><<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
+    CHECK_LAUNCH();
+  }
+}
+
+void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, void* workspace,
+            cudaStream_t stream) {
+  const Workspace w = *workspace_of(p.attention, p.deterministic, kConfigs[plan.config].head_dim);
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* q = static_cast<const T*>(t.q);
-    const T* k = static_cast<const T*>(t.k);
-    const T* v = static_cast<const T*>(t.v);
-    const T* d_o = static_cast<const T*>(t.d_o);
     with_config<kNumConfigs>(plan.config, [&](auto c) {
-      using Tr = TraitsOf<decltype(c)::value>;
-      using DqTr = DqTraitsOf<decltype(c)::value>;
-      if (!p.deterministic) CHECK_CUDA(cudaMemsetAsync(dq_accum, 0, size_t(w.bytes - w.dq_accum), stream));
-      preprocess_kernel<T><<<unsigned(pre.blocks), pre.threads, 0, stream>>>(static_cast<const T*>(t.o), d_o, t.lse,
-                                                                              lse2, d_rows, p);
-      CHECK_LAUNCH();
-      auto run_main = [&](auto atomic) {
-        auto* kernel = backward_kernel<T, Tr, decltype(atomic)::value>;
-        CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(main.smem_bytes)));
-        kernel<<<unsigned(main.blocks), main.threads, main.smem_bytes, stream>>>(
-            q, k, v, d_o, static_cast<T*>(t.dk), static_cast<T*>(t.dv), dq_accum, lse2, d_rows, p, scale_log2);
-        CHECK_LAUNCH();
-      };
-      if (p.deterministic) {
-        run_main(std::false_type{});
-        auto* kernel = dq_kernel<T, DqTr>;
-        CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
-        kernel<<<unsigned(dq.blocks), dq.threads, dq.smem_bytes, stream>>>(q, k, v, d_o, static_cast<T*>(t.dq), lse2,
-                                                                           d_rows, p, scale_log2, Softcap{});
-        CHECK_LAUNCH();
-      } else {
-        run_main(std::true_type{});
-        convert_dq_kernel<T, Tr::HEAD_DIM>
-            <<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
-        CHECK_LAUNCH();
-      }
+      char* base = static_cast<char*>(workspace);
+      if (p.attention.softcap > 0.0f)
+        launch_config<T, decltype(c)::value, true>(p, t, plan, w, base, stream);
+      else
+        launch_config<T, decltype(c)::value, false>(p, t, plan, w, base, stream);
     });
   });
 }
@@ -164,7 +180,8 @@ void register_step_11_backward(Registry& r) {
          .lesson = "dQ, dK, dV without storing P: P recomputed from the forward's LSE, blocks own K/V tiles and loop "
                    "over queries, dQ summed with fp32 atomics (or, deterministic, by a second kernel that owns query "
                    "rows)",
-         .backward = {limits, plan, launch, claims}});
+         .backward = {limits, plan, launch, claims},
+         .softcap = true});
 }
 
 }  // namespace fs
