@@ -54,7 +54,8 @@ __device__ inline int64_t visible_keys(int64_t i, int64_t seqlen_q, int64_t seql
 // and (lse not null) LSE = max + log(sum). S holds `group` heads × `rows` query rows × Sk keys, for
 // query rows i0 … i0+rows-1 of heads h0 … h0+group-1. A row with no key gets P = 0, LSE = -inf.
 // softcap > 0: each logit s first becomes softcap·tanh(s / softcap) (tanhf, not the kernels' MUFU.TANH),
-// and `slope` (when not null, laid out as S) receives its derivative 1 - tanh².
+// and `slope` (when not null, laid out as S) receives its derivative 1 - tanh² for every key (1 where
+// masked, so that ds_kernel's 0 · slope is 0 there, whatever the scratch held before).
 __global__ void masked_softmax_kernel(float* s, int64_t rows, int64_t seqlen_q, int64_t seqlen_k,
                                       int64_t i0, int64_t b, int64_t h0, int64_t heads_q, bool causal,
                                       float* lse, float softcap = 0.0f, float* slope = nullptr) {
@@ -64,18 +65,20 @@ __global__ void masked_softmax_kernel(float* s, int64_t rows, int64_t seqlen_q, 
   const int64_t allowed = visible_keys(i, seqlen_q, seqlen_k, causal);
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) {
-    if (softcap > 0.0f) {
-      const float t = tanhf(row[j] / softcap);
-      row[j] = softcap * t;
-      if (slope) slope[r * seqlen_k + j] = 1.0f - t * t;
-    }
+    if (softcap > 0.0f) row[j] = softcap * tanhf(row[j] / softcap);
     m = fmaxf(m, row[j]);
   }
   m = block_reduce(m, true);
   float sum = 0.0f;
   for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) sum += expf(row[j] - m);
   sum = block_reduce(sum, false);
-  for (int64_t j = threadIdx.x; j < seqlen_k; j += blockDim.x) row[j] = j < allowed ? expf(row[j] - m) / sum : 0.0f;
+  for (int64_t j = threadIdx.x; j < seqlen_k; j += blockDim.x) {
+    if (slope) {
+      const float t = softcap > 0.0f && j < allowed ? row[j] / softcap : 0.0f;  // tanh, from the capped logit
+      slope[r * seqlen_k + j] = 1.0f - t * t;
+    }
+    row[j] = j < allowed ? expf(row[j] - m) / sum : 0.0f;
+  }
   if (lse && threadIdx.x == 0) lse[(b * heads_q + h0 + g) * seqlen_q + i] = allowed > 0 ? m + logf(sum) : -INFINITY;
 }
 

@@ -7,6 +7,8 @@
 // 1 - t². pre is finite: the harness's rules bound scale / softcap.
 #pragma once
 
+#include <type_traits>
+
 #include "forward/problem.h"
 #include "step/hd.h"
 
@@ -19,6 +21,14 @@ struct Softcap {
 inline Softcap softcap_of(const fs_problem& p) {
   if (!(p.softcap > 0.0f)) return {};
   return {float(double(p.softmax_scale) / p.softcap)};
+}
+
+// f(std::true_type) when the problem caps its logits, f(std::false_type) otherwise: a kernel's SOFTCAP
+// template flag, from the run-time problem (a step's host code).
+template <class F>
+decltype(auto) with_softcap(const fs_problem& p, F&& f) {
+  if (p.softcap > 0.0f) return f(std::true_type{});
+  return f(std::false_type{});
 }
 
 // The logit of one unit of what a kernel's scores hold: scale (raw scores), or softcap (tanh values).

@@ -81,10 +81,9 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(pl.config, [&](auto c) {
-      if (p.attention.softcap > 0.0f)
-        pl.kernels = kernels_of<T, decltype(c)::value, true>(p, *w);
-      else
-        pl.kernels = kernels_of<T, decltype(c)::value, false>(p, *w);
+      with_softcap(p.attention, [&](auto capped) {
+        pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value>(p, *w);
+      });
     });
   });
   for (const KernelLaunch& k : pl.kernels)
@@ -159,11 +158,10 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(plan.config, [&](auto c) {
-      char* base = static_cast<char*>(workspace);
-      if (p.attention.softcap > 0.0f)
-        launch_config<T, decltype(c)::value, true>(p, t, plan, w, base, stream);
-      else
-        launch_config<T, decltype(c)::value, false>(p, t, plan, w, base, stream);
+      with_softcap(p.attention, [&](auto capped) {
+        launch_config<T, decltype(c)::value, decltype(capped)::value>(p, t, plan, w, static_cast<char*>(workspace),
+                                                                      stream);
+      });
     });
   });
 }

@@ -21,16 +21,6 @@ namespace {
 
 constexpr double kLog2e = 1.4426950408889634;  // exp(x) = 2^(x·log2(e))
 
-// f(std::true_type) when the problem caps its logits, f(std::false_type) otherwise: the SOFTCAP flag
-// of both kernels.
-template <class F>
-void with_softcap(float softcap, F&& f) {
-  if (softcap > 0.0f)
-    f(std::true_type{});
-  else
-    f(std::false_type{});
-}
-
 // ==== the forward: step 09f's host code ==========================================================
 namespace fwd {
 using namespace forward_pass;
@@ -98,7 +88,7 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
     using T = typename decltype(tag)::type;
     with_traits(p, pl.config, [&](auto tr) {
       using Tr = typename decltype(tr)::type;
-      with_softcap(p.softcap, [&](auto capped) {
+      with_softcap(p, [&](auto capped) {
         const int64_t blocks = Tr::has(kPersistent) ? persistent_blocks(tiles, dev.sm_count > 0 ? dev.sm_count : 1) : tiles;
         pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&forward_kernel<T, Tr, decltype(capped)::value>),
                                    Tr::NUM_THREADS, size_t(Tr::SMEM_BYTES), blocks}};
@@ -125,7 +115,7 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
           "V", t.v, type, tensor_map_shape(p.v, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
       const CUtensorMap o_map = make_tensor_map(
           "O", t.o, type, tensor_map_shape(p.o, p.seqlen_q, p.heads_q, p.batch, p.head_dim, ROWS_PER_WARPGROUP));
-      with_softcap(p.softcap, [&](auto capped) {
+      with_softcap(p, [&](auto capped) {
         auto* kernel = forward_kernel<T, Tr, decltype(capped)::value>;
         CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
         kernel<<<unsigned(plan.kernels.front().blocks), Tr::NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
@@ -221,7 +211,7 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(pl.config, [&](auto c) {
-      with_softcap(p.attention.softcap,
+      with_softcap(p.attention,
                    [&](auto capped) { pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value>(p, *w); });
     });
   });
@@ -305,7 +295,7 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
   const Workspace w = *workspace_of(p.attention, p.deterministic, kConfigs[plan.config].head_dim);
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     with_config<kNumConfigs>(plan.config, [&](auto c) {
-      with_softcap(p.attention.softcap, [&](auto capped) {
+      with_softcap(p.attention, [&](auto capped) {
         launch_config<typename decltype(tag)::type, decltype(c)::value, decltype(capped)::value>(
             p, t, plan, w, static_cast<char*>(workspace), stream);
       });
