@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Every flash-steps step beside PyTorch SDPA and FlashAttention-4 (where installed), on the same tensors,
 timed and checked the same way: `python3 bench/compare_torch.py [--quick]` (the forward sweep), `--decode`
-(against a KV cache), `--backward` or `--training` (forward and backward through autograd). How it times and checks, and what it writes: bench/README.md.
+(against a KV cache), `--backward` or `--training` (forward and backward through autograd); `--softcap X` and
+`--window L,R` give every shape logit softcapping or a sliding window (FlashAttention-4 the only backend beside
+our steps). How it times and checks, and what it writes: bench/README.md.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -48,11 +51,34 @@ def refusal(check, *args) -> str:
     return ""
 
 
-def problem_for_tensors(q, k, v, o, causal: bool, softcap: float = 0.0):  # (B, N, H, d) tensors, own strides
-    return flash_steps.forward_problem("compare_torch", q, k, v, o, causal, None, softcap=softcap)
+def problem_for_tensors(q, k, v, o, causal: bool, softcap: float = 0.0, window=None):  # (B, N, H, d), own strides
+    return flash_steps.forward_problem("compare_torch", q, k, v, o, causal, None, softcap=softcap, window=window)
 
 
 # ---- shapes ------------------------------------------------------------------------------------------
+
+def window_arg(text: str) -> tuple[int, int]:
+    """--window's "L,R" as (L, R): FlashAttention's window_size, each bound an int32 of at least -1 (-1: unbounded
+    on that side); the runner's --window rule and sentence."""
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:  # not two parts, or one not an integer
+        left = right = -2
+    if not all(-1 <= x <= 2 ** 31 - 1 for x in (left, right)):
+        raise argparse.ArgumentTypeError(f"--window expects L,R: two integers from -1 to 2147483647 (-1: unbounded on "
+                                         f"that side), got '{text}'")
+    return left, right
+
+
+def with_window(s: dict, window: tuple[int, int] | None) -> dict:
+    """The shape with --window's sliding window (window_left, window_right: its rows record it too), or as it is."""
+    return s if window is None else dict(s, window_left=window[0], window_right=window[1])
+
+
+def window_of(s: dict) -> tuple[int, int] | None:
+    """The window of a shape or a row (with_window); None: it has none."""
+    return (s["window_left"], s["window_right"]) if "window_left" in s else None
+
 
 def sweep_shape(lib, seqlen: int, head_dim: int, causal: bool, dtype: str, tokens: int) -> dict:
     """Batch and heads from fs_sweep_shape; ValueError with the library's sentence when they do not divide."""
@@ -72,10 +98,11 @@ def sweep_shapes(args, lib, min_seqlen: int = 0) -> list[dict]:
             for t in args.dtypes for n in sorted(args.seqlens)]
 
 
-def shape_flops(lib, s: dict, backward: bool = False) -> float:  # fs_problem_flops or fs_backward_flops
+def shape_flops(lib, s: dict, backward: bool = False) -> float:
+    """fs_problem_flops or fs_backward_flops of the shape, its window too: the library counts the visible pairs."""
     make = lib.backward_problem if backward else lib.problem
     return lib.flops(make(s["batch"], s["seqlen"], s["seqlen"], s["heads"], s["heads"], s["head_dim"], s["dtype"],
-                          s["causal"]))
+                          s["causal"], window=window_of(s)))
 
 
 def parse_decode_shape(text: str) -> tuple[int, int, int, int]:
@@ -151,7 +178,7 @@ class Sweep:
     interleaved = True  # the forward's implementations hold only an output each between rounds
     work, work_name, rate, unit, digits = "flops", "FLOPs", "tflops", "TFLOP/s", 1
     shape_fields = ("batch", "seqlen", "heads", "head_dim", "causal", "dtype")
-    csv_fields = fields_of("batch seqlen heads head_dim causal dtype flops",
+    csv_fields = fields_of("batch seqlen heads head_dim causal window_left window_right dtype flops",
                             "tflops x_step01 x_prev x_flash x_cudnn x_fa4")
     short, describe = staticmethod(lambda step_id: step_id[:10]), staticmethod(fr.describe)
 
@@ -175,7 +202,8 @@ class Sweep:
         if cls.key(ladder) not in {cls.key(s) for s in shapes}:
             shapes.insert(0, ladder)
         return shapes, {"timing": {"ladder_max_launch_ms": args.ladder_max_launch_ms},
-                        "flops": "fs_problem_flops: 4*B*H*Sq*Sk*d, halved when causal",
+                        "flops": "fs_problem_flops: 4*B*H*Sq*Sk*d, halved when causal; with a window, "
+                                 "4*B*H*d per visible pair",
                         "speedups": "fs_speedups: x_step01 over 01_naive, x_prev over the fastest row of the "
                                     "previous step number", "ladder": ladder}
 
@@ -188,6 +216,11 @@ class Sweep:
 
     def backend_fields(self, be) -> dict:
         return {}
+
+    def features(self, s: dict) -> dict:
+        """The features of a shape or a row, as flash_steps, fs_results.Backend and fs_results.reference take them:
+        --softcap's, and the shape's window (with_window)."""
+        return {"softcap": self.args.softcap, "window": window_of(s)}
 
     def sizes(self, s: dict) -> tuple:
         """(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) of a shape or a row."""
@@ -217,7 +250,7 @@ class Sweep:
         heads = min(hq, 2)
         kv_of = torch.tensor([h // (hq // hkv) for h in range(heads)], device="cuda")
         k0, v0 = (t[n][0:1].index_select(2, kv_of) for n in ("k", "v"))
-        t["ref"] = fr.reference(torch, t["q"], k0, v0, shape["causal"], t["scale"], heads, softcap=self.args.softcap)
+        t["ref"] = fr.reference(torch, t["q"], k0, v0, shape["causal"], t["scale"], heads, **self.features(shape))
         t["tol"] = self.lib.tolerance(shape["dtype"], float(t["v"].abs().max()))
         return t
 
@@ -232,7 +265,7 @@ class Sweep:
         return draw
 
     def step(self, row: dict, step_id: str, t: dict):
-        prob = problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"], self.args.softcap)
+        prob = problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"], **self.features(row))
         if not self.refused(row, step_id, prob):
             return self.checked_output(self.runner(step_id, prob, t["q"], t["k"], t["v"], t["o"], t["lse"]), t)
 
@@ -248,7 +281,7 @@ class Sweep:
         out = {}
 
         def fn():
-            out["o"] = be(q, k, v, row["causal"], t["scale"], self.args.softcap)
+            out["o"] = be(q, k, v, row["causal"], t["scale"], **self.features(row))
 
         def checked():
             fn()
@@ -515,7 +548,7 @@ class BackwardSweep(Sweep):
     mode, name, passes, short = "backward", "compare_torch_backward", ("backward",), staticmethod(fr.step_number)
     interleaved = False  # each backend keeps its autograd graph (retain_graph) for its launches
     speedups = False
-    csv_fields = fields_of("deterministic batch seqlen heads head_dim causal dtype flops",
+    csv_fields = fields_of("deterministic batch seqlen heads head_dim causal window_left window_right dtype flops",
                             "tflops x_flash x_cudnn x_fa4 forward_step", "dq_err dq_bound dk_err dk_bound dv_err "
                             "dv_bound ref_impl nonfinite repeatable pass reason")
 
@@ -547,7 +580,7 @@ class BackwardSweep(Sweep):
         t = {x: draw(b, n, h, d) for x in ("q", "k", "v", "d_o")}
         t.update(scale=1.0 / math.sqrt(d), fields={"flops": shape_flops(self.lib, shape, backward=True)})
         t["exact"] = fr.reference(self.torch, t["q"], t["k"], t["v"], shape["causal"], t["scale"], min(h, 2),
-                                  d_o=t["d_o"], softcap=self.args.softcap)
+                                  d_o=t["d_o"], **self.features(shape))
         return t
 
     def judged(self, dtype: str, errors: dict, own_reference: bool) -> dict:
@@ -578,7 +611,7 @@ class BackwardSweep(Sweep):
     def backend(self, row, be, t):
         torch, out = self.torch, {}
         inputs = [be.view(t[n].detach().requires_grad_()) for n in ("q", "k", "v")]  # views of leaf tensors
-        o = be(*inputs, row["causal"], t["scale"], self.args.softcap)  # the graph, once
+        o = be(*inputs, row["causal"], t["scale"], **self.features(row))  # the graph, once
         d_o = torch.empty_like(o)  # dO in O's own layout, so that no backend copies it to match
         d_o.copy_(be.view(t["d_o"]))
 
@@ -606,13 +639,13 @@ class BackwardSweep(Sweep):
         if "o" not in t:  # our forward, once per shape: O and LSE for every backward step
             fwd = self.args.forward_step or None
             t["o"], t["lse"] = flash_steps.forward(t["q"], t["k"], t["v"], row["causal"], t["scale"], fwd,
-                                                   softcap=self.args.softcap)
+                                                   **self.features(row))
             t["forward_step"] = fwd or flash_steps.default_step(
-                problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"], self.args.softcap))
+                problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"], **self.features(row)))
             t["dq"], t["dk"], t["dv"] = (self.torch.empty_like(t[n]) for n in ("q", "k", "v"))
         row["forward_step"] = t["forward_step"]
         return flash_steps.backward_problem("compare_torch", *(t[n] for n in BACKWARD_TENSORS), row["causal"],
-                                            t["scale"], row["deterministic"], softcap=self.args.softcap)
+                                            t["scale"], row["deterministic"], **self.features(row))
 
     def step(self, row, step_id, t):
         torch = self.torch
@@ -644,9 +677,9 @@ class TrainingSweep(BackwardSweep):
     gradients are checked as --backward checks them (autograd allocates them, so they are not poisoned)."""
     mode, name = "training", "compare_torch_training"
     interleaved = True  # no graph is kept between launches
-    csv_fields = fields_of("batch seqlen heads head_dim causal dtype flops", "tflops x_flash x_cudnn x_fa4 "
-                           "forward_step", "dq_err dq_bound dk_err dk_bound dv_err dv_bound ref_impl nonfinite pass "
-                           "reason")
+    csv_fields = fields_of("batch seqlen heads head_dim causal window_left window_right dtype flops",
+                           "tflops x_flash x_cudnn x_fa4 forward_step",
+                           "dq_err dq_bound dk_err dk_bound dv_err dv_bound ref_impl nonfinite pass reason")
 
     @classmethod
     def plan(cls, args, lib):
@@ -678,11 +711,11 @@ class TrainingSweep(BackwardSweep):
         torch, out = self.torch, {}
         inputs = [be.view(t[n].detach().requires_grad_()) for n in ("q", "k", "v")]
         with torch.no_grad():
-            d_o = torch.empty_like(be(*inputs, row["causal"], t["scale"]))  # dO in O's own layout, as --backward
+            d_o = torch.empty_like(be(*inputs, row["causal"], t["scale"], **self.features(row)))  # in O's layout
         d_o.copy_(be.view(t["d_o"]))
 
         def fn():
-            out["g"] = torch.autograd.grad(be(*inputs, row["causal"], t["scale"]), inputs, d_o)
+            out["g"] = torch.autograd.grad(be(*inputs, row["causal"], t["scale"], **self.features(row)), inputs, d_o)
         return fn, self.checked_gradients(row, fn, out, be.view, t, backend=True)
 
     def step(self, row, step_id, t):
@@ -692,7 +725,8 @@ class TrainingSweep(BackwardSweep):
         inputs = [t[n].detach().requires_grad_() for n in ("q", "k", "v")]
 
         def fn():
-            o = flash_steps.attention(*inputs, row["causal"], t["scale"], t["forward_step"], step_id)
+            o = flash_steps.attention(*inputs, row["causal"], t["scale"], t["forward_step"], step_id,
+                                      **self.features(row))
             out["g"] = torch.autograd.grad(o, inputs, t["d_o"])
         return fn, self.checked_gradients(row, fn, out, lambda x: x, t, backend=False)
 
@@ -757,6 +791,7 @@ def run(args) -> int:
     try:
         check_backends(backends)
         shapes, head = cls.plan(args, lib)
+        shapes = [with_window(s, args.window) for s in shapes]
     except (ValueError, OSError) as e:
         print(f"compare_torch: {e}", file=sys.stderr)
         return 2
@@ -780,7 +815,7 @@ def run(args) -> int:
               "order": f"a shape's implementations interleaved, {ROUNDS} rounds, in order then reversed"
                        if cls.interleaved else "each implementation's launches together"}
     result = {**fr.result_head("compare_torch", cls.mode, date, commit, env, lib.path), "timing": timing, **head,
-              "softcap": args.softcap,
+              "softcap": args.softcap, "window": args.window,
               "steps": steps, "backends": backends, "notes": notes, "complete": False, "rows": []}
     hbm = head.get("hbm")
     print(f"compare_torch{' --' + cls.mode if cls.mode else ''} {commit} on {env['gpu']} (driver {env['driver']}, "
@@ -837,6 +872,10 @@ def parse_args(argv=None):
         "start from (default: the newest step that accepts the shape)")
     add("--softcap", type=float, default=0.0, help="logit softcapping, softcap*tanh(s/softcap), for every shape "
         "(forward and --backward; default 0: off). SDPA has none: the backends are fa4 alone (--backends: fa4 only)")
+    add("--window", type=window_arg, metavar="L,R", help="a sliding window for every shape (forward, --backward, "
+        "--training; default: none): query i sees key j iff i+d-L <= j <= i+d+R, d = seqlen_k - seqlen_q, -1 "
+        "unbounded on that side, R 0 when causal (FlashAttention's window_size). SDPA has none: the backends are "
+        "fa4 alone (--backends: fa4 only). A negative L goes after '=': --window=-1,32")
     add("--ceilings", help="the ceilings file whose hbm_read gives the %% of HBM (default: the newest "
         "bench/results/ceilings-*.json)")
     args = ap.parse_args(argv)
@@ -847,7 +886,11 @@ def parse_args(argv=None):
         ap.error("--softcap: the forward sweep and --backward only")
     if args.softcap and args.backends not in (None, "fa4"):
         ap.error("--softcap: PyTorch SDPA has no softcapping; --backends may be fa4 only")
-    if args.softcap and args.backends is None:
+    if args.window is not None and args.decode:
+        ap.error("--window: the forward sweep, --backward and --training only")
+    if args.window is not None and args.backends not in (None, "fa4"):
+        ap.error("--window: PyTorch SDPA has no sliding window; --backends may be fa4 only")
+    if (args.softcap or args.window is not None) and args.backends is None:
         args.backends = ""  # fa4 joins where it imports
     if args.backends is None:
         args.backends = "flash,cudnn" if args.decode or args.training else "flash,cudnn,efficient" if args.backward else ",".join(

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """The pictures of the notes, drawn from the steps' own index math: `python3 bench/figures.py [--only 04 06]
-[--out-dir DIR]` writes notes/figures/*.png. How the maps are the steps' own: bench/README.md.
+[--out-dir DIR] [--runner PATH]` writes notes/figures/*.png. How the maps are the steps' own: bench/README.md.
 """
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
-from fs_results import REPO, RESULTS, hbm_ceiling, parser, pyplot, save_figure
+from fs_results import REPO, RESULTS, hbm_ceiling, key_band, parser, pyplot, save_figure
 
 OUT = REPO / "notes" / "figures"
 
@@ -213,16 +215,26 @@ def tile_classes(seqlen_q, seqlen_k, block_q, block_kv, causal):
 
 # ---- drawing (matplotlib is imported only here) ---------------------------------------------------
 
-FIGURES: dict[str, list] = {}  # "NN" -> the functions that draw note NN's figures, each fn(out)
+FIGURES: dict[str, list] = {}  # "NN" -> the functions that draw note NN's figures, each fn(out, runner)
 
 
-def _drawn(name: str, *grid, rect=None, **kw):
-    """Makes draw(fig, axes) a figure of note name[:2]: fn(out) draws it on pyplot().subplots(*grid, **kw),
-    lays it out within rect and writes out/name."""
+class Unavailable(Exception):
+    """What a figure is drawn from is not there; the message says what is missing and how to get it."""
+
+
+def _drawn(name: str, *grid, rect=None, source=None, **kw):
+    """Makes draw(fig, axes) a figure of note name[:2]: fn(out, runner) draws it on pyplot().subplots(*grid, **kw),
+    lays it out within rect and writes out/name. With a source, draw(fig, axes, source(runner)) draws what the
+    flash-steps runner at `runner` prints, and a source that raises Unavailable leaves the figure out, saying why."""
     def wrap(draw):
-        def fn(out: Path):
+        def fn(out: Path, runner: str | None = None):
+            try:
+                data = () if source is None else (source(runner),)
+            except Unavailable as e:
+                print(f"figures.py: {name} not drawn: {e}", file=sys.stderr)
+                return
             fig, axes = pyplot().subplots(*grid, **kw)
-            draw(fig, axes)
+            draw(fig, axes, *data)
             fig.tight_layout(rect=rect)
             save_figure(fig, out / name, bbox_inches="tight", pad_inches=0.15)
             print(f"figures.py: wrote {out / name}", file=sys.stderr)
@@ -1009,10 +1021,131 @@ def fig_13(fig, axes):
         a.tick_params(labelsize=7)
 
 
+# ---- step 13b: the K/V tiles a band visits (common/step/window.h, through flash-steps explain) ---------------
+
+WINDOW_SHAPE = (2048, 2048, 128, 128)  # seqlen_q, seqlen_k, BLOCK_Q, BLOCK_KV of the figure's three panels
+WINDOW_PANELS = ((True, None), (True, (512, 0)), (False, (256, 256)))  # (causal, window) of each panel
+WINDOW_STEP = "13b_window"  # whose explain prints the maps
+_MAP_HEADER = re.compile(r"^\s*map seqlen_q=(\d+) seqlen_k=(\d+) block_q=(\d+) block_kv=(\d+) causal=([01]) "
+                         r"window=(off|-?\d+,-?\d+)\s*$")
+_MAP_ROW = re.compile(r"^\s*q(\d+) ([.MF]+)\s*$")
+
+
+def tile_map(seqlen_q: int, seqlen_k: int, block_q: int, block_kv: int, causal: bool,
+             window: tuple[int, int] | None) -> list[str]:
+    """The forward's tile map from the definition alone (fs_results.key_band), by brute force: for each query
+    tile (its real rows) one character per K/V tile (block_kv keys, those past seqlen_k seen by no row): '.' when
+    no (row, key) pair is visible (the tile is skipped), 'F' when every pair is (it runs without a mask), 'M'
+    otherwise (masked). What `flash-steps explain --step 13b_window` prints from common/step/window.h."""
+    lo, hi = key_band(seqlen_q, seqlen_k, causal, window)
+    rows = []
+    for q0 in range(0, seqlen_q, block_q):
+        line = ""
+        for k0 in range(0, seqlen_k, block_kv):
+            seen = {j < seqlen_k and lo <= j - i <= hi for i in range(q0, min(q0 + block_q, seqlen_q))
+                    for j in range(k0, k0 + block_kv)}
+            line += "F" if seen == {True} else "." if seen == {False} else "M"
+        rows.append(line)
+    return rows
+
+
+def parse_tile_maps(text: str) -> dict[tuple, list[str]]:
+    """The tile maps in explain's text, whatever surrounds them: {(seqlen_q, seqlen_k, block_q, block_kv, causal,
+    window or None): rows as tile_map gives them}, from each line `map seqlen_q=... window=L,R` (or window=off)
+    and the `qNN <one of . M F per K/V tile>` lines under it. ValueError for a map whose rows are not all there."""
+    maps, lines = {}, text.splitlines()
+    for n, line in enumerate(lines):
+        header = _MAP_HEADER.match(line)
+        if not header:
+            continue
+        sq, sk, bq, bkv, causal = (int(x) for x in header.groups()[:5])
+        window = None if header[6] == "off" else tuple(int(x) for x in header[6].split(","))
+        rows = []
+        for row in lines[n + 1:]:
+            found = _MAP_ROW.match(row)
+            if not found or int(found[1]) != len(rows):
+                break
+            rows.append(found[2])
+        shape = (-(-sq // bq), -(-sk // bkv))
+        if (len(rows), {len(r) for r in rows}) != (shape[0], {shape[1]}):
+            raise ValueError(f"explain's {line.strip()!r} has {len(rows)} rows of lengths "
+                             f"{sorted({len(r) for r in rows})}; it must have {shape[0]} rows q00, q01, ... of "
+                             f"{shape[1]} tiles each")
+        maps[(sq, sk, bq, bkv, bool(causal), window)] = rows
+    return maps
+
+
+def explain_text(runner: str | None, step: str) -> str:
+    """What `flash-steps explain --step STEP` prints; Unavailable when the runner is not built or fails."""
+    path = Path(runner) if runner else None
+    if path is None or not (path.is_file() and os.access(path, os.X_OK)):
+        raise Unavailable(f"no flash-steps runner at {runner} (build it: cmake --build build --target flash-steps; or "
+                          "give --runner PATH or $FLASH_STEPS_RUNNER)")
+    out = subprocess.run([str(path), "explain", "--step", step], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        why = next((ln.strip() for ln in (out.stderr + out.stdout).splitlines() if ln.strip()),
+                   f"exit status {out.returncode}")
+        raise Unavailable(f"`{path} explain --step {step}` failed: {why}")
+    return out.stdout
+
+
+def window_panels(text: str) -> list[list[str]]:
+    """The maps of the figure's panels (WINDOW_PANELS at WINDOW_SHAPE) in explain's text; Unavailable naming
+    the first one it lacks."""
+    maps = parse_tile_maps(text)
+    for causal, window in WINDOW_PANELS:
+        if (*WINDOW_SHAPE, causal, window) not in maps:
+            raise Unavailable(f"`flash-steps explain --step {WINDOW_STEP}` prints no map seqlen_q={WINDOW_SHAPE[0]} "
+                              f"seqlen_k={WINDOW_SHAPE[1]} block_q={WINDOW_SHAPE[2]} block_kv={WINDOW_SHAPE[3]} "
+                              f"causal={int(causal)} window={'off' if window is None else '%d,%d' % window}")
+    return [maps[(*WINDOW_SHAPE, causal, window)] for causal, window in WINDOW_PANELS]
+
+
+def band_text(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int] | None) -> str:
+    """The keys j row i sees, as a formula: "i − 512 ≤ j ≤ i" (key_band)."""
+    lo, hi = key_band(seqlen_q, seqlen_k, causal, window)
+
+    def at(x):
+        return "i" if x == 0 else f"i + {x:g}" if x > 0 else f"i − {-x:g}"
+    if lo == -math.inf and hi == math.inf:
+        return "every key j"
+    return " ≤ ".join(([at(lo)] if lo > -math.inf else []) + ["j"] + ([at(hi)] if hi < math.inf else []))
+
+
+WINDOW_COLORS = {".": ("0.88", "skipped: never loaded"), "M": ("tab:orange", "masked: some scores set to −∞"),
+                 "F": ("tab:blue", "full: run without a mask")}
+
+
+@_drawn("13_window.png", 1, 3, figsize=(15, 5.6), rect=(0, 0.05, 1, 0.95),
+        source=lambda runner: window_panels(explain_text(runner, WINDOW_STEP)))
+def fig_13_window(fig, axes, panels):
+    """Step 13b: the K/V tiles each query tile's forward skips, masks or runs without a mask, under three bands,
+    as `flash-steps explain --step 13b_window` prints them from common/step/window.h."""
+    from matplotlib.patches import Patch
+    sq, sk, block_q, block_kv = WINDOW_SHAPE
+    for ax, (causal, window), rows in zip(axes, WINDOW_PANELS, panels):
+        for qt, row in enumerate(rows):
+            for kt, kind in enumerate(row):
+                _box(ax, kt, qt, facecolor=WINDOW_COLORS[kind][0], edgecolor="white", linewidth=0.6)
+        _grid_axes(ax, len(rows), len(rows[0]), f"K/V tile ({block_kv} keys)", f"query tile ({block_q} rows)",
+                   step_x=2, step_y=2)
+        counts = {kind: sum(row.count(kind) for row in rows) for kind in WINDOW_COLORS}
+        name = ("causal" if causal else "not causal") + (f", window ({window[0]}, {window[1]})" if window else "")
+        ax.set_title(f"{name}: {band_text(sq, sk, causal, window)}\n{counts['F']} full, {counts['M']} masked, "
+                     f"{counts['.']} skipped of {len(rows) * len(rows[0])} tiles", fontsize=9)
+    fig.legend(handles=[Patch(facecolor=color, label=label) for color, label in WINDOW_COLORS.values()],
+               loc="lower center", ncol=3, fontsize=8.5, frameon=False)
+    fig.suptitle(f"Step 13b: the tiles one head's forward visits, seqlen {sq}, {block_q} × {block_kv} tiles "
+                 f"(flash-steps explain --step {WINDOW_STEP}, from common/step/window.h)", fontsize=10)
+
+
 def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--out-dir", default=str(OUT), help="where the PNGs go (default: notes/figures)")
     ap.add_argument("--only", nargs="+", choices=sorted(FIGURES), help="the notes whose figures to draw")
+    ap.add_argument("--runner", default=os.environ.get("FLASH_STEPS_RUNNER") or str(REPO / "build" / "flash-steps"),
+                    help="the flash-steps runner whose explain output the figures of its maps are drawn from "
+                    "(default: $FLASH_STEPS_RUNNER, else build/flash-steps); without it they are left out")
     args = ap.parse_args(argv)
     try:
         pyplot()
@@ -1022,7 +1155,7 @@ def main(argv=None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for draw in (draw for key in args.only or sorted(FIGURES) for draw in FIGURES[key]):
-        draw(out)
+        draw(out, args.runner)
     return 0
 
 

@@ -297,8 +297,10 @@ def fa4() -> dict:
 
 
 def describe(s: dict) -> str:
-    """A sweep shape in a few characters: "b8 h16 n2048 d128 fp16 causal"."""
-    return f"b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}" + " causal" * bool(s["causal"])
+    """A sweep shape in a few characters: "b8 h16 n2048 d128 fp16 causal", " window 512,0" after it when the
+    shape has one (window_left, window_right)."""
+    return (f"b{s['batch']} h{s['heads']} n{s['seqlen']} d{s['head_dim']} {s['dtype']}" + " causal" * bool(s["causal"])
+            + (f" window {s['window_left']},{s['window_right']}" if "window_left" in s else ""))
 
 
 def backend_label(name: str, env: dict | None = None) -> str:
@@ -313,7 +315,9 @@ class Backend:
     natively), or FlashAttention-4's flash_attn_func, which takes (B, N, H, d) as ours do. view() turns a
     tensor of ours into the one the backend reads, and back; call() runs the forward on viewed tensors.
     Causal is bottom-right aligned for all (SDPA: is_causal when seqlen_q = seqlen_k, where both
-    alignments agree, else causal_lower_right; FA4 aligns the ends of Q and K itself)."""
+    alignments agree, else causal_lower_right; FA4 aligns the ends of Q and K itself). Softcapping and the
+    sliding window are FA4's alone (SDPA has neither, but for an explicit mask, which turns off its flash and
+    cuDNN kernels): SDPA raises ValueError for them."""
 
     def __init__(self, torch, name: str):
         if name not in BACKEND_LABELS:
@@ -332,13 +336,20 @@ class Backend:
     def view(self, x):
         return x if self.name == "fa4" else x.transpose(1, 2)
 
-    def __call__(self, q, k, v, causal: bool, scale: float | None, softcap: float = 0.0):
+    def __call__(self, q, k, v, causal: bool, scale: float | None, softcap: float = 0.0,
+                 window: tuple[int, int] | None = None):
+        """window: FlashAttention's window_size (left, right), -1 unbounded (FA4 says None), or None: off."""
         if self.name == "fa4":
             extra = {"softcap": softcap} if softcap else {}  # off: the call as before softcapping existed
+            if window is not None:
+                extra["window_size"] = tuple(None if bound < 0 else bound for bound in window)
             out = self.func(q, k, v, softmax_scale=scale, causal=causal, **extra)
             return out[0] if isinstance(out, tuple) else out  # (out, lse)
         if softcap:
             raise ValueError("PyTorch SDPA has no logit softcapping")
+        if window is not None:
+            raise ValueError("PyTorch SDPA has no sliding window (only an explicit mask, which turns its flash and "
+                             "cuDNN kernels off)")
         sq, sk = q.shape[2], k.shape[2]
         kw = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
         if causal and sq != sk:
@@ -351,13 +362,34 @@ class Backend:
 
 # ---- the check ---------------------------------------------------------------------------------
 
+def key_band(seqlen_q: int, seqlen_k: int, causal: bool,
+             window: tuple[int, int] | None = None) -> tuple[float, float]:
+    """(lo, hi): query row i sees key j (0 <= j < seqlen_k) iff lo <= j - i <= hi, common/flash_steps.h's rule.
+    Bottom-right aligned, d = seqlen_k - seqlen_q: causal is j - i <= d; a window (left, right), FlashAttention's
+    window_size, is d - left <= j - i <= d + right, a bound of -1 unbounded on its side, the right one 0 when
+    causal. The one statement of the rule in Python: visible() and the tile maps of bench/figures.py use it."""
+    d = seqlen_k - seqlen_q
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0
+    return (d - left if left >= 0 else float("-inf")), (d + right if right >= 0 else float("inf"))
+
+
+def visible(i, j, seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int] | None = None):
+    """Whether query row i sees key j, by key_band: ints give a bool, torch tensors that broadcast (rows as a
+    column, keys as a row) the boolean mask."""
+    lo, hi = key_band(seqlen_q, seqlen_k, causal, window)
+    return (j >= 0) & (j < seqlen_k) & (j - i >= lo) & (j - i <= hi)
+
+
 def reference(torch, q, k, v, causal: bool, scale: float, heads: int, d_o=None, chunk: int = 1024,
-              softcap: float = 0.0) -> dict:
+              softcap: float = 0.0, window: tuple[int, int] | None = None) -> dict:
     """The exact attention of batch 0, heads [0, heads) ((B, N, H, d) tensors; query head h reads K/V head
     h), bottom-right causal, in chunks of query rows, TF32 off: {"o": fp64 O (heads, Sq, d), "lse": fp64
     (heads, Sq)} when d_o is None, else fp32 {"dq", "dk", "dv"} (heads, S, d) for the gradient d_o, from the
     inputs alone (P recomputed, D = rowsum(P∘dP)). A row with no key: O = 0, LSE = -inf, P = 0. softcap > 0:
-    every logit c becomes softcap·tanh(c / softcap), and dS takes the slope 1 - tanh²."""
+    every logit c becomes softcap·tanh(c / softcap), and dS takes the slope 1 - tanh². window: a sliding
+    window (left, right) (key_band), the keys outside it masked as causal masks them."""
     dt = torch.float64 if d_o is None else torch.float32
     qs, ks, vs = (x[0, :, :heads].transpose(0, 1).to(dt) for x in (q, k, v))
     sq, sk = qs.shape[1], ks.shape[1]
@@ -375,10 +407,10 @@ def reference(torch, q, k, v, causal: bool, scale: float, heads: int, d_o=None, 
             if softcap:
                 th = torch.tanh(s / softcap)
                 s = softcap * th
-            if causal:
+            if causal or window is not None:
                 i = torch.arange(r0, r1, device=q.device)[:, None]
                 j = torch.arange(sk, device=q.device)[None, :]
-                s.masked_fill_(j > i + (sk - sq), float("-inf"))
+                s.masked_fill_(~visible(i, j, sq, sk, causal, window), float("-inf"))
             m = s.amax(dim=-1, keepdim=True)
             m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
             p = torch.exp(s - m)

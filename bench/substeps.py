@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One readable kernel per sub-step: `python3 bench/substeps.py [--write | --check]`.
 
-Steps 07, 09 and 12 build their lettered sub-steps (07a ... 07g, 09a ... 09f, 12a ... 12c) from one kernel.cuh, where
-`if constexpr (Tr::has(kIdea))` marks each idea's code, so `diff` of two sub-steps is impossible on the
+Steps 07, 09, 12 and 13 build their lettered sub-steps (07a ... 07g, 09a ... 09f, 12a ... 12c, 13a ... 13b) from one
+kernel.cuh, where `if constexpr (Tr::has(kIdea))` (step 13: its template flags) marks each idea's code, so `diff` of two sub-steps is impossible on the
 files themselves. This script writes notes/substeps/<id>.cuh for every sub-step: the kernel with the
 branches of the ideas it does not have pruned and those of the ideas it has kept, so that
 
@@ -35,6 +35,13 @@ STEPS = {
         r"q_load_position\(Tr::IDEAS, x\.kv_tiles, n\)": lambda on: "n > 0 && x.kv_tiles > 0 ? 1 : 0" if on["kPersistent"] else "0",
     },
     "12_hopper_backward": {},
+    # Step 13's features are template flags (SOFTCAP, WINDOW) that the host picks per problem, not
+    # Tr::has(): 13a's view is the kernel with WINDOW false, its declarations and the band dropped.
+    "13_features": {
+        r", bool WINDOW>": lambda on: ", bool WINDOW>" if on["kWindow"] else ">",
+        r"\n[^\n]*\b(?:band_of|diagonals_of)\([^\n]*": lambda on: r"\g<0>" if on["kWindow"] else "",
+        r"if constexpr \(WINDOW\)": lambda on: "if constexpr (WINDOW)" if on["kWindow"] else "if constexpr (false)",
+    },
 }
 
 
@@ -106,7 +113,8 @@ def prune(source: str, on: dict[str, bool], folds: dict) -> str:
     for regex, value in folds.items():
         source = re.sub(regex, value(on), source)
     source = "\n".join(line if line.lstrip().startswith("//") else  # comments keep naming the idea
-                       re.sub(r"Tr::has\((k\w+)\)", lambda m: "true" if on[m.group(1)] else "false", line)
+                       re.sub(r"Tr::has\((k\w+)\)", lambda m: m.group(0) if m.group(1) not in on  # another step's
+                              else "true" if on[m.group(1)] else "false", line)
                        for line in source.split("\n"))
     # What the constants leave: `true ? a : b`, `!true || x` (x), `if (!false || x) {` (if (true) {).
     source = re.sub(r"true \? ([^:;]+?) : [^;]+?;", r"\1;", source)

@@ -43,6 +43,12 @@
  *     before the softmax (Gemma 2), forward and backward. It must be finite, >= 0, at most 2^126 / log2(e),
  *     and scale / softcap at most FLT_MAX. Only steps with softcapping run it (13a and later; 11_backward
  *     for the backward); every other step refuses it with a sentence naming one that does.
+ *   - window (fs_problem_init and a zeroed struct: 0, off): 1 restricts query i to the keys j with
+ *       i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right
+ *     (bottom-right aligned, as causal; Mistral's and Gemma's local attention); a bound of -1 is
+ *     unbounded on its side, (-1, 0) is causal, and with causal set too the right bound is 0. Bounds must
+ *     be >= -1 (and 0 or -1 while window is 0). Only steps with windows run it (13b and later; 11_backward
+ *     for the backward); the others refuse it with a sentence naming one that does.
  *   - GQA / MQA: heads_q a multiple of heads_kv; query head h reads K/V head h / (heads_q / heads_kv).
  *   - causal is bottom-right aligned, as in FlashAttention >= 2.1: query i attends to key j iff
  *     j <= i + seqlen_k - seqlen_q. A query row with no key to attend gets O = 0 and LSE = -inf.
@@ -109,7 +115,8 @@ FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q,
                         void* stream);
 
 /* FLOPs of the forward pass as FlashAttention counts them: 4·batch·heads_q·seqlen_q·seqlen_k·head_dim
- * (two matrix products, a multiply-add counts 2), halved when causal; the softmax is not counted.
+ * (two matrix products, a multiply-add counts 2), halved when causal; the softmax is not counted. With a
+ * sliding window (window = 1) the pairs are counted exactly: 4·batch·heads_q·head_dim per visible pair.
  * 0 for a NULL problem. */
 FS_API double fs_problem_flops(const fs_problem* p);
 

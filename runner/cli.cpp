@@ -51,6 +51,26 @@ bool read_decimal(const std::string& text, float& x) {
   return std::isfinite(x) && x > 0;
 }
 
+// One bound of --window: -1 (unbounded on that side) or digits, at most INT32_MAX (fs_problem's int32).
+bool read_bound(std::string_view text, int32_t& bound) {
+  if (text == "-1") {
+    bound = -1;
+    return true;
+  }
+  uint32_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  bound = int32_t(v);  // used only if it is in range
+  return ec == std::errc() && end == text.data() + text.size() && v <= uint32_t(INT32_MAX);
+}
+
+// --window L,R: window 1 and its bounds (without the flag the problem's window stays off).
+void set_window(Problem& p, const RunnerOptions& o) {
+  if (!o.window) return;
+  p.window = 1;
+  p.window_left = o.window_left;
+  p.window_right = o.window_right;
+}
+
 // kCommand: --help (as "--help=...": alone it is answered first) and --list. An option applies to run, a kResources
 // one to resources too, kSteps (--step) to explain and banks as well: applied or refused, never ignored.
 enum Scope { kCommand, kRun, kResources, kSteps };
@@ -99,6 +119,14 @@ const Flag kFlags[] = {
     {"--causal", kResources, kSwitch, [](Parse& p) { p.o.causal = true; }},
     {"--scale", kResources, kDecimal, [](Parse& p) { p.o.scale = p.x; p.o.scale_given = true; }},
     {"--softcap", kResources, kDecimal, [](Parse& p) { p.o.softcap = p.x; }},
+    {"--window", kResources, {Rule::word, "L,R: two integers from -1 to 2147483647 (-1: unbounded on that side)"},
+     [](Parse& p) {
+       const size_t comma = p.text.find(',');
+       const std::string_view text = p.text;
+       p.refused = comma == std::string::npos || !read_bound(text.substr(0, comma), p.o.window_left) ||
+                   !read_bound(text.substr(comma + 1), p.o.window_right);
+       p.o.window = true;
+     }},
     {"--iters", kRun, integer(1, 100000), [](Parse& p) { p.o.iters = int(p.n); }},
     {"--warmup", kRun, integer(0, 100000), [](Parse& p) { p.o.warmup = int(p.n); }},
     {"--seed", kRun, integer(0, INT64_MAX), [](Parse& p) { p.o.seed = uint64_t(p.n); }},
@@ -186,6 +214,7 @@ Problem problem_from(const RunnerOptions& o) {
                            o.head_dim, o.dtype, o.causal);
   if (o.scale_given) p.softmax_scale = o.scale;
   p.softcap = o.softcap;
+  set_window(p, o);
   return p;
 }
 
@@ -194,6 +223,7 @@ DecodeProblem decode_problem_from(const RunnerOptions& o) {
                                         o.head_dim, o.dtype, o.causal, o.page_size);
   if (o.scale_given) p.attention.softmax_scale = o.scale;
   p.attention.softcap = o.softcap;
+  set_window(p.attention, o);
   p.num_splits = o.splits;
   p.checked = o.checked ? 1 : 0;
   return p;
@@ -243,6 +273,8 @@ problem (defaults: batch 2, heads 16, seqlen 2048, head_dim 128, fp16, not causa
   --causal             causal mask, bottom-right aligned
   --scale X            softmax scale (default 1/sqrt(head_dim))
   --softcap X          logit softcapping: softcap * tanh(s / softcap) before the softmax (default 0: off)
+  --window L,R         sliding window: query i sees keys i+d-L ... i+d+R, d = seqlen_k - seqlen_q (-1: unbounded
+                       on that side; with --causal the right bound is 0; default: no window)
 
 decoding (a few new tokens against a KV cache; any of these flags makes the problem a decoding one):
   --decode             a decoding problem: seqlen_q 1 unless --seqlen-q says otherwise, a KV cache of

@@ -28,6 +28,8 @@ struct RunnerOptions {
   float scale = 0;  // 0: 1/sqrt(head_dim)
   bool scale_given = false;
   float softcap = 0;  // 0: off
+  bool window = false;  // --window L,R: a sliding window of window_left keys before the diagonal, window_right after
+  int32_t window_left = 0, window_right = 0;
   int iters = 20;
   int warmup = 2;
   bool flush_l2 = true;

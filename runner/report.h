@@ -67,7 +67,10 @@ inline std::string problem_json(const Problem& p, const std::string& more) {
   return "{\"batch\": " + num(p.batch) + ", \"seqlen_q\": " + num(p.seqlen_q) + ", \"seqlen_k\": " + num(p.seqlen_k) +
          ", \"heads_q\": " + num(p.heads_q) + ", \"heads_kv\": " + num(p.heads_kv) + ", \"head_dim\": " +
          num(p.head_dim) + ", \"dtype\": \"" + dtype_name(p.dtype) + "\", \"causal\": " + boolean(p.causal) +
-         (p.softcap > 0 ? ", \"softcap\": " + num(p.softcap) : std::string()) + more +
+         (p.softcap > 0 ? ", \"softcap\": " + num(p.softcap) : std::string()) +
+         (p.window ? ", \"window\": [" + num(int64_t(p.window_left)) + ", " + num(int64_t(p.window_right)) + "]"
+                   : std::string()) +
+         more +
          "}";
 }
 

@@ -1,4 +1,5 @@
-// Runs every registered step on small shapes (ragged tails, causal with Sq ≠ Sk, GQA, both dtypes),
+// Runs every registered step on small shapes (ragged tails, causal with Sq ≠ Sk, GQA, both dtypes;
+// softcapped and windowed ones where the step has the feature),
 // every step with a decoding entry on small decoding problems (paged caches, ragged lengths with 0
 // and 1, forced splits), and every step with a backward pass on small backward problems (each tile
 // configuration, GQA, causal with Sq ≠ Sk, both modes), and checks each against the fp64 CPU reference. Small on purpose: tests/sanitize.sh runs it under
@@ -29,12 +30,15 @@ int main(int argc, char** argv) {
     fs::DType dtype;
     bool causal;
     float softcap = 0.0f;  // > 0: only the steps with softcapping (Step::softcap) run it
+    int32_t window = 0, left = 0, right = 0;  // window 1: only the steps with windows (Step::window) run it
   };
   const Shape shapes[] = {
       {1, 65, 129, 2, 1, 64, fs::DType::fp16, true},   {1, 129, 65, 2, 2, 128, fs::DType::bf16, true},
       {2, 7, 7, 1, 1, 40, fs::DType::fp16, false},     {1, 64, 64, 4, 2, 128, fs::DType::fp16, false},
       {1, 1, 33, 2, 1, 64, fs::DType::bf16, true},     {1, 100, 130, 1, 1, 256, fs::DType::fp16, true},
       {1, 65, 129, 2, 1, 64, fs::DType::fp16, true, 15.0f}, {1, 129, 65, 2, 2, 128, fs::DType::bf16, false, 2.0f},
+      {1, 200, 150, 2, 1, 64, fs::DType::fp16, false, 0.0f, 1, 40, 0},  // rows 0 … 49 see no key
+      {1, 129, 300, 2, 2, 128, fs::DType::bf16, true, 2.0f, 1, 70, 5},
   };
   int failures = 0;
   try {
@@ -42,9 +46,10 @@ int main(int argc, char** argv) {
     for (const fs::Step& s : fs::steps())
       for (const Shape& sh : shapes) {
         if (!s.forward.present() || !fs::test::step_selected(s.id)) break;  // a backward-only step has no forward
-        if (sh.softcap > 0 && !s.softcap) continue;
+        if ((sh.softcap > 0 && !s.softcap) || (sh.window && !s.window)) continue;
         fs::Problem p = fs::make_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal);
         p.softcap = sh.softcap;
+        p.window = sh.window, p.window_left = sh.left, p.window_right = sh.right;
         const fs::Plan plan = fs::plan(s, p, dev);
         if (!plan.accepted()) {
           const bool claimed = s.forward.claims(p, dev);
@@ -90,20 +95,25 @@ int main(int argc, char** argv) {
       fs::DType dtype;
       bool causal;
       float softcap = 0.0f;
+      int32_t window = 0, left = 0, right = 0;
     };
     const BackwardShape backward_shapes[] = {
         {1, 70, 150, 4, 2, 64, fs::DType::fp16, true},  {1, 150, 70, 2, 1, 128, fs::DType::bf16, true},
         {1, 33, 65, 2, 2, 96, fs::DType::fp16, false},  {1, 40, 30, 1, 1, 256, fs::DType::bf16, true},
         {1, 70, 150, 4, 2, 64, fs::DType::fp16, true, 15.0f}, {1, 150, 70, 2, 1, 128, fs::DType::bf16, false, 1.0f},
+        {1, 150, 70, 2, 1, 64, fs::DType::fp16, false, 0.0f, 1, 20, 0},  // rows 0 … 79 see no key
+        {1, 70, 150, 4, 2, 128, fs::DType::bf16, true, 1.0f, 1, 30, 3},
+        {1, 40, 30, 1, 1, 256, fs::DType::bf16, false, 0.0f, 1, 5, 5},
     };
     for (const fs::Step& s : fs::steps()) {
       if (!s.backward.present() || !fs::test::step_selected(s.id)) continue;
       for (const BackwardShape& sh : backward_shapes)
         for (const bool deterministic : {false, true}) {
-          if (sh.softcap > 0 && !s.softcap) continue;
+          if ((sh.softcap > 0 && !s.softcap) || (sh.window && !s.window)) continue;
           fs::BackwardProblem p =
               fs::make_backward_problem(sh.b, sh.sq, sh.sk, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal, deterministic);
           p.attention.softcap = sh.softcap;
+          p.attention.window = sh.window, p.attention.window_left = sh.left, p.attention.window_right = sh.right;
           const fs::Plan plan = fs::plan(s, p, dev);
           if (!plan.accepted()) {  // the same rule as the forward's: a refusal only where the step does not claim
             const bool claimed = s.backward.claims(p, dev);

@@ -1,5 +1,6 @@
 // The C ABI: listing steps and refusing bad input work without a GPU, and never throw.
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -124,4 +125,47 @@ TEST_CASE("C ABI: every entry point answers out-of-range and null arguments with
   CHECK(std::string(fs_last_error()) == "dtype is 99; it must be 0 (fp16) or 1 (bf16)");
   CHECK(fs_workspace_size("01_naive", &p, nullptr) == FS_ERR_INVALID);
   CHECK(std::string(fs_last_error()) == "bytes is a null pointer");
+}
+
+TEST_CASE("C ABI: the structs' layout, the window's fields last in fs_problem", "[c_api][window]") {
+  // The window's three int32 come after O's strides: every earlier field keeps its offset, and each
+  // struct that holds an fs_problem first moves its own fields by the 16 bytes it grew (12, padded to 8).
+  CHECK(offsetof(fs_problem, softcap) == 60);
+  CHECK(offsetof(fs_problem, o) == 160);
+  CHECK(offsetof(fs_problem, window) == 192);
+  CHECK(offsetof(fs_problem, window_left) == 196);
+  CHECK(offsetof(fs_problem, window_right) == 200);
+  CHECK(sizeof(fs_problem) == 208);
+  CHECK(offsetof(fs_backward_problem, deterministic) == 208);
+  CHECK(offsetof(fs_backward_problem, d_o) == 216);
+  CHECK(offsetof(fs_backward_problem, dv) == 312);
+  CHECK(sizeof(fs_backward_problem) == 344);
+  CHECK(offsetof(fs_decode_problem, num_splits) == 208);
+  CHECK(offsetof(fs_decode_problem, page_size) == 216);
+  CHECK(offsetof(fs_decode_problem, block_table_stride) == 240);
+  CHECK(sizeof(fs_decode_problem) == 248);
+
+  // Every init leaves the window off, whatever the struct held before.
+  fs_problem p;
+  std::memset(&p, 0x5a, sizeof p);
+  fs_problem_init(&p, 1, 64, 64, 2, 2, 64, FS_FP16, 1);
+  CHECK((p.window == 0 && p.window_left == 0 && p.window_right == 0));
+  fs_backward_problem bp;
+  std::memset(&bp, 0x5a, sizeof bp);
+  fs_backward_problem_init(&bp, 1, 64, 64, 2, 2, 64, FS_FP16, 1, 0);
+  CHECK((bp.attention.window == 0 && bp.attention.window_left == 0 && bp.attention.window_right == 0));
+  fs_decode_problem dp;
+  std::memset(&dp, 0x5a, sizeof dp);
+  fs_decode_problem_init(&dp, 1, 1, 64, 2, 2, 64, FS_FP16, 0, 0);
+  CHECK((dp.attention.window == 0 && dp.attention.window_left == 0 && dp.attention.window_right == 0));
+
+  // Its rules and the refusal of a step without windows need no device.
+  p.window = 3;
+  CHECK(fs_check("01_naive", &p) == FS_ERR_INVALID);
+  CHECK(std::string(fs_last_error()) == "window is 3; it must be 0 (no sliding window) or 1 (window_left, window_right)");
+  p.window = 1, p.window_left = 128, p.window_right = 0;
+  CHECK(fs_check("01_naive", &p) == FS_ERR_INVALID);
+  CHECK(std::string(fs_last_error()) ==
+        "window is 1 (128, 0); step 01_naive has no sliding window (0 turns it off); step 13b_window has it");
+  CHECK(fs_problem_flops(&p) == 4.0 * 2 * 64 * (64 * 65 / 2));  // causal: row i sees its i + 1 keys
 }

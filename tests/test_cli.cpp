@@ -1,6 +1,7 @@
 // The runner's command line: every flag, and a clear error for every mistake.
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "catch.h"
@@ -142,7 +143,8 @@ TEST_CASE("cli: a flag that applies is applied, and numbers in every plain form 
 TEST_CASE("cli: the usage text documents every flag", "[cli]") {
   const std::string usage = fs::runner_usage();
   for (const char* flag : {"--list", "--step", "--batch", "--seqlen", "--seqlen-q", "--seqlen-k", "--heads", "--kv-heads",
-                           "--head-dim", "--dtype", "--causal", "--scale", "--iters", "--warmup", "--no-flush",
+                           "--head-dim", "--dtype", "--causal", "--scale", "--softcap", "--window", "--iters",
+                           "--warmup", "--no-flush",
                            "--no-baseline", "--seed", "--json", "--csv", "--help", "--decode", "--page-size",
                            "--ragged", "--splits", "--checked", "--hbm-tbs", "--backward", "--deterministic",
                            "-h"}) {
@@ -231,4 +233,43 @@ TEST_CASE("cli: --backward runs the backward pass of the problem the flags descr
     CAPTURE(c.args);
     CHECK(parse(c.args).error == c.message);
   }
+}
+
+TEST_CASE("cli: --window L,R gives the problem a sliding window, on every kind of run", "[cli][window]") {
+  const fs::ParsedArgs a = parse({"--window", "128,0", "--seqlen", "512"});
+  REQUIRE(a.error.empty());
+  const fs::Problem p = fs::problem_from(a.options);
+  CHECK((p.window == 1 && p.window_left == 128 && p.window_right == 0));
+  CHECK(fs::describe(p) == "b2 h16/16 sq512 sk512 d128 fp16 window 128,0");
+  CHECK(fs::validate(p).empty());
+  const fs::Problem none = fs::problem_from(parse({}).options);
+  CHECK((none.window == 0 && none.window_left == 0 && none.window_right == 0));  // off without the flag
+  // -1 is unbounded on its side; the largest bound is fs_problem's int32 limit.
+  const std::tuple<const char*, int32_t, int32_t> bands[] = {
+      {"-1,5", -1, 5}, {"7,-1", 7, -1}, {"-1,-1", -1, -1}, {"0,0", 0, 0}, {"2147483647,007", INT32_MAX, 7}};
+  for (const auto& [text, left, right] : bands) {
+    CAPTURE(text);
+    const fs::ParsedArgs w = parse({std::string("--window=") + text, "--causal"});
+    REQUIRE(w.error.empty());
+    const fs::Problem q = fs::problem_from(w.options);
+    CHECK((q.window == 1 && q.window_left == left && q.window_right == right && q.causal == 1));
+  }
+  // The backward and decoding problems carry it too: a step without windows refuses it with its sentence.
+  const fs::BackwardProblem bp = fs::backward_problem_from(parse({"--backward", "--window", "64,64"}).options);
+  CHECK((bp.attention.window == 1 && bp.attention.window_left == 64 && bp.attention.window_right == 64));
+  CHECK(fs::describe(bp) == "backward b2 h16/16 sq2048 sk2048 d128 fp16 window 64,64");
+  const fs::DecodeProblem dp = fs::decode_problem_from(parse({"--decode", "--window", "256,0"}).options);
+  CHECK((dp.attention.window == 1 && dp.attention.window_left == 256 && dp.attention.window_right == 0));
+  CHECK(parse({"resources", "--window", "1,1"}).error.empty());
+
+  const std::string rule = "--window expects L,R: two integers from -1 to 2147483647 (-1: unbounded on that side), got '";
+  for (const char* bad : {"128", "128,", ",0", "a,b", "-2,0", "0,-2", "+1,0", " 1,0", "1, 0", "1,0 ", "1,0,0",
+                          "2147483648,0", "0,99999999999999999999", "0x10,0", "-0,0", "-1", "", "1.5,0", "1;0"}) {
+    CAPTURE(bad);
+    CHECK(parse({"--window", bad}).error == rule + bad + "'");
+  }
+  CHECK(parse({"--window"}).error == "--window needs a value");
+  CHECK(parse({"list", "--window", "1,1"}).error ==
+        "--window does not apply to 'list' (problem, timing and output options belong to 'run'; 'explain' takes --step; "
+        "'resources' the problem, --step, --backward and --json)");
 }

@@ -237,17 +237,24 @@ TEST_CASE("decode: the CPU reference is the forward reference of each sequence",
 }
 
 TEST_CASE("decode: the CPU reference of a contiguous uniform problem is the forward reference", "[decode]") {
-  const fs::DecodeProblem p = fs::make_decode_problem(2, 3, 21, 4, 1, 24, fs::DType::fp16, true);
-  const fs::DecodeHostInputs in = host_inputs(p, pseudo);
-  fs::HostInputs f;
-  f.data = in.q;
-  f.k = int64_t(f.data.size());
-  f.data.insert(f.data.end(), in.k_cache.begin(), in.k_cache.end());
-  f.v = int64_t(f.data.size());
-  f.data.insert(f.data.end(), in.v_cache.begin(), in.v_cache.end());
-  const fs::Reference a = fs::reference_cpu(p, in), b = fs::reference_cpu(p.attention, f);
-  CHECK(a.o == b.o);
-  CHECK(a.lse == b.lse);
+  // Softcapped and windowed too: the runner checks a step's forward entry on such a problem against it.
+  const std::pair<float, int32_t> features[] = {{0.0f, 0}, {2.0f, 0}, {0.0f, 1}, {2.0f, 1}};  // softcap, window
+  for (const auto& [softcap, window] : features) {
+    CAPTURE(softcap, window);
+    fs::DecodeProblem p = fs::make_decode_problem(2, 3, 21, 4, 1, 24, fs::DType::fp16, true);
+    p.attention.softcap = softcap;
+    p.attention.window = window, p.attention.window_left = 5 * window, p.attention.window_right = 3 * window;
+    const fs::DecodeHostInputs in = host_inputs(p, pseudo);
+    fs::HostInputs f;
+    f.data = in.q;
+    f.k = int64_t(f.data.size());
+    f.data.insert(f.data.end(), in.k_cache.begin(), in.k_cache.end());
+    f.v = int64_t(f.data.size());
+    f.data.insert(f.data.end(), in.v_cache.begin(), in.v_cache.end());
+    const fs::Reference a = fs::reference_cpu(p, in), b = fs::reference_cpu(p.attention, f);
+    CHECK(a.o == b.o);
+    CHECK(a.lse == b.lse);
+  }
 }
 
 TEST_CASE("decode: the C ABI refuses bad decoding problems before touching the GPU", "[decode][c_api]") {

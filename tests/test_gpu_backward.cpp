@@ -37,6 +37,8 @@ TEST_CASE("the cuBLAS backward reference matches the fp64 CPU reference", "[back
     bool causal;
     fs::DType dtype;
     size_t scratch;  // the reference's scratch budget; 0: the default (one chunk)
+    int32_t window = 0, left = 0, right = 0;  // fs_problem's sliding window
+    float softcap = 0.0f;
   };
   const Shape shapes[] = {
       {1, 1, 1, 1, 1, 8, false, fs::DType::fp16, 0},
@@ -44,10 +46,17 @@ TEST_CASE("the cuBLAS backward reference matches the fp64 CPU reference", "[back
       {1, 65, 17, 8, 2, 128, true, fs::DType::fp16, 0},  // causal, seqlen_q > seqlen_k: rows with no key
       {1, 100, 100, 8, 1, 40, false, fs::DType::bf16, 0},
       {2, 100, 57, 4, 2, 64, true, fs::DType::fp16, 16384},  // chunks of 6 rows: dK, dV summed across chunks
+      // Windows: both sides; left-only with rows that see no key (65 × 17, (4, 0)); softcapped and causal,
+      // in chunks of 6 rows, whose row index the mask must keep.
+      {2, 40, 77, 4, 2, 64, false, fs::DType::bf16, 0, 1, 8, 3},
+      {1, 65, 17, 8, 2, 128, false, fs::DType::fp16, 0, 1, 4, 0},
+      {2, 100, 57, 4, 2, 64, true, fs::DType::fp16, 16384, 1, 20, -1, 2.0f},
   };
   uint64_t seed = 500;
   for (const Shape& s : shapes) {
-    const fs::BackwardProblem p = fs::make_backward_problem(s.b, s.sq, s.sk, s.hq, s.hkv, s.d, s.dtype, s.causal, 0);
+    fs::BackwardProblem p = fs::make_backward_problem(s.b, s.sq, s.sk, s.hq, s.hkv, s.d, s.dtype, s.causal, 0);
+    p.attention.window = s.window, p.attention.window_left = s.left, p.attention.window_right = s.right;
+    p.attention.softcap = s.softcap;
     CAPTURE(fs::describe(p.attention), s.scratch);
     const fs::BackwardWorkload w(p, seed++);
     const fs::BackwardHostInputs in = w.download_inputs();
@@ -139,6 +148,42 @@ std::vector<BackwardCase> backward_cases() {
     add(2, 1024, 1024, 8, 2, d, d == 128 ? fs::DType::fp16 : fs::DType::bf16, d != 128);
     for (size_t j = cases.size() - 2; j < cases.size(); ++j) cases[j].problem.attention.softcap = cap;
   }
+  // Sliding windows (steps without them refuse): left-only, right-only, both, the diagonal alone, wider
+  // than the sequence, causal on top, softcapped, on odd lengths with seqlen_q ≠ seqlen_k both ways
+  // (seqlen_q 257 against 17 keys with (5, 0): 235 rows see no key), GQA and MQA, at head_dims 64 and 128;
+  // larger problems on the GPU reference; head_dims above 128 (step 11's kernels).
+  auto window_last = [&](int32_t left, int32_t right, float softcap = 0.0f) {  // the two cases add() made last
+    for (size_t j = cases.size() - 2; j < cases.size(); ++j) {
+      fs::Problem& f = cases[j].problem.attention;
+      f.window = 1, f.window_left = left, f.window_right = right, f.softcap = softcap;
+    }
+  };
+  struct Band {
+    int64_t sq, sk;
+    bool causal;
+    int32_t left, right;
+    float softcap;
+  };
+  const Band bands[] = {
+      {100, 100, false, 16, -1, 0.0f}, {100, 100, false, -1, 16, 0.0f}, {257, 257, false, 30, 10, 0.0f},
+      {129, 129, false, 0, 0, 0.0f},   {65, 65, false, 500, 500, 0.0f},  {257, 100, true, 40, 3, 0.0f},
+      {17, 257, false, 64, 0, 2.0f},   {257, 17, false, 5, 0, 0.0f},     {100, 257, true, 20, 0, 15.0f},
+  };
+  k = 0;
+  for (const Band& band : bands)
+    for (int64_t d : {64, 128}) {
+      add(1, band.sq, band.sk, 8, k % 2 ? 1 : 2, d, k % 2 ? fs::DType::bf16 : fs::DType::fp16, band.causal);
+      window_last(band.left, band.right, band.softcap);
+      ++k;
+    }
+  add(2, 1024, 1024, 8, 2, 64, fs::DType::bf16, true);
+  window_last(255, 0);
+  add(2, 1024, 2048, 8, 2, 128, fs::DType::fp16, false);
+  window_last(256, 256, 30.0f);
+  for (int64_t d : {160, 192, 256}) {
+    add(1, 200, 150, 4, 2, d, d == 192 ? fs::DType::fp16 : fs::DType::bf16, d == 192);
+    window_last(30, d == 160 ? -1 : 10, d == 256 ? 5.0f : 0.0f);
+  }
   // K and V broadcast over the batch (batch stride 0): each batch's dK and dV are its own.
   for (int64_t d : {64, 128}) {
     add(3, 65, 129, 4, 2, d, d == 64 ? fs::DType::bf16 : fs::DType::fp16, true);
@@ -182,7 +227,8 @@ void check_backward_steps(const BackwardCase& c) {
     const fs::Plan plan = fs::plan(s, p, dev);
     if (!plan.accepted()) {
       INFO("refusal: " << plan.refusal);
-      CHECK_FALSE((s.backward.claims(p, dev) && (f.softcap == 0 || s.softcap)));  // documented: it runs this problem
+      CHECK_FALSE((s.backward.claims(p, dev) && (f.softcap == 0 || s.softcap) &&  // documented: it runs this problem
+                   (f.window == 0 || s.window)));
       CHECK(plan.refusal.size() > 10);
       w.poison();
       CHECK_THROWS_AS(fs::run(s, p, plan, w.tensors(), nullptr, 0, nullptr), fs::Error);

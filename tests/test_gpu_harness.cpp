@@ -18,21 +18,34 @@ namespace {
 struct Shape {
   int64_t b, sq, sk, hq, hkv, d;
   bool causal;
+  int32_t window = 0, left = 0, right = 0;  // fs_problem's sliding window
+  float softcap = 0.0f;
+  size_t scratch = 0;  // the reference's scratch budget; 0: the default (one chunk)
 };
 
 }  // namespace
 
 TEST_CASE("GPU fp32 reference matches the fp64 CPU reference", "[harness]") {
-  fs::GpuReference gpu;
-  const Shape shapes[] = {{1, 1, 1, 1, 1, 8, false},      {2, 17, 33, 4, 2, 40, true},   {1, 129, 64, 8, 1, 64, true},
-                          {1, 64, 257, 2, 2, 128, false}, {2, 100, 100, 8, 8, 256, true}, {1, 33, 5, 4, 4, 64, true}};
+  // Windows too: each side alone, both, the diagonal alone, causal and softcapping on top, rows with no key
+  // (200 × 70, (5, 0): rows 0 … 129), and in chunks of 35 rows, whose row index the mask must keep.
+  const Shape shapes[] = {
+      {1, 1, 1, 1, 1, 8, false},      {2, 17, 33, 4, 2, 40, true},    {1, 129, 64, 8, 1, 64, true},
+      {1, 64, 257, 2, 2, 128, false}, {2, 100, 100, 8, 8, 256, true}, {1, 33, 5, 4, 4, 64, true},
+      {1, 129, 257, 4, 2, 64, false, 1, 16, 8},       {1, 33, 300, 4, 4, 256, false, 1, -1, 7},
+      {2, 200, 70, 2, 1, 128, false, 1, 5, 0},        {1, 64, 64, 1, 1, 8, false, 1, 0, 0},
+      {1, 100, 100, 2, 2, 40, true, 1, 30, -1, 2.0f}, {2, 100, 57, 4, 2, 64, false, 1, 9, 2, 0.0f, 16384},
+  };
   int seed = 100;
   for (const Shape& s : shapes)
     for (fs::DType dt : {fs::DType::fp16, fs::DType::bf16}) {
-      const fs::Problem p = fs::make_problem(s.b, s.sq, s.sk, s.hq, s.hkv, s.d, dt, s.causal);
-      CAPTURE(fs::describe(p));
+      fs::Problem p = fs::make_problem(s.b, s.sq, s.sk, s.hq, s.hkv, s.d, dt, s.causal);
+      p.window = s.window, p.window_left = s.left, p.window_right = s.right;
+      p.softcap = s.softcap;
+      CAPTURE(fs::describe(p), s.scratch);
       fs::Workload w(p, uint64_t(++seed));
       const fs::Reference cpu = fs::reference_cpu(p, w.download_inputs());
+      fs::GpuReference gpu;
+      if (s.scratch) gpu.set_max_scratch_bytes(s.scratch);
       const fs::Reference g = fs::gpu_reference(w, gpu);
       std::vector<float> o(g.o.begin(), g.o.end()), lse(g.lse.begin(), g.lse.end());
       // The GPU reference is fp32 with fp32 O: hold it to a tolerance far tighter than any step's.

@@ -73,9 +73,10 @@ std::vector<Case> edge_cases() {
   return cases;
 }
 
-// What a step documents that it runs: its claims, with softcapping only where it has it (Step::softcap).
+// What a step documents that it runs: its claims, with softcapping only where it has it (Step::softcap),
+// and a sliding window likewise (Step::window).
 bool claims(const fs::Step& s, const fs::Problem& p, const fs::DeviceInfo& dev) {
-  return s.forward.claims(p, dev) && (p.softcap == 0 || s.softcap);
+  return s.forward.claims(p, dev) && (p.softcap == 0 || s.softcap) && (p.window == 0 || s.window);
 }
 
 // Logit softcapping: caps from tiny (every logit near 0: O near the mean of V) through the size of
@@ -99,6 +100,49 @@ std::vector<Case> softcap_cases() {
     cases.push_back({fs::make_problem(1, 129, 200, 4, 2, d, fs::DType::bf16, d % 64 == 0), uint64_t(3000 + k)});
     cases.back().problem.softcap = caps[k++ % 6];
   }
+  return cases;
+}
+
+// Sliding windows, each on a shape where it bites: left-only, right-only, both, the diagonal alone, wider
+// than the sequence, causal on top, softcapped, GQA and MQA, odd lengths across many tiles, seqlen_q
+// below seqlen_k (one row: decoding's shape) and above it (rows that see no key: O = 0, LSE = -inf), at
+// head_dims 64 and 128; then the other head_dims up to 256. Steps without windows refuse each with a sentence.
+std::vector<Case> window_cases() {
+  struct Band {
+    Shape shape;
+    bool causal;
+    int32_t left, right;
+    float softcap;
+  };
+  const Band bands[] = {
+      {{1, 1000, 1000, 8, 1}, false, 127, 0, 0.0f},    // Mistral's: the last 128 keys up to the diagonal
+      {{2, 257, 257, 2, 2}, false, 64, -1, 0.0f},      // left-only
+      {{1, 257, 257, 2, 1}, false, -1, 64, 0.0f},      // right-only
+      {{2, 128, 128, 8, 2}, false, 16, 16, 0.0f},      // both sides
+      {{1, 129, 129, 2, 2}, false, 0, 0, 0.0f},        // the diagonal alone
+      {{1, 300, 300, 4, 2}, false, 5000, 5000, 0.0f},  // wider than the sequence: full attention
+      {{1, 1000, 1000, 8, 2}, true, 200, 7, 0.0f},     // causal on top: the right bound is 0
+      {{1, 257, 257, 2, 1}, false, 100, 20, 15.0f},    // softcapped
+      {{1, 65, 4095, 4, 2}, false, 1000, 200, 0.0f},   // odd lengths across many K/V tiles
+      {{1, 17, 1000, 8, 2}, false, 128, 0, 0.0f},      // seqlen_q < seqlen_k
+      {{1, 1, 1000, 8, 8}, false, 255, 0, 2.0f},       // one query row, softcapped
+      {{2, 1000, 128, 2, 2}, false, 32, 0, 0.0f},      // seqlen_q > seqlen_k: rows 0 … 871 see no key
+      {{1, 257, 64, 2, 1}, true, 3, 1, 0.0f},          // the same with causal: rows 0 … 192 see none
+      {{1, 1024, 1024, 4, 2}, false, 300, -1, 0.0f},   // the first visits unmasked, masked ones at the end
+      {{1, 2048, 2048, 4, 4}, true, 512, 0, 0.0f},     // masked, unmasked, masked in one query tile (note 13)
+  };
+  std::vector<Case> cases;
+  int k = 0;
+  auto add = [&](const Shape& s, int64_t d, bool causal, int32_t left, int32_t right, float softcap) {
+    const fs::DType dt = k % 2 ? fs::DType::bf16 : fs::DType::fp16;
+    cases.push_back({fs::make_problem(s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, d, dt, causal),
+                     uint64_t(4000 + k++)});
+    fs::Problem& p = cases.back().problem;
+    p.window = 1, p.window_left = left, p.window_right = right, p.softcap = softcap;
+  };
+  for (const Band& b : bands)
+    for (int64_t d : {64, 128}) add(b.shape, d, b.causal, b.left, b.right, b.softcap);
+  for (int64_t d : {8, 40, 96, 136, 192, 256}) add({1, 129, 200, 4, 2}, d, d % 64 == 0, 50, 10, d == 96 ? 5.0f : 0.0f);
   return cases;
 }
 
@@ -157,6 +201,11 @@ TEST_CASE("every step matches the reference on the edge shapes", "[edge]") {
 
 TEST_CASE("steps with softcapping match the reference; the others refuse it", "[steps][softcap]") {
   static const std::vector<Case> cases = softcap_cases();
+  check_all_steps(cases[size_t(GENERATE(range(size_t(0), cases.size())))]);
+}
+
+TEST_CASE("steps with windows match the reference; the others refuse it", "[steps][window]") {
+  static const std::vector<Case> cases = window_cases();
   check_all_steps(cases[size_t(GENERATE(range(size_t(0), cases.size())))]);
 }
 

@@ -1,6 +1,7 @@
 // The fp64 CPU reference of the backward pass against central finite differences of a forward pass
 // written here again (loss = Σ dO ∘ O), and the properties of its rounded variant.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -8,6 +9,7 @@
 
 #include "catch.h"
 #include "common/backward/check.h"
+#include "mask_definition.h"
 #include "max_error.h"
 
 namespace {
@@ -22,6 +24,7 @@ struct Tiny {
   double scale;
   std::vector<double> q, k, v, d_o;
   double softcap = 0;  // > 0: every logit c becomes softcap·tanh(c / softcap)
+  int32_t window = 0, window_left = 0, window_right = 0;  // fs_problem's sliding window
 };
 
 Tiny make_tiny(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, bool causal, unsigned seed) {
@@ -41,35 +44,6 @@ Tiny make_tiny(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64
   return t;
 }
 
-// loss = Σ dO ∘ O with O = softmax(scale·Q·Kᵀ, masked, softcapped)·V, in fp64, written from the definition:
-// query head h reads K/V head h / (Hq / Hkv); causal lets row i see key j when j - i <= Sk - Sq.
-double loss(const Tiny& t) {
-  const int64_t Sq = t.seqlen_q, Sk = t.seqlen_k, H = t.heads_q, Hkv = t.heads_kv, D = t.head_dim;
-  double total = 0;
-  for (int64_t b = 0; b < t.batch; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < Sq; ++i) {
-        const int64_t hk = h * Hkv / H;
-        std::vector<double> w;
-        double top = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < Sk && (!t.causal || j - i <= Sk - Sq); ++j) {
-          double s = 0;
-          for (int64_t d = 0; d < D; ++d)
-            s += t.q[size_t(((b * Sq + i) * H + h) * D + d)] * t.k[size_t(((b * Sk + j) * Hkv + hk) * D + d)];
-          w.push_back(t.softcap > 0 ? t.softcap * std::tanh(t.scale * s / t.softcap) : t.scale * s);
-          top = std::max(top, w.back());
-        }
-        double z = 0;
-        for (double& x : w) z += (x = std::exp(x - top));
-        for (int64_t d = 0; d < D; ++d) {
-          double o = 0;
-          for (size_t j = 0; j < w.size(); ++j) o += w[j] / z * t.v[size_t(((b * Sk + int64_t(j)) * Hkv + hk) * D + d)];
-          total += t.d_o[size_t(((b * Sq + i) * H + h) * D + d)] * o;
-        }
-      }
-  return total;
-}
-
 // The backward problem of a tiny one, with contiguous tensors (fp16).
 fs::BackwardProblem problem_of(const Tiny& t) {
   fs::BackwardProblem p{};
@@ -77,9 +51,42 @@ fs::BackwardProblem problem_of(const Tiny& t) {
                                t.causal);
   p.attention.softmax_scale = float(t.scale);
   p.attention.softcap = float(t.softcap);
+  p.attention.window = t.window, p.attention.window_left = t.window_left, p.attention.window_right = t.window_right;
   p.d_o = p.dq = p.attention.q;
   p.dk = p.dv = p.attention.k;
   return p;
+}
+
+// loss = Σ dO ∘ O with O = softmax(scale·Q·Kᵀ, masked, softcapped)·V, in fp64, written from the definition:
+// query head h reads K/V head h / (Hq / Hkv); row i sees key j as tests/mask_definition.h says (causal:
+// when j - i <= Sk - Sq; a window: within its bounds of the diagonal).
+double loss(const Tiny& t) {
+  const int64_t Sq = t.seqlen_q, Sk = t.seqlen_k, H = t.heads_q, Hkv = t.heads_kv, D = t.head_dim;
+  const fs::Problem mask = problem_of(t).attention;
+  double total = 0;
+  for (int64_t b = 0; b < t.batch; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Sq; ++i) {
+        const int64_t hk = h * Hkv / H;
+        std::vector<std::pair<int64_t, double>> w;  // (key, logit) of each key the row sees
+        double top = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < Sk; ++j) {
+          if (!fs::test::sees(mask, i, j)) continue;
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d)
+            s += t.q[size_t(((b * Sq + i) * H + h) * D + d)] * t.k[size_t(((b * Sk + j) * Hkv + hk) * D + d)];
+          w.push_back({j, t.softcap > 0 ? t.softcap * std::tanh(t.scale * s / t.softcap) : t.scale * s});
+          top = std::max(top, w.back().second);
+        }
+        double z = 0;
+        for (auto& [j, x] : w) z += (x = std::exp(x - top));
+        for (int64_t d = 0; d < D; ++d) {
+          double o = 0;
+          for (const auto& [j, x] : w) o += x / z * t.v[size_t(((b * Sk + j) * Hkv + hk) * D + d)];
+          total += t.d_o[size_t(((b * Sq + i) * H + h) * D + d)] * o;
+        }
+      }
+  return total;
 }
 
 // The reference's inputs: Q, K, V one after the other with the problem's (contiguous) strides.
@@ -180,6 +187,57 @@ TEST_CASE("backward reference with softcapping: the derivatives of the capped lo
       const fs::BackwardReference u = fs::reference_cpu(problem_of(plain), inputs_of(plain), false);
       if (softcap < 10) CHECK(max_diff(u.dq, r.dq) > 1e-3);
     }
+}
+
+TEST_CASE("backward reference with a window: the derivatives of the banded softmax (finite differences)",
+          "[reference][backward][window]") {
+  struct Band {
+    int32_t left, right;
+    bool causal;
+    double softcap;
+  };
+  // Left-only, right-only, both, causal on top of a window, softcapped; on 5 × 7 and on 8 × 5, where the
+  // first rows see no key with a right bound of 0 or 1 (each band changes the mask of both shapes).
+  const Band bands[] = {{2, -1, false, 0}, {-1, 1, false, 0}, {1, 2, false, 0},
+                        {2, 3, true, 0},   {1, 0, false, 2.0},  {3, 1, true, 0.5}};
+  unsigned seed = 60;
+  for (const Band& band : bands)
+    for (const auto& [sq, sk, hq, hkv] : {std::array<int64_t, 4>{5, 7, 4, 2}, {8, 5, 2, 1}}) {
+      CAPTURE(band.left, band.right, band.causal, band.softcap, sq, sk);
+      Tiny t = make_tiny(1, sq, sk, hq, hkv, 8, band.causal, seed++);
+      t.softcap = band.softcap;
+      t.window = 1, t.window_left = band.left, t.window_right = band.right;
+      const fs::BackwardReference r = fs::reference_cpu(problem_of(t), inputs_of(t), false);
+      const double tol = 1e-7;
+      CHECK(max_fd_error(t, &Tiny::q, r.dq) < tol * (1 + max_abs(r.dq)));
+      CHECK(max_fd_error(t, &Tiny::k, r.dk) < tol * (1 + max_abs(r.dk)));
+      CHECK(max_fd_error(t, &Tiny::v, r.dv) < tol * (1 + max_abs(r.dv)));
+      CHECK(max_abs(r.dq) > 0.001);
+      // The same inputs without the window give other gradients (by more than the tolerance above).
+      Tiny open = t;
+      open.window = 0, open.window_left = open.window_right = 0;
+      CHECK(max_diff(fs::reference_cpu(problem_of(open), inputs_of(open), false).dq, r.dq) > 1e-3);
+    }
+}
+
+TEST_CASE("backward reference with window (0, 0): one key per row, so dQ = dK = 0, and dV = dO moved to its key",
+          "[reference][backward][window]") {
+  // seqlen_q 5, seqlen_k 3: row i sees key i - 2 alone (rows 0 and 1 none). P = 1 whatever the score, so
+  // nothing flows to Q or K; dV of key j is the dO of row j + 2, summed over the query heads of its group.
+  Tiny t = make_tiny(1, 5, 3, 4, 2, 8, false, 70);
+  t.window = 1, t.window_left = 0, t.window_right = 0;
+  for (bool rounded : {false, true}) {
+    CAPTURE(rounded);
+    const fs::BackwardReference r = fs::reference_cpu(problem_of(t), inputs_of(t), rounded);
+    CHECK(max_abs(r.dq) == 0.0);
+    CHECK(max_abs(r.dk) == 0.0);
+    for (int64_t j = 0; j < 3; ++j)
+      for (int64_t hk = 0; hk < 2; ++hk)
+        for (int64_t d = 0; d < 8; ++d) {
+          const auto d_o = [&](int64_t h) { return t.d_o[size_t(((j + 2) * 4 + h) * 8 + d)]; };  // row j + 2
+          CHECK(r.dv[size_t((j * 2 + hk) * 8 + d)] == d_o(2 * hk) + d_o(2 * hk + 1));
+        }
+  }
 }
 
 TEST_CASE("backward reference: a row with no key has dQ = 0 and adds nothing to dK, dV", "[reference][backward]") {

@@ -1,10 +1,13 @@
 // The fp64 CPU reference against direct formulas and known properties of attention.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "catch.h"
 #include "common/forward/check.h"
+#include "mask_definition.h"
 
 namespace {
 
@@ -196,4 +199,120 @@ TEST_CASE("reference with softcapping: a tiny cap averages V, a huge one changes
       }
       CHECK(std::fabs(lse_at(p, tiny, 0, h, s) - std::log(double(keys))) < 1e-5);
     }
+}
+
+namespace {
+
+// O and LSE from the definition, written out apart from reference_cpu: the full score matrix of each
+// (batch, query head), masked pair by pair (tests/mask_definition.h), softcapped, then the softmax of
+// each row; a row whose scores are all masked has O = 0 and LSE = -inf.
+fs::Reference naive_attention(const Problem& p, const HostInputs& in) {
+  const int64_t Sq = p.seqlen_q, Sk = p.seqlen_k, H = p.heads_q, D = p.head_dim;
+  const double none = -std::numeric_limits<double>::infinity();
+  fs::Reference r;
+  r.o.assign(size_t(p.batch * Sq * H * D), 0.0);
+  r.lse.assign(size_t(p.batch * H * Sq), none);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / (H / p.heads_kv);
+      std::vector<double> s(size_t(Sq * Sk), none);
+      for (int64_t i = 0; i < Sq; ++i)
+        for (int64_t j = 0; j < Sk; ++j) {
+          if (!fs::test::sees(p, i, j)) continue;
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dot += double(in.q_ptr()[b * p.q.batch + i * p.q.row + h * p.q.head + d]) *
+                   double(in.k_ptr()[b * p.k.batch + j * p.k.row + hk * p.k.head + d]);
+          const double c = p.softmax_scale * dot;
+          s[size_t(i * Sk + j)] = p.softcap > 0 ? p.softcap * std::tanh(c / p.softcap) : c;
+        }
+      for (int64_t i = 0; i < Sq; ++i) {
+        const double* row = &s[size_t(i * Sk)];
+        const double top = Sk ? *std::max_element(row, row + Sk) : none;
+        if (top == none) continue;
+        double z = 0;
+        for (int64_t j = 0; j < Sk; ++j) z += std::exp(row[j] - top);
+        r.lse[size_t((b * H + h) * Sq + i)] = top + std::log(z);
+        for (int64_t j = 0; j < Sk; ++j)
+          for (int64_t d = 0; d < D; ++d)
+            r.o[size_t(((b * Sq + i) * H + h) * D + d)] +=
+                std::exp(row[j] - top) / z * double(in.v_ptr()[b * p.v.batch + j * p.v.row + hk * p.v.head + d]);
+      }
+    }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("reference with a window: the masked softmax written out pair by pair, on random problems",
+          "[reference][window]") {
+  // Bounds from 0 to past the sequence, causal or not, softcapped or not, GQA, seqlen_q above and below
+  // seqlen_k: rows with no key among them (O = 0, LSE = -inf on both sides).
+  std::mt19937 rng(13);
+  auto below = [&](int n) { return int(rng() % unsigned(n)); };
+  std::normal_distribution<float> n(0.2f, 1.5f);
+  const int32_t bounds[] = {-1, 0, 1, 2, 3, 30};
+  const float caps[] = {0.0f, 0.0f, 0.7f, 5.0f};
+  int empty_rows = 0;
+  for (int k = 0; k < 200; ++k) {
+    const int64_t hkv = 1 + below(2), hq = hkv * (1 + below(3));
+    Problem p = fs::make_problem(1 + below(2), 1 + below(12), 1 + below(12), hq, hkv, 8 * (1 + below(2)),
+                                 fs::DType::fp16, below(3) == 0);
+    p.window = 1, p.window_left = bounds[below(6)], p.window_right = bounds[below(6)];
+    p.softcap = caps[below(4)];
+    CAPTURE(fs::describe(p));
+    const HostInputs in = make_inputs(p, [&](int, int64_t, int64_t, int64_t, int64_t) { return n(rng); });
+    const fs::Reference got = fs::reference_cpu(p, in), want = naive_attention(p, in);
+    auto close = [](double a, double b) { return a == b || std::fabs(a - b) < 1e-12 * (1 + std::fabs(b)); };
+    for (size_t e = 0; e < want.o.size(); ++e) CHECK(close(got.o[e], want.o[e]));
+    for (size_t e = 0; e < want.lse.size(); ++e) {
+      empty_rows += std::isinf(want.lse[e]);
+      CHECK(close(got.lse[e], want.lse[e]));  // -inf where there is no key
+    }
+  }
+  CHECK(empty_rows > 20);  // the draw does reach rows with no key
+}
+
+TEST_CASE("reference with a window: rows with no key, and windows that are causal or no window at all",
+          "[reference][window]") {
+  // seqlen_q 6, seqlen_k 3, window (1, 0): row i sees keys i - 4 … i - 3, so rows 0 … 2 see none.
+  Problem p = fs::make_problem(1, 6, 3, 2, 1, 8, fs::DType::bf16, false);
+  p.window = 1, p.window_left = 1, p.window_right = 0;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const HostInputs in = make_inputs(p, [&](int, int64_t, int64_t, int64_t, int64_t) { return n(rng); });
+  const fs::Reference r = fs::reference_cpu(p, in);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 6; ++i) {
+      CAPTURE(h, i);
+      for (int64_t d = 0; d < 8; ++d)
+        if (i < 3) CHECK(o_at(p, r, 0, i, h, d) == 0.0);
+        else CHECK(std::isfinite(o_at(p, r, 0, i, h, d)));
+      if (i < 3) CHECK(lse_at(p, r, 0, h, i) == -std::numeric_limits<double>::infinity());
+      else CHECK(std::isfinite(lse_at(p, r, 0, h, i)));
+    }
+  // Row 3 sees key 0 alone: O is that key's V row, LSE its logit.
+  double dot = 0;
+  for (int64_t d = 0; d < 8; ++d) dot += double(in.q_ptr()[p.q.row * 3 + d]) * in.k_ptr()[d];
+  CHECK(std::fabs(lse_at(p, r, 0, 0, 3) - p.softmax_scale * dot) < 1e-12 * (1 + std::fabs(dot)));
+  for (int64_t d = 0; d < 8; ++d) CHECK(o_at(p, r, 0, 3, 0, d) == double(in.v_ptr()[d]));
+
+  // A window as wide as the keys changes nothing; (-1, 0) is causal; causal on top of (2, 5) is (2, 0).
+  Problem q = fs::make_problem(2, 9, 13, 4, 2, 16, fs::DType::fp16, false);
+  const HostInputs qin = make_inputs(q, [&](int, int64_t, int64_t, int64_t, int64_t) { return n(rng); });
+  auto with = [&](bool causal, int32_t window, int32_t left, int32_t right) {
+    Problem w = q;
+    w.causal = causal, w.window = window, w.window_left = left, w.window_right = right;
+    return fs::reference_cpu(w, qin);
+  };
+  const fs::Reference full = with(false, 0, 0, 0), wide = with(false, 1, 13, 9);
+  CHECK(wide.o == full.o);
+  CHECK(wide.lse == full.lse);
+  const fs::Reference causal = with(true, 0, 0, 0), banded = with(false, 1, -1, 0);
+  CHECK(banded.o == causal.o);
+  CHECK(banded.lse == causal.lse);
+  const fs::Reference causal_band = with(true, 1, 2, 5), left = with(false, 1, 2, 0);
+  CHECK(causal_band.o == left.o);
+  CHECK(causal_band.lse == left.lse);
+  CHECK(left.o != causal.o);  // and a window does change O
 }

@@ -129,4 +129,10 @@ TEST_CASE("the runner's JSON writes sizes as integers", "[report]") {
         "{\"batch\": 1, \"seqlen_q\": 1048576, \"seqlen_k\": 2097152, \"heads_q\": 8, \"heads_kv\": 8, \"head_dim\": 128, "
         "\"dtype\": \"bf16\", \"causal\": true}");
   CHECK(fs::num(0.25) == "0.25");
+  // A sliding window as its two bounds, after softcap (each only when set).
+  p.window = 1, p.window_left = -1, p.window_right = 128;
+  p.softcap = 30.0f;
+  CHECK(fs::problem_json(p, ", \"more\": 1") ==
+        "{\"batch\": 1, \"seqlen_q\": 1048576, \"seqlen_k\": 2097152, \"heads_q\": 8, \"heads_kv\": 8, \"head_dim\": 128, "
+        "\"dtype\": \"bf16\", \"causal\": true, \"softcap\": 30, \"window\": [-1, 128], \"more\": 1}");
 }

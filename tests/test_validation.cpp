@@ -1,12 +1,16 @@
 // Every rule of fs::validate / fs::validate_tensors, each with the sentence it must produce.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "catch.h"
+#include "common/flash_steps.h"
+#include "common/forward/check.h"
 #include "common/forward/rules.h"
 #include "common/step/overflow.h"
 #include "runner/cli.h"
@@ -254,4 +258,88 @@ TEST_CASE("softcap: finite and at least 0, and its factors finite in fp32", "[va
   CHECK(fs::validate(p).empty());
   p.softcap = 0.0f;  // off: no bound on the ratio
   CHECK(fs::validate(p).empty());
+}
+
+TEST_CASE("window: 0 or 1, and bounds of at least -1, which a window of 0 leaves unset", "[validation][window]") {
+  fs::Problem p = fs::make_problem(1, 16, 16, 1, 1, 64, fs::DType::fp16, false);
+  CHECK((p.window == 0 && p.window_left == 0 && p.window_right == 0));  // off by default
+  CHECK(fs::describe(p) == "b1 h1/1 sq16 sk16 d64 fp16");
+  p.window = 1;
+  const std::pair<int32_t, int32_t> bands[] = {{128, 0}, {-1, -1}, {0, 0}, {-1, 5}, {5, -1}, {INT32_MAX, INT32_MAX}};
+  for (const auto& [left, right] : bands) {
+    p.window_left = left, p.window_right = right;
+    CAPTURE(left, right);
+    CHECK(fs::validate(p).empty());
+  }
+  p.window_left = 128, p.window_right = 0;
+  CHECK(fs::describe(p) == "b1 h1/1 sq16 sk16 d64 fp16 window 128,0");
+  p.causal = 1;
+  p.softcap = 30.0f;
+  CHECK(fs::describe(p) == "b1 h1/1 sq16 sk16 d64 fp16 causal window 128,0 softcap 30");
+  p.causal = 0, p.softcap = 0.0f;
+
+  struct Case {
+    int32_t window, left, right;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {2, 0, 0, "window is 2; it must be 0 (no sliding window) or 1 (window_left, window_right)"},
+      {-1, 0, 0, "window is -1; it must be 0 (no sliding window) or 1 (window_left, window_right)"},
+      {1, -2, 0, "window_left is -2; it must be at least -1 (-1: unbounded on that side)"},
+      {1, 0, INT32_MIN, "window_right is -2147483648; it must be at least -1 (-1: unbounded on that side)"},
+      {1, -3, -3, "window_left is -3; it must be at least -1 (-1: unbounded on that side)"},  // the left named first
+      {0, 5, 0, "window_left is 5 but window is 0, which ignores it; set window to 1 for a sliding window"},
+      {0, -1, 128, "window_right is 128 but window is 0, which ignores it; set window to 1 for a sliding window"},
+      {0, 0, -2, "window_right is -2 but window is 0, which ignores it; set window to 1 for a sliding window"},
+  };
+  for (const Case& c : cases) {
+    p.window = c.window, p.window_left = c.left, p.window_right = c.right;
+    CHECK(fs::validate(p) == c.expected);
+  }
+  // Window 0 with bounds of 0 or -1 is off (a caller may leave -1, "unbounded", in both).
+  const std::pair<int32_t, int32_t> unset[] = {{-1, -1}, {0, -1}, {-1, 0}};
+  for (const auto& [left, right] : unset) {
+    p.window = 0, p.window_left = left, p.window_right = right;
+    CHECK(fs::validate(p).empty());
+    CHECK(fs::describe(p) == "b1 h1/1 sq16 sk16 d64 fp16");
+  }
+}
+
+TEST_CASE("window: the FLOP count is 4·B·Hq·d per visible pair, by brute force over the rows",
+          "[validation][window]") {
+  // The pairs row by row from the references' definition (reference_keys), against visible_pairs' closed form.
+  auto brute_pairs = [](const fs::Problem& p) {
+    double pairs = 0;
+    for (int64_t i = 0; i < p.seqlen_q; ++i) {
+      const fs::KeyRange k = fs::reference_keys(p, i);
+      pairs += double(std::max<int64_t>(0, k.end - k.first));
+    }
+    return pairs;
+  };
+  fs::Problem p = fs::make_problem(2, 4, 4, 8, 2, 64, fs::DType::fp16, false);
+  p.window = 1, p.window_left = 1, p.window_right = 0;  // rows see {0}, {0, 1}, {1, 2}, {2, 3}: 7 pairs
+  CHECK(fs::attention_flops(p) == 4.0 * 2 * 8 * 64 * 7);
+  CHECK(fs_problem_flops(&p) == 4.0 * 2 * 8 * 64 * 7);
+  // (-1, -1) without causal is full attention: the formula without a window.
+  p = fs::make_problem(2, 2048, 1000, 16, 16, 128, fs::DType::fp16, false);
+  p.window = 1, p.window_left = -1, p.window_right = -1;
+  CHECK(fs::attention_flops(p) == 4.0 * 2 * 16 * 2048 * 1000 * 128);
+
+  std::mt19937_64 rng(77);
+  auto below = [&](int64_t n) { return int64_t(rng() % uint64_t(n)); };
+  // A bound: unbounded, 0, a few keys, up to the sequence, past it.
+  auto bound = [&](int64_t seqlen) -> int32_t {
+    const int64_t kinds[] = {-1, 0, 1 + below(5), 1 + below(seqlen + 1), seqlen + 1 + below(1000)};
+    return int32_t(kinds[below(5)]);
+  };
+  for (int n = 0; n < 3000; ++n) {
+    const int64_t sq = below(n % 2 ? 40 : 400), sk = below(n % 3 ? 40 : 400);  // seqlen_q < or > seqlen_k, 0 too
+    p = fs::make_problem(1 + below(3), sq, sk, 4, 2, 8 * (1 + below(32)), fs::DType::bf16, below(2) == 1);
+    p.window = 1;
+    p.window_left = bound(std::max(sq, sk)), p.window_right = bound(std::max(sq, sk));
+    CAPTURE(fs::describe(p));
+    const double want = 4.0 * double(p.batch) * double(p.heads_q) * double(p.head_dim) * brute_pairs(p);
+    CHECK(fs::attention_flops(p) == want);
+    CHECK(fs_problem_flops(&p) == want);
+  }
 }

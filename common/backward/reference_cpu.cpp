@@ -46,16 +46,14 @@ BackwardReference reference_cpu(const BackwardProblem& bp, const BackwardHostInp
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = kv_head_of(p, h);
       for (int64_t i = 0; i < Sq; ++i) {
-        // The keys row i may see: 0 … keys-1 (all of them, or bottom-right causal).
-        int64_t keys = 0;
-        while (keys < Sk && (!p.causal || causal_allows(i, keys, Sq, Sk))) ++keys;
-        if (keys == 0) continue;  // no key: P = 0, so dQ = 0 and nothing reaches dK, dV
+        const KeyRange keys = reference_keys(p, i);  // causal, window
+        if (keys.end <= keys.first) continue;  // no key: P = 0, so dQ = 0 and nothing reaches dK, dV
         const float* q = at(in.qkv.q_ptr(), p.q, b, i, h);
         const float* d_o = in.d_o.data() + ((b * Sq + i) * H + h) * D;
         // P = softmax(scale · q·k) over the visible keys (softcapped: of softcap·tanh(scale · q·k / softcap),
         // whose slope dS takes); dP = dO·vᵀ.
         double m = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = keys.first; j < keys.end; ++j) {
           const float* k = at(in.qkv.k_ptr(), p.k, b, j, hk);
           const float* v = at(in.qkv.v_ptr(), p.v, b, j, hk);
           double dot = 0, dpj = 0;
@@ -69,22 +67,22 @@ BackwardReference reference_cpu(const BackwardProblem& bp, const BackwardHostInp
           m = std::max(m, prob[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < keys; ++j) sum += (prob[j] = std::exp(prob[j] - m));
-        for (int64_t j = 0; j < keys; ++j) prob[j] /= sum;
+        for (int64_t j = keys.first; j < keys.end; ++j) sum += (prob[j] = std::exp(prob[j] - m));
+        for (int64_t j = keys.first; j < keys.end; ++j) prob[j] /= sum;
         // D = Σ_j P_ij·dP_ij, or (rounded) rowsum(dO ∘ O) with O = P·V rounded to the dtype.
         double row_d = 0;
         if (rounded) {
           std::fill(o.begin(), o.end(), 0.0);
-          for (int64_t j = 0; j < keys; ++j) {
+          for (int64_t j = keys.first; j < keys.end; ++j) {
             const float* v = at(in.qkv.v_ptr(), p.v, b, j, hk);
             for (int64_t d = 0; d < D; ++d) o[d] += prob[j] * double(v[d]);
           }
           for (int64_t d = 0; d < D; ++d) row_d += double(d_o[d]) * round_to_dtype(o[d], p.dtype);
         } else {
-          for (int64_t j = 0; j < keys; ++j) row_d += prob[j] * dp[j];
+          for (int64_t j = keys.first; j < keys.end; ++j) row_d += prob[j] * dp[j];
         }
         double* dq = &r.dq[size_t(((b * Sq + i) * H + h) * D)];
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = keys.first; j < keys.end; ++j) {
           const double ds = round(prob[j] * (dp[j] - row_d) * slope[j]);  // from the unrounded P
           const double pj = round(prob[j]);                    // the operand of dV = Pᵀ·dO
           const float* k = at(in.qkv.k_ptr(), p.k, b, j, hk);

@@ -134,8 +134,7 @@ void GpuReference::run(const BackwardProblem& bp, const BackwardTensors& t, bool
           // S (Sk × gn) = scale · Kᵀ · Q, then P; dP (Sk × gn) = Vᵀ · dO.
           CHECK_CUBLAS(cublasSgemm_64(handle_, CUBLAS_OP_T, CUBLAS_OP_N, Sk, gn, D, &scale, k32, D, q32, D, &zero,
                                       prob, Sk));
-          masked_softmax_kernel<<<unsigned(gn), kSoftmaxThreads, 0, stream>>>(prob, n, Sq, Sk, i0, b, h0, H,
-                                                                             p.causal != 0, nullptr, p.softcap, slope);
+          masked_softmax_kernel<<<unsigned(gn), kSoftmaxThreads, 0, stream>>>(prob, p, n, i0, b, h0, nullptr, slope);
           CHECK_LAUNCH();
           CHECK_CUBLAS(cublasSgemm_64(handle_, CUBLAS_OP_T, CUBLAS_OP_N, Sk, gn, D, &one, v32, D, do32, D, &zero, dp,
                                       Sk));

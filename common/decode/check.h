@@ -24,6 +24,11 @@ struct DecodeHostInputs {
 std::vector<float> gather_sequence(const DecodeProblem& p, const std::vector<float>& cache, const Strides& st,
                                    const std::vector<int32_t>& block_table, int64_t b, int64_t len);
 
+// Sequence b as a forward problem of batch 1 with its `len` keys (contiguous strides): the problem's sizes,
+// dtype, causal, scale and features (softcapping; the window, aligned as causal to the sequence's keys).
+// Both references run it on the keys they gather.
+Problem sequence_problem(const DecodeProblem& p, int64_t len);
+
 Reference reference_cpu(const DecodeProblem& p, const DecodeHostInputs& in);
 double reference_cpu_cost(const DecodeProblem& p, const std::vector<int32_t>& lengths);
 

@@ -18,6 +18,15 @@ std::vector<float> gather_sequence(const DecodeProblem& p, const std::vector<flo
   return out;
 }
 
+Problem sequence_problem(const DecodeProblem& p, int64_t len) {
+  const Problem& f = p.attention;
+  Problem one = make_problem(1, f.seqlen_q, len, f.heads_q, f.heads_kv, f.head_dim, dtype_of(f), f.causal != 0);
+  one.softmax_scale = f.softmax_scale;
+  one.softcap = f.softcap;
+  one.window = f.window, one.window_left = f.window_left, one.window_right = f.window_right;
+  return one;
+}
+
 double reference_cpu_cost(const DecodeProblem& p, const std::vector<int32_t>& lengths) {
   const Problem& f = p.attention;
   double keys = 0;
@@ -34,8 +43,7 @@ Reference reference_cpu(const DecodeProblem& dp, const DecodeHostInputs& in) {
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = in.lengths.empty() ? p.seqlen_k : in.lengths[size_t(b)];
     // Sequence b as a forward problem of batch 1: Q's rows of b, contiguous; its keys and values gathered.
-    Problem one = make_problem(1, Sq, len, H, p.heads_kv, D, dtype_of(p), p.causal != 0);
-    one.softmax_scale = p.softmax_scale;
+    const Problem one = sequence_problem(dp, len);
     HostInputs seq;
     for (int64_t i = 0; i < Sq; ++i)
       for (int64_t h = 0; h < H; ++h) {

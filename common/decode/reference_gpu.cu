@@ -32,8 +32,7 @@ Reference gpu_reference(const DecodeWorkload& w, GpuReference& gpu) {
   for (int64_t b = 0; b < B && Sq > 0; ++b) {
     const int64_t len = w.lengths().empty() ? f.seqlen_k : w.lengths()[size_t(b)];
     // Sequence b as a forward problem of batch 1 (Q's strides, contiguous gathered K and V).
-    Problem one = make_problem(1, Sq, len, H, f.heads_kv, D, dtype_of(f), f.causal != 0);
-    one.softmax_scale = f.softmax_scale;
+    Problem one = sequence_problem(p, len);
     one.q = f.q;
     if (len > 0)
       dispatch_dtype(f.dtype, [&](auto tag) {

@@ -42,6 +42,21 @@ struct Reference {
 inline double capped_logit(double s, double softcap) { return softcap > 0 ? softcap * std::tanh(s / softcap) : s; }
 inline double capped_slope(double c, double softcap) { return softcap > 0 ? 1 - (c / softcap) * (c / softcap) : 1; }
 
+// The keys row i attends, [first, end) (none when end <= first), from flash_steps.h's definition of
+// causal and the window, written out here apart from common/step/window.h, which the tests check
+// against it. Both references use it: the CPU one, and the GPU one's softmax kernel (FS_HD).
+struct KeyRange {
+  int64_t first, end;
+};
+FS_HD inline KeyRange reference_keys(const Problem& p, int64_t i) {
+  const int64_t diagonal = i + p.seqlen_k - p.seqlen_q;  // the key bottom-right causal stops at
+  int64_t first = 0, last = p.seqlen_k - 1;
+  if (p.causal) last = std::min(last, diagonal);
+  if (p.window && p.window_left >= 0) first = std::max(first, diagonal - p.window_left);
+  if (p.window && p.window_right >= 0) last = std::min(last, diagonal + p.window_right);
+  return {first, last + 1};
+}
+
 struct Tolerance {
   double atol, rtol, lse_rtol;
 };

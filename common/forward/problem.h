@@ -29,6 +29,12 @@ typedef struct fs_problem {
   float softmax_scale;
   float softcap; /* 0: off; else every logit s becomes softcap·tanh(s / softcap) before the softmax */
   fs_strides q, k, v, o;
+  /* Sliding window (0, as fs_problem_init and a zeroed struct leave it: off). window = 1: row i sees the
+   * keys j with  i + d - window_left <= j <= i + d + window_right,  d = seqlen_k - seqlen_q (bottom-right,
+   * as causal), a bound of -1 unbounded on its side; with causal too, the right bound is 0. */
+  int32_t window;
+  int32_t window_left;
+  int32_t window_right;
 } fs_problem;
 
 #ifdef __cplusplus

@@ -25,11 +25,10 @@ Reference reference_cpu(const Problem& p, const HostInputs& in) {
       const int64_t hk = kv_head_of(p, h);
       for (int64_t i = 0; i < Sq; ++i) {
         const float* q = at(in.q_ptr(), p.q, b, i, h);
-        // The keys row i may attend: all of them, or j <= i + Sk - Sq when causal.
-        const int64_t last = p.causal ? std::min<int64_t>(Sk - 1, i + Sk - Sq) : Sk - 1;
-        if (last < 0) continue;  // no key: O = 0, LSE = -inf
+        const KeyRange keys = reference_keys(p, i);  // causal, window
+        if (keys.end <= keys.first) continue;        // no key: O = 0, LSE = -inf
         double m = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j <= last; ++j) {
+        for (int64_t j = keys.first; j < keys.end; ++j) {
           const float* k = at(in.k_ptr(), p.k, b, j, hk);
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += double(q[d]) * double(k[d]);
@@ -37,9 +36,9 @@ Reference reference_cpu(const Problem& p, const HostInputs& in) {
           m = std::max(m, s[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j <= last; ++j) sum += (s[j] = std::exp(s[j] - m));
+        for (int64_t j = keys.first; j < keys.end; ++j) sum += (s[j] = std::exp(s[j] - m));
         double* o = &r.o[size_t(((b * Sq + i) * H + h) * D)];
-        for (int64_t j = 0; j <= last; ++j) {
+        for (int64_t j = keys.first; j < keys.end; ++j) {
           const float* v = at(in.v_ptr(), p.v, b, j, hk);
           const double w = s[j] / sum;
           for (int64_t d = 0; d < D; ++d) o[d] += w * double(v[d]);

@@ -85,8 +85,8 @@ void GpuReference::run(const Problem& p, const Tensors& t, float* o32, cudaStrea
             handle_, CUBLAS_OP_T, CUBLAS_OP_N, Sk, n, D, &scale, k, in_type, std::max(p.k.row, D), 0, q, in_type,
             std::max(p.q.row, D), p.q.head, &zero, s_.get(), CUDA_R_32F, Sk, n * Sk, group, CUBLAS_COMPUTE_32F,
             CUBLAS_GEMM_DEFAULT));
-        masked_softmax_kernel<<<unsigned(group * n), kSoftmaxThreads, 0, stream>>>(
-            s_.as<float>(), n, Sq, Sk, i0, b, h0, H, p.causal != 0, t.lse, p.softcap);
+        masked_softmax_kernel<<<unsigned(group * n), kSoftmaxThreads, 0, stream>>>(s_.as<float>(), p, n, i0, b, h0,
+                                                                                   t.lse);
         CHECK_LAUNCH();
         // O_cm (D × n) = V32_cm (D × Sk) · P_cm (Sk × n), written straight into (b, s, h, d) order.
         float* o = o32 + ((b * Sq + i0) * H + h0) * D;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "step/overflow.h"
+#include "step/window.h"
 
 namespace fs {
 
@@ -17,7 +18,7 @@ Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t 
                      int64_t head_dim, DType dtype, int32_t causal) {
   const Strides q = contiguous_strides(seqlen_q, heads_q, head_dim), k = contiguous_strides(seqlen_k, heads_kv, head_dim);
   const float scale = head_dim > 0 ? float(1.0 / std::sqrt(double(head_dim))) : 1.0f;
-  return Problem{batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, int32_t(dtype), causal, scale, 0.0f, q, k, k, q};
+  return Problem{batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, int32_t(dtype), causal, scale, 0.0f, q, k, k, q, 0, 0, 0};
 }
 
 std::string validate(const Problem& p) {
@@ -61,6 +62,14 @@ std::string validate(const Problem& p) {
       return sentence("softcap is ", p.softcap, " and softmax_scale ", p.softmax_scale,
                       "; the kernels form softmax_scale / softcap = ", pre, " in fp32, which must be at most ", kMaxFloat);
   }
+  if (p.window != 0 && p.window != 1)
+    return sentence("window is ", p.window, "; it must be 0 (no sliding window) or 1 (window_left, window_right)");
+  for (const auto& [name, bound] : {std::pair{"window_left", p.window_left}, std::pair{"window_right", p.window_right}}) {
+    if (p.window && bound < -1)
+      return sentence(name, " is ", bound, "; it must be at least -1 (-1: unbounded on that side)");
+    if (!p.window && bound != 0 && bound != -1)
+      return sentence(name, " is ", bound, " but window is 0, which ignores it; set window to 1 for a sliding window");
+  }
   const View q{"Q", "Q and O", p.q, p.batch, p.seqlen_q, p.heads_q, p.head_dim, "seqlen_q", "heads_q"};
   const View k{"K", "K and V", p.k, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, "seqlen_k", "heads_kv"};
   const View v{"V", "K and V", p.v, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, "seqlen_k", "heads_kv"};
@@ -82,14 +91,15 @@ std::string validate_tensors(const Problem& p, const Tensors& t) {
 }
 
 double attention_flops(const Problem& p) {
-  const double f = 4.0 * double(p.batch) * double(p.heads_q) * double(p.seqlen_q) * double(p.seqlen_k) *
-                   double(p.head_dim);
-  return p.causal ? f / 2 : f;
+  const double f = 4.0 * double(p.batch) * double(p.heads_q) * double(p.head_dim);
+  if (p.window) return f * visible_pairs(band_of(p), p.seqlen_q);
+  return p.causal ? f * double(p.seqlen_q) * double(p.seqlen_k) / 2 : f * double(p.seqlen_q) * double(p.seqlen_k);
 }
 
 std::string describe(const Problem& p) {
   return sentence("b", p.batch, " h", p.heads_q, "/", p.heads_kv, " sq", p.seqlen_q, " sk", p.seqlen_k, " d",
                   p.head_dim, " ", dtype_name(p.dtype), p.causal ? " causal" : "",
+                  p.window ? sentence(" window ", p.window_left, ",", p.window_right) : std::string(),
                   p.softcap > 0 ? sentence(" softcap ", p.softcap) : std::string());
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "forward/problem.h"
+#include "step/window.h"
 #include "harness/chain.h"
 #include "harness/views.h"
 
@@ -40,7 +41,7 @@ std::string validate(const Problem& p);
 // "" when the pointers are usable: Q, K, V, O non-null where there is work, 16-byte aligned; LSE 4-byte.
 std::string validate_tensors(const Problem& p, const Tensors& t);
 
-// fs_problem_flops: 4·B·Hq·Sq·Sk·d, halved when causal.
+// fs_problem_flops: 4·B·Hq·Sq·Sk·d, halved when causal; with a window 4·B·Hq·d per visible pair.
 double attention_flops(const Problem& p);
 
 // A short description, e.g. "b2 h16/16 sq2048 sk2048 d128 fp16 causal".

@@ -4,10 +4,9 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
-#include "forward/problem.h"
+#include "forward/check.h"
 #include "step/device.h"
 #include "step/dtype.cuh"
 
@@ -45,41 +44,41 @@ __device__ inline float block_reduce(float x, bool is_max) {
   return x;
 }
 
-// The keys query row i may attend: 0 … keys-1 (all of them, or bottom-right causal; 0 when none).
-__device__ inline int64_t visible_keys(int64_t i, int64_t seqlen_q, int64_t seqlen_k, bool causal) {
-  return causal ? std::min<int64_t>(seqlen_k, std::max<int64_t>(i + seqlen_k - seqlen_q + 1, 0)) : seqlen_k;
-}
-
 // One block of kSoftmaxThreads per row of S: masked max, sum of exponentials, P = exp(s - max) / sum,
 // and (lse not null) LSE = max + log(sum). S holds `group` heads × `rows` query rows × Sk keys, for
-// query rows i0 … i0+rows-1 of heads h0 … h0+group-1. A row with no key gets P = 0, LSE = -inf.
-// softcap > 0: each logit s first becomes softcap·tanh(s / softcap) (tanhf, not the kernels' MUFU.TANH),
+// query rows i0 … i0+rows-1 of heads h0 … h0+group-1 of batch entry b. Row i sees the keys
+// reference_keys(p, i) (causal, window), the CPU reference's interval; every other key gets P = 0, and a
+// row with no key gets P = 0, LSE = -inf.
+// p.softcap > 0: each logit s first becomes softcap·tanh(s / softcap) (tanhf, not the kernels' MUFU.TANH),
 // and `slope` (when not null, laid out as S) receives its derivative 1 - tanh² for every key (1 where
 // masked, so that ds_kernel's 0 · slope is 0 there, whatever the scratch held before).
-__global__ void masked_softmax_kernel(float* s, int64_t rows, int64_t seqlen_q, int64_t seqlen_k,
-                                      int64_t i0, int64_t b, int64_t h0, int64_t heads_q, bool causal,
-                                      float* lse, float softcap = 0.0f, float* slope = nullptr) {
+__global__ void masked_softmax_kernel(float* s, Problem p, int64_t rows, int64_t i0, int64_t b, int64_t h0,
+                                      float* lse, float* slope = nullptr) {
   const int64_t r = blockIdx.x;
   const int64_t g = r / rows, i = i0 + r % rows;
+  const int64_t seqlen_k = p.seqlen_k;
+  const float softcap = p.softcap;
   float* row = s + r * seqlen_k;
-  const int64_t allowed = visible_keys(i, seqlen_q, seqlen_k, causal);
+  const KeyRange keys = reference_keys(p, i);
+  const auto seen = [&](int64_t j) { return keys.first <= j && j < keys.end; };
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) {
+  for (int64_t j = keys.first + threadIdx.x; j < keys.end; j += blockDim.x) {
     if (softcap > 0.0f) row[j] = softcap * tanhf(row[j] / softcap);
     m = fmaxf(m, row[j]);
   }
   m = block_reduce(m, true);
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < allowed; j += blockDim.x) sum += expf(row[j] - m);
+  for (int64_t j = keys.first + threadIdx.x; j < keys.end; j += blockDim.x) sum += expf(row[j] - m);
   sum = block_reduce(sum, false);
   for (int64_t j = threadIdx.x; j < seqlen_k; j += blockDim.x) {
     if (slope) {
-      const float t = softcap > 0.0f && j < allowed ? row[j] / softcap : 0.0f;  // tanh, from the capped logit
+      const float t = softcap > 0.0f && seen(j) ? row[j] / softcap : 0.0f;  // tanh, from the capped logit
       slope[r * seqlen_k + j] = 1.0f - t * t;
     }
-    row[j] = j < allowed ? expf(row[j] - m) / sum : 0.0f;
+    row[j] = seen(j) ? expf(row[j] - m) / sum : 0.0f;
   }
-  if (lse && threadIdx.x == 0) lse[(b * heads_q + h0 + g) * seqlen_q + i] = allowed > 0 ? m + logf(sum) : -INFINITY;
+  if (lse && threadIdx.x == 0)
+    lse[(b * p.heads_q + h0 + g) * p.seqlen_q + i] = keys.first < keys.end ? m + logf(sum) : -INFINITY;
 }
 
 }  // namespace

@@ -85,6 +85,8 @@ struct Step {
   // Its kernels apply logit softcapping (fs_problem::softcap). Every other step refuses a problem with
   // softcap > 0, with a sentence naming a step that has it.
   bool softcap = false;
+  // Its kernels apply a sliding window (fs_problem::window); every other step refuses one, as above.
+  bool window = false;
   // Set by the registry from steps/CMakeLists.txt: the directory under steps/, and for a step built
   // for one architecture only (ARCH 90a: 90) that architecture, which is then also its minimum.
   std::string dir = {};

@@ -87,11 +87,32 @@ def int64s(function: str, name: str, values, dims: tuple) -> tuple[int, ...]:
         return entries
     return tuple(integer(function, f"{dim} in {name} {entries}", x, *INT64) for dim, x in zip(dims, entries))
 
+WINDOW_RULE = ("None (no sliding window) or a pair (left, right) of int32 integers, FlashAttention's window_size "
+               "(-1: unbounded on that side)")
+
+def window_fields(function: str, window) -> dict:
+    """The fs_problem fields (window, window_left, window_right) of a sliding window given as FlashAttention's
+    window_size: None, off, as (0, 0, 0); a pair (left, right) of integers as (1, left, right). Their values are
+    the library's to judge (each at least -1, -1 unbounded on its side); what is no pair of int32s is refused
+    here, before ctypes, which would wrap 2**32 to 0 (a set or a dict has no order: refused too)."""
+    if window is None:
+        return dict.fromkeys(WINDOW_FIELDS, 0)
+    bounds = None
+    if not isinstance(window, (str, bytes, set, frozenset, dict)):
+        try:
+            bounds = tuple(None if isinstance(x, bool) else operator.index(x) for x in window)
+        except TypeError:
+            pass
+    if bounds is None or len(bounds) != 2 or not all(x is not None and INT32[0] <= x <= INT32[1] for x in bounds):
+        raise refuse(function, f"window is {window!r}; it must be {WINDOW_RULE}")
+    return {"window": 1, "window_left": bounds[0], "window_right": bounds[1]}
+
 _I64, _I32, _INT, _DBL, _U64, _PTR, _STR = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int, ctypes.c_double,
                                              ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p)
 _P = ctypes.POINTER
 
 SIZES = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")  # of fs_problem and every init function
+WINDOW_FIELDS = ("window", "window_left", "window_right")  # the sliding window, at the end of fs_problem
 STRIDES = ("batch", "row", "head", "dim")
 
 class FsStrides(ctypes.Structure):
@@ -101,7 +122,8 @@ class FsProblem(ctypes.Structure):
     _fields_ = ([(name, _I64) for name in SIZES]
                 + [("dtype", _I32), ("causal", _I32), ("softmax_scale", ctypes.c_float),
                    ("softcap", ctypes.c_float)]
-                + [(name, FsStrides) for name in ("q", "k", "v", "o")])
+                + [(name, FsStrides) for name in ("q", "k", "v", "o")]
+                + [(name, _I32) for name in WINDOW_FIELDS])
 
 class FsDecodeProblem(ctypes.Structure):
     _fields_ = ([("attention", FsProblem), ("num_splits", _I32), ("checked", _I32)]
@@ -305,21 +327,27 @@ class Library:
                      passes=tuple(ps.name for ps in PASSES if runs(i, ps.code) == 1))
                 for i in range(lib.fs_step_count())]
 
-    def _init(self, ps: Pass, sizes: tuple, dtype: str, causal: bool, extra: tuple = (), strides: dict | None = None):
+    def _init(self, ps: Pass, sizes: tuple, dtype: str, causal: bool, extra: tuple = (), strides: dict | None = None,
+              window=None):
         """The pass's init function, then the strides given ({"q": (batch, row, head, dim), ...}), each a field
-        of the problem or of its attention; sizes and causal checked first (ctypes would wrap them)."""
+        of the problem or of its attention, and the window (window_fields); sizes, causal and the window checked
+        first (ctypes would wrap them)."""
         p = ps.struct()
         sizes = [integer(ps.init, name, x, *INT64) for name, x in zip(SIZES, sizes)]
+        fields = window_fields(ps.init, window)
         self._fn(ps.init)(ctypes.byref(p), *sizes, DTYPE_CODES[dtype], flag(ps.init, "causal", causal), *extra)
         for name, s in (strides or {}).items():
             s = int64s(ps.init, f"strides[{name!r}]", s, STRIDES)
             setattr(p if hasattr(p, name) else p.attention, name, FsStrides(*s))
+        for name, value in fields.items():
+            setattr(getattr(p, "attention", p), name, value)
         return p
 
     def problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
-                strides: dict | None = None) -> FsProblem:
+                strides: dict | None = None, window=None) -> FsProblem:
+        """window: None, or FlashAttention's window_size (left, right) (window_fields)."""
         return self._init(PASSES[0], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
-                          strides=strides)
+                          strides=strides, window=window)
 
     def decode_problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
                        page_size: int = 0) -> FsDecodeProblem:
@@ -328,10 +356,10 @@ class Library:
                           (integer(PASSES[1].init, "page_size", page_size, *INT64),))
 
     def backward_problem(self, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype: str, causal: bool,
-                         deterministic: bool = False, strides: dict | None = None) -> FsBackwardProblem:
-        """strides: of "q", "k", "v", "o", "d_o", "dq", "dk", "dv"."""
+                         deterministic: bool = False, strides: dict | None = None, window=None) -> FsBackwardProblem:
+        """strides: of "q", "k", "v", "o", "d_o", "dq", "dk", "dv"; window: as problem's."""
         return self._init(PASSES[2], (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, causal,
-                          (flag(PASSES[2].init, "deterministic", deterministic),), strides)
+                          (flag(PASSES[2].init, "deterministic", deterministic),), strides, window)
 
     def check(self, step_id: str, p) -> None:
         """Raises when the step cannot run p (of any pass) on the current device."""

@@ -14,7 +14,7 @@ import struct
 from collections import namedtuple
 
 from ._capi import (DTYPE_CODES, INT64, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument,
-                    Library, check_pointers, flag, int64s, integer, library, pass_of, refuse)
+                    Library, check_pointers, flag, int64s, integer, library, pass_of, refuse, window_fields)
 
 TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # the name of a torch.dtype (torch.half's is float16)
 MAX_SPLITS = 128  # num_splits: 0 (the step's heuristic) or 1 ... 128 (kMaxSplits, common/decode/problem.h)
@@ -131,16 +131,17 @@ def softcap_value(function: str, softcap) -> float:
         raise refuse(function, f"softcap is {softcap!r}; it must be a real number (0: off)") from None
 
 def attention_problem(function: str, dtype: str, q: Arg, k: Arg, v: Arg, o: Arg, seqlen_k: int, causal: bool,
-                      scale, softcap=0.0) -> FsProblem:
-    """The fs_problem of checked tensors (scale: see softmax_scale; softcap: softcap_value)."""
+                      scale, softcap=0.0, window=None) -> FsProblem:
+    """The fs_problem of checked tensors (scale: see softmax_scale; softcap: softcap_value; window:
+    window_fields)."""
     b, sq, hq, d = q.shape
     return FsProblem(batch=b, seqlen_q=sq, seqlen_k=seqlen_k, heads_q=hq, heads_kv=k.shape[2], head_dim=d,
                      dtype=DTYPE_CODES[dtype], causal=flag(function, "causal", causal),
                      softmax_scale=softmax_scale(function, scale, d), softcap=softcap_value(function, softcap),
                      q=FsStrides(*q.strides), k=FsStrides(*k.strides),
-                     v=FsStrides(*v.strides), o=FsStrides(*o.strides))
+                     v=FsStrides(*v.strides), o=FsStrides(*o.strides), **window_fields(function, window))
 
-def _forward(function: str, q: Arg, k: Arg, v: Arg, o: Arg, causal: bool, scale, softcap) -> FsProblem:
+def _forward(function: str, q: Arg, k: Arg, v: Arg, o: Arg, causal: bool, scale, softcap, window) -> FsProblem:
     dtype = check_tensors(function, [q, k, v, o])
     check_same_shape(function, v, k)
     (b, _, hq, d), (kb, sk, hkv, kd) = q.shape, k.shape
@@ -150,21 +151,21 @@ def _forward(function: str, q: Arg, k: Arg, v: Arg, o: Arg, causal: bool, scale,
     if hkv <= 0 or hq % hkv:
         raise refuse(function, f"Q has {hq} heads and K, V {hkv}; heads_q must be a multiple of heads_kv (GQA)")
     check_same_shape(function, o, q)
-    return attention_problem(function, dtype, q, k, v, o, sk, causal, scale, softcap)
+    return attention_problem(function, dtype, q, k, v, o, sk, causal, scale, softcap, window)
 
-def forward_problem(function: str, q, k, v, o, causal: bool, scale, lse=None, softcap=0.0) -> FsProblem:
+def forward_problem(function: str, q, k, v, o, causal: bool, scale, lse=None, softcap=0.0, window=None) -> FsProblem:
     """The fs_problem of Q, K, V and O (batch, seqlen, heads, head_dim) with their own strides, every argument
     and pointer checked (O None: one flash_steps allocates; LSE checked when given)."""
     q, k, v = (read(function, name, t, BSHD) for name, t in (("Q", q), ("K", k), ("V", v)))
     o, lse = read(function, "O", o, BSHD, like=q), read(function, "LSE", lse, LSE_DIMS, optional=True)
-    p = _forward(function, q, k, v, o, causal, scale, softcap)
+    p = _forward(function, q, k, v, o, causal, scale, softcap, window)
     if lse is not None:
         check_lse(function, lse, q)
     check_pointers(function, p, addresses(q, k, v, o, lse))
     return p
 
 def backward_problem(function: str, q, k, v, o, lse, d_o, dq, dk, dv, causal: bool, scale,
-                     deterministic: bool, softcap=0.0) -> FsBackwardProblem:
+                     deterministic: bool, softcap=0.0, window=None) -> FsBackwardProblem:
     """The fs_backward_problem of the forward's Q, K, V, O, LSE, the gradient dO and the outputs dQ, dK, dV
     (None: one flash_steps allocates, like Q, K or V), every argument and pointer checked."""
     q, k, v, o, d_o = (read(function, name, t, BSHD) for name, t in zip(("Q", "K", "V", "O", "dO"), (q, k, v, o, d_o)))
@@ -174,7 +175,7 @@ def backward_problem(function: str, q, k, v, o, lse, d_o, dq, dk, dv, causal: bo
         raise refuse(function, "lse is None; backward needs the forward's LSE, fp32 (batch, heads_q, seqlen_q)")
     lse = read(function, "LSE", lse, LSE_DIMS)
     check_tensors(function, [q, k, v, o, d_o, dq, dk, dv])
-    forward = _forward(function, q, k, v, o, causal, scale, softcap)
+    forward = _forward(function, q, k, v, o, causal, scale, softcap, window)
     for t, like in ((d_o, q), (dq, q), (dk, k), (dv, v)):
         check_same_shape(function, t, like)
     check_lse(function, lse, q)
@@ -301,26 +302,32 @@ def _launch(p, step: str | None, device, tensors) -> None:
                 stream=torch.cuda.current_stream(device).cuda_stream)
 
 def forward(q, k, v, causal: bool = False, scale: float | None = None, step: str | None = None, out=None, lse=None,
-            softcap: float = 0.0):
+            softcap: float = 0.0, window: tuple[int, int] | None = None):
     """(O, LSE) of softmax attention: q (batch, seqlen_q, heads_q, head_dim), k and v (batch, seqlen_k, heads_kv,
     head_dim), fp16 or bf16 on one CUDA device, any strides the C ABI accepts. causal: bottom-right aligned.
     scale: default 1/sqrt(head_dim). step: default default_step's. out (like q) and lse (fp32, contiguous
     (batch, heads_q, seqlen_q)): written when given, else allocated. softcap: each logit s becomes
-    softcap·tanh(s / softcap) before the softmax (0: off; step 13a and later)."""
+    softcap·tanh(s / softcap) before the softmax (0: off; step 13a and later). window: a sliding window,
+    FlashAttention's window_size (left, right): query i sees key j iff i + d - left <= j <= i + d + right,
+    d = seqlen_k - seqlen_q (bottom-right, as causal), -1 unbounded on that side, the right bound 0 when causal
+    (None: off; step 13b and later). A row that sees no key gets O = 0 and LSE = -inf."""
     check_step("flash_steps.forward", "step", step)
-    p = forward_problem("flash_steps.forward", q, k, v, out, causal, scale, lse, softcap)  # before any allocation
+    # every argument checked before any allocation
+    p = forward_problem("flash_steps.forward", q, k, v, out, causal, scale, lse, softcap, window)
     o, lse = _outputs(q, out, lse, p)
     _launch(p, step, q.device, (q, k, v, o, lse))
     return o, lse
 
 def backward(q, k, v, o, lse, d_o, causal: bool = False, scale: float | None = None, step: str | None = None,
-             deterministic: bool = False, dq=None, dk=None, dv=None, softcap: float = 0.0):
-    """(dQ, dK, dV) of the forward (q, k, v) -> (o, lse) for the gradient d_o (like o); causal, scale, softcap and
-    step as forward's. deterministic: bitwise repeatable gradients (no atomics). dq, dk, dv: written when given
-    (like q, k, v), else allocated contiguous. With GQA, dK and dV sum over the query heads of a group."""
+             deterministic: bool = False, dq=None, dk=None, dv=None, softcap: float = 0.0,
+             window: tuple[int, int] | None = None):
+    """(dQ, dK, dV) of the forward (q, k, v) -> (o, lse) for the gradient d_o (like o); causal, scale, softcap,
+    window and step as forward's (the forward's own: the backward recomputes P under them). deterministic:
+    bitwise repeatable gradients (no atomics). dq, dk, dv: written when given (like q, k, v), else allocated
+    contiguous. With GQA, dK and dV sum over the query heads of a group."""
     check_step("flash_steps.backward", "step", step)
     p = backward_problem("flash_steps.backward", q, k, v, o, lse, d_o, dq, dk, dv, causal, scale, deterministic,
-                         softcap)
+                         softcap, window)
     dq, dk, dv = (g if g is not None else _empty(x.shape, x.dtype, x.device) for g, x in ((dq, q), (dk, k), (dv, v)))
     _launch(p, step, q.device, (q, k, v, o, lse, d_o, dq, dk, dv))
     return dq, dk, dv
@@ -360,7 +367,8 @@ def usable(t, name: str = "the tensor"):
 @functools.cache
 def _attention_function():
     """The torch.autograd.Function of attention (made on the first call: it subclasses a PyTorch class). It is
-    given the forward's checked problem and builds the backward's from it: only dO is new to the backward."""
+    given the forward's checked problem and builds the backward's from it, so that the backward runs under the
+    forward's causal, scale, softcap and window: only dO is new to the backward."""
     class Attention(_torch().autograd.Function):
         """O = softmax(scale·Q·Kᵀ)·V with our forward; the backward from the saved Q, K, V, O and LSE."""
         @staticmethod
@@ -383,11 +391,13 @@ def _attention_function():
     return Attention
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None, step: str | None = None,
-              backward_step: str | None = None, deterministic: bool = False, softcap: float = 0.0):
-    """O of softmax attention, differentiable, on tensors as forward's (softcap too); a view the C ABI cannot read (see
-    usable) is copied first. step / backward_step: the forward's and the backward's step (default
-    default_step's); deterministic: the backward's bitwise repeatable mode. The gradients are contiguous.
-    The arguments are checked once, here; the backward checks only the dO it is given."""
+              backward_step: str | None = None, deterministic: bool = False, softcap: float = 0.0,
+              window: tuple[int, int] | None = None):
+    """O of softmax attention, differentiable, on tensors as forward's (softcap and window too, which the backward
+    keeps); a view the C ABI cannot read (see usable) is copied first. step / backward_step: the forward's and
+    the backward's step (default default_step's); deterministic: the backward's bitwise repeatable mode. The
+    gradients are contiguous. The arguments are checked once, here; the backward checks only the dO it is
+    given."""
     function = "flash_steps.attention"
     for name, s in (("step", step), ("backward_step", backward_step)):
         check_step(function, name, s)
@@ -396,6 +406,6 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, step: s
     # forward's checks, before usable() copies a tensor, on what it gives: a view as it is or a contiguous copy
     kept = [readable(t) for t in given]
     p = forward_problem(function, *(t if keep else read(function, t.name, None, BSHD, t) for t, keep in
-                                    zip(given, kept)), None, causal, scale, softcap=softcap)
+                                    zip(given, kept)), None, causal, scale, softcap=softcap, window=window)
     q, k, v = (t if keep else _copy(t) for t, keep in zip((q, k, v), kept))
     return _attention_function().apply(q, k, v, p, step, backward_step, deterministic)

@@ -37,6 +37,7 @@
 #include "common/backward/problem.h"
 #include "common/step/dtype.cuh"
 #include "common/step/softcap.h"
+#include "common/step/window.h"
 #include "steps/11_backward/traits.h"
 
 namespace fs::step11 {
@@ -214,8 +215,9 @@ __device__ __forceinline__ void store_rows(T* dst, const float (&acc)[Tr::KEY_TI
 
 // Block x: K/V head bh_kv = x / (kv_tiles · D_SLICES), then K/V tile and column slice; K/V tile 0
 // first (with causal it sees the most query tiles). ATOMIC_DQ: the dQ part (off in deterministic mode).
-// SOFTCAP: logit softcapping (common/step/softcap.h; note 13), two lines where P is made.
-template <typename T, class Tr, bool ATOMIC_DQ, bool SOFTCAP = false>
+// SOFTCAP: logit softcapping (common/step/softcap.h; note 13), two lines where P is made. WINDOW: a sliding
+// window (common/step/window.h; note 13): the query tiles that see these keys, and its mask.
+template <typename T, class Tr, bool ATOMIC_DQ, bool SOFTCAP = false, bool WINDOW = false>
 __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
     backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                     const T* __restrict__ d_o, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_accum,
@@ -254,9 +256,16 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
   copy_tile_async<Layout, BLOCK_KV, NT>(v_smem, v + offset_of(f.v, b, 0, h_kv), f.v.row, kv0, seqlen_k - 1, head_dim);
   cp_async_commit();
 
-  // The visits: every query tile from the first that sees these keys, for each query head of the group.
-  const int first_tile = first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
-  const int tiles_per_head = int(tiles(seqlen_q, BLOCK_Q)) - first_tile;
+  // The visits: every query tile from the first that sees these keys, for each query head of the group
+  // (a window: the run of query tiles that see them).
+  const Band band = band_of(f);
+  const Diagonals diagonals = diagonals_of(band);  // a window's per-score mask, in two registers
+  int first_tile = first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
+  int tiles_per_head = int(tiles(seqlen_q, BLOCK_Q)) - first_tile;
+  if constexpr (WINDOW) {
+    const QSpan span = q_span(band, kv0, BLOCK_KV, BLOCK_Q, seqlen_q);
+    first_tile = span.first, tiles_per_head = span.count;
+  }
   const int visits = tiles_per_head > 0 ? group * tiles_per_head : 0;
   auto head_of = [&](int t) { return int(h_kv) * group + t / tiles_per_head; };
   auto q0_of = [&](int t) { return (first_tile + t % tiles_per_head) * BLOCK_Q; };
@@ -358,8 +367,10 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
 
     // ---- Pᵀ = exp2(Sᵀ·scale·log2(e) - LSE₂) and dSᵀ = Pᵀ ∘ (dPᵀ - D)
     // P is the forward's, exactly: its row max and sum are in LSE. Masked pairs (a key past seqlen_k
-    // or after the row's diagonal) get P = 0; rows past seqlen_q have LSE₂ = +inf, so P = 0 too.
-    const bool masked = tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
+    // or after the row's diagonal, or outside a window) get P = 0; rows past seqlen_q have LSE₂ = +inf,
+    // so P = 0 too.
+    bool masked = tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
+    if constexpr (WINDOW) masked = fs::tile_needs_mask(diagonals, q0, BLOCK_Q, kv0, BLOCK_KV, seqlen_k);
 #pragma unroll
     for (int mi = 0; mi < M; ++mi)
 #pragma unroll
@@ -376,7 +387,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
           float pv = exp2_fast(fmaf(score, scale_log2, -lse_tile[qi]));
           if (masked) {
             const int key = key0 + 16 * mi + c.row, row = q0 + qi;
-            if (key >= seqlen_k || (causal && key > row + seqlen_k - seqlen_q)) pv = 0.0f;
+            if (key >= seqlen_k || (WINDOW ? !sees(diagonals, row, key) : causal && key > row + seqlen_k - seqlen_q))
+              pv = 0.0f;
           }
           s_acc[mi][nt][i] = pv;
           dp_acc[mi][nt][i] = pv * (dp_acc[mi][nt][i] - dd_tile[qi]) * slope;
@@ -513,8 +525,9 @@ __global__ void __launch_bounds__(kConvertThreads)
 // ---- deterministic mode: dQ by query rows, no atomics --------------------------------------------
 // Block x: query head bh = x / (q_tiles · D_SLICES), then query tile (the last first) and slice. Each
 // warp owns 16 query rows and sums dQ over the K/V tiles in order, so dQ is the same on every run.
-// SOFTCAP: logit softcapping (common/step/softcap.h), as in backward_kernel.
-template <typename T, class Tr, bool SOFTCAP = false>
+// SOFTCAP, WINDOW: logit softcapping and a sliding window, as in backward_kernel; with a window the block
+// visits only the run of K/V tiles its rows see (kv_span).
+template <typename T, class Tr, bool SOFTCAP = false, bool WINDOW = false>
 __global__ void __launch_bounds__(Tr::NUM_THREADS)
     dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_o,
               T* __restrict__ dq, const float* __restrict__ lse2, const float* __restrict__ d_rows,
@@ -543,17 +556,23 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
 
   const T* k_head = k + offset_of(f.k, b, 0, h_kv);
   const T* v_head = v + offset_of(f.v, b, 0, h_kv);
+  const Band band = band_of(f);
+  const Diagonals diagonals = diagonals_of(band);
+  int kv_first = 0, kv_count = kv_tiles_seen(q0, BLOCK_Q, BLOCK_KV, seqlen_q, seqlen_k, causal);
+  if constexpr (WINDOW) {
+    const KvSpan span = kv_span(band, q0, min(BLOCK_Q, seqlen_q - q0), BLOCK_KV);
+    kv_first = span.first, kv_count = span.count;
+  }
   auto load_kv = [&](int stage, int j) {
     copy_tile_async<Layout, BLOCK_KV, NT>(k_smem + stage * Tr::KV_ELEMS, k_head, f.k.row, j * BLOCK_KV, seqlen_k - 1,
                                           head_dim);
     copy_tile_async<Layout, BLOCK_KV, NT>(v_smem + stage * Tr::KV_ELEMS, v_head, f.v.row, j * BLOCK_KV, seqlen_k - 1,
                                           head_dim);
   };
-  const int kv_count = kv_tiles_seen(q0, BLOCK_Q, BLOCK_KV, seqlen_q, seqlen_k, causal);
   copy_tile_async<Layout, BLOCK_Q, NT>(q_smem, q + offset_of(f.q, b, 0, h), f.q.row, q0, seqlen_q - 1, head_dim);
   copy_tile_async<Layout, BLOCK_Q, NT>(do_smem, d_o + offset_of(p.d_o, b, 0, h), p.d_o.row, q0, seqlen_q - 1,
                                        head_dim);
-  if (kv_count > 0) load_kv(0, 0);
+  if (kv_count > 0) load_kv(0, kv_first);
   cp_async_commit();
 
   // This lane's rows (g and g + 8 of the warp's 16): LSE₂ and D.
@@ -577,10 +596,10 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
 
   float dq_acc[Tr::SLICE_N_TILES][4] = {};  // [16 rows, SLICE] fp32
   for (int t = 0; t < kv_count; ++t) {
-    const int stage = t % 2, kv0 = t * BLOCK_KV;
+    const int stage = t % 2, kv0 = (kv_first + t) * BLOCK_KV;
     cp_async_wait<0>();
     __syncthreads();  // tile t is in; every warp is done with tile t - 1
-    if (t + 1 < kv_count) load_kv(stage ^ 1, t + 1);
+    if (t + 1 < kv_count) load_kv(stage ^ 1, kv_first + t + 1);
     cp_async_commit();
     const T* k_tile = k_smem + stage * Tr::KV_ELEMS;
     const T* v_tile = v_smem + stage * Tr::KV_ELEMS;
@@ -607,7 +626,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
     }
 
     // ---- P and dS = P ∘ (dP - D), as in the main kernel, rows and columns the other way round
-    const bool masked = tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
+    bool masked = tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
+    if constexpr (WINDOW) masked = fs::tile_needs_mask(diagonals, q0, BLOCK_Q, kv0, BLOCK_KV, seqlen_k);
     uint32_t ds_frag[Tr::KV_K_STEPS][4];
 #pragma unroll
     for (int nt = 0; nt < Tr::KV_N_TILES; ++nt) {
@@ -623,7 +643,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
         float pv = exp2_fast(fmaf(score, scale_log2, -lse_r[i / 2]));
         if (masked) {
           const int key = kv0 + nt * 8 + c.col, row = q0 + 16 * warp + c.row;
-          if (key >= seqlen_k || (causal && key > row + seqlen_k - seqlen_q)) pv = 0.0f;
+          if (key >= seqlen_k || (WINDOW ? !sees(diagonals, row, key) : causal && key > row + seqlen_k - seqlen_q))
+            pv = 0.0f;
         }
         ds[i] = pv * (dp_acc[nt][i] - dd_r[i / 2]) * slope;
       }

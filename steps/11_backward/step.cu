@@ -8,7 +8,7 @@
 #include "common/backward/problem.h"
 #include "common/step/dispatch.h"
 #include "common/step/overflow.h"
-#include "common/step/softcap.h"
+#include "common/step/features.h"
 #include "common/step/step.h"
 #include "steps/11_backward/kernel.cuh"
 
@@ -32,7 +32,7 @@ std::string limits(const BackwardProblem& p) {
 
 // The kernels of one launch, in order, with their grids: preprocess, the main kernel, then convert_dq
 // (atomic dQ) or dq_kernel (deterministic).
-template <typename T, int CONFIG, bool SOFTCAP>
+template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW>
 std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& w) {
   using Tr = TraitsOf<CONFIG>;
   using DqTr = DqTraitsOf<CONFIG>;
@@ -44,12 +44,12 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
                tiles(w.rows, kPreprocessWarps)});
   const int64_t main_blocks = tiles(f.seqlen_k, Tr::BLOCK_KV) * Tr::D_SLICES * f.batch * f.heads_kv;
   if (p.deterministic) {
-    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, false, SOFTCAP>), Tr::NUM_THREADS,
+    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, false, SOFTCAP, WINDOW>), Tr::NUM_THREADS,
                  size_t(Tr::SMEM_BYTES), main_blocks});
-    k.push_back({reinterpret_cast<const void*>(&dq_kernel<T, DqTr, SOFTCAP>), DqTr::NUM_THREADS, size_t(DqTr::SMEM_BYTES),
+    k.push_back({reinterpret_cast<const void*>(&dq_kernel<T, DqTr, SOFTCAP, WINDOW>), DqTr::NUM_THREADS, size_t(DqTr::SMEM_BYTES),
                  tiles(f.seqlen_q, DqTr::BLOCK_Q) * DqTr::D_SLICES * f.batch * f.heads_q});
   } else {
-    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, true, SOFTCAP>), Tr::NUM_THREADS,
+    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, true, SOFTCAP, WINDOW>), Tr::NUM_THREADS,
                  size_t(Tr::SMEM_BYTES), main_blocks});
     k.push_back({reinterpret_cast<const void*>(&convert_dq_kernel<T, Tr::HEAD_DIM>), kConvertThreads, 0,
                  tiles(f.batch * f.heads_q * f.seqlen_q * (f.head_dim / 8), kConvertThreads)});
@@ -81,8 +81,8 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(pl.config, [&](auto c) {
-      with_softcap(p.attention, [&](auto capped) {
-        pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value>(p, *w);
+      with_features(p.attention, [&](auto capped, auto windowed) {
+        pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value, decltype(windowed)::value>(p, *w);
       });
     });
   });
@@ -109,8 +109,8 @@ bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
          f.batch * f.heads_kv <= INT32_MAX / 4 / tiles(f.seqlen_k, 64);
 }
 
-// The kernels of the plan, in its order, for dtype T, tile row CONFIG and SOFTCAP.
-template <typename T, int CONFIG, bool SOFTCAP>
+// The kernels of the plan, in its order, for dtype T, tile row CONFIG, SOFTCAP and WINDOW.
+template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW>
 void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, const Workspace& w,
                    char* base, cudaStream_t stream) {
   using Tr = TraitsOf<CONFIG>;
@@ -132,7 +132,7 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
                                                                           lse2, d_rows, p);
   CHECK_LAUNCH();
   auto run_main = [&](auto atomic) {
-    auto* kernel = backward_kernel<T, Tr, decltype(atomic)::value, SOFTCAP>;
+    auto* kernel = backward_kernel<T, Tr, decltype(atomic)::value, SOFTCAP, WINDOW>;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(main.smem_bytes)));
     kernel<<<unsigned(main.blocks), main.threads, main.smem_bytes, stream>>>(
         q, k, v, d_o, static_cast<T*>(t.dk), static_cast<T*>(t.dv), dq_accum, lse2, d_rows, p, scale_log2, cap);
@@ -140,7 +140,7 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
   };
   if (p.deterministic) {
     run_main(std::false_type{});
-    auto* kernel = dq_kernel<T, DqTr, SOFTCAP>;
+    auto* kernel = dq_kernel<T, DqTr, SOFTCAP, WINDOW>;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
     kernel<<<unsigned(dq.blocks), dq.threads, dq.smem_bytes, stream>>>(q, k, v, d_o, static_cast<T*>(t.dq), lse2,
                                                                        d_rows, p, scale_log2, cap);
@@ -158,9 +158,9 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(plan.config, [&](auto c) {
-      with_softcap(p.attention, [&](auto capped) {
-        launch_config<T, decltype(c)::value, decltype(capped)::value>(p, t, plan, w, static_cast<char*>(workspace),
-                                                                      stream);
+      with_features(p.attention, [&](auto capped, auto windowed) {
+        launch_config<T, decltype(c)::value, decltype(capped)::value, decltype(windowed)::value>(
+            p, t, plan, w, static_cast<char*>(workspace), stream);
       });
     });
   });
@@ -179,7 +179,8 @@ void register_step_11_backward(Registry& r) {
                    "over queries, dQ summed with fp32 atomics (or, deterministic, by a second kernel that owns query "
                    "rows)",
          .backward = {limits, plan, launch, claims},
-         .softcap = true});
+         .softcap = true,
+         .window = true});
 }
 
 }  // namespace fs

@@ -8,10 +8,17 @@
 //                  and LSE are unchanged; the backward (step 12c's) does the same before P and multiplies
 //                  dSᵀ by the slope 1 - t², which it keeps in place of P once P is packed for dV. Each
 //                  costs one FMUL and one MUFU.TANH per score beside the one MUFU.EX2.
+//   13b kWindow    sliding window (Mistral, Gemma): row i sees the keys of a band around its diagonal
+//                  (common/step/window.h). Both ends of a row's band grow with i, so a query tile sees one
+//                  run of K/V tiles: the forward visits only those (kv_span), the last down as before, and
+//                  masks only the visits at either end of the run, where a tile straddles an edge of some
+//                  row's band (tile_keys); the backward's K/V tile visits only the query tiles that see it
+//                  (q_span). With WINDOW, causal masking is the band (-1, 0); without it, step 09f's
+//                  causal tile skip runs unchanged.
 //
 // Both kernels are copies of their steps' final sub-steps (notes/substeps/09f_persistent.cuh and
 // 12c_bulk_dq.cuh: diff them against this file), with SOFTCAP a template flag: false, each is the
-// kernel it copies, instruction for instruction. The rest is reused: step 09's and step 12's index
+// kernel it copies, instruction for instruction; so is each with WINDOW false. The rest is reused: step 09's and step 12's index
 // math and instructions, step 11's preprocessing, dQ conversion and deterministic dQ kernel (with its
 // own SOFTCAP flag).
 #pragma once
@@ -23,6 +30,7 @@
 #include <type_traits>
 
 #include "common/step/softcap.h"
+#include "common/step/window.h"
 #include "steps/09_warp_specialized/kernel.cuh"
 #include "steps/12_hopper_backward/kernel.cuh"
 #include "steps/13_features/traits.h"
@@ -39,7 +47,7 @@ using namespace step09;
 // wgmma_acc(t, 2r).row of its 64: rows g and g + 8 of its warp's 16 (g = lane / 4).
 // __launch_bounds__(NUM_THREADS, 1) caps the registers at launch (168 a thread with two consumers,
 // 128 with three), which setmaxnreg needs.
-template <typename T, class Tr, bool SOFTCAP>
+template <typename T, class Tr, bool SOFTCAP, bool WINDOW>
 __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
@@ -72,14 +80,17 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   const unsigned heads = unsigned(p.batch * p.heads_q), num_tiles = q_tiles * heads;
   // The tiles of this block, by round n: tile blockIdx.x alone, or from 09f the persistent schedule's
   // position (persistent_position; a position past the last tile ends the loop). With causal masking
-  // 09f's plan launches 09e's instantiation, one block per tile.
+  // (13b: or a window) 09f's plan launches 09e's instantiation, one block per tile.
   const bool causal = p.causal != 0;
+  const Band band = band_of(p);  // 13b: the keys each row sees (causal's band too)
   auto position = [&](const unsigned n) {
     return Tr::has(kPersistent) ? persistent_position(n, blockIdx.x, gridDim.x) : (n == 0 ? blockIdx.x : num_tiles);
   };
+  // The K/V tiles of a work item are kv_first … kv_first + kv_tiles - 1, visited from the last down; the
+  // first masked_tiles visits need the mask, and (13b) the last masked_bottom.
   struct Work {
     uint32_t bh;
-    int h, b, h_kv, q0, q_rows, kv_tiles, masked_tiles;
+    int h, b, h_kv, q0, q_rows, kv_first, kv_tiles, masked_tiles, masked_bottom;
   };
   auto work_of = [&](const unsigned w) {
     const BlockTile tile = block_tile(w, q_tiles);
@@ -89,8 +100,15 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
     x.q0 = tile.q_tile * BLOCK_Q;
     x.q_rows = min(BLOCK_Q, seqlen_q - x.q0);  // real query rows in this tile
-    const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, causal);
-    x.kv_tiles = kv.count, x.masked_tiles = kv.count - kv.unmasked;
+    x.kv_first = 0, x.masked_bottom = 0;
+    if constexpr (WINDOW) {
+      // 13b: the run of K/V tiles the band of these rows touches, masked at both ends.
+      const KvSpan kv = kv_span(band, x.q0, x.q_rows, BLOCK_KV);
+      x.kv_first = kv.first, x.kv_tiles = kv.count, x.masked_tiles = kv.masked_top, x.masked_bottom = kv.masked_bottom;
+    } else {
+      const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, causal);
+      x.kv_tiles = kv.count, x.masked_tiles = kv.count - kv.unmasked;
+    }
     return x;
   };
 
@@ -165,7 +183,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
           if (waits_for_release(visit, KV_STAGES)) sm90::mbarrier_wait(empty, release_parity(visit, KV_STAGES));
           sm90::mbarrier_arrive_expect_tx(full, Tr::KV_BYTES);
           load_tile(l.v ? v_map : k_map, (l.v ? v_smem : k_smem) + uint32_t(s * Tr::KV_BYTES), full, BLOCK_KV,
-                    (x.kv_tiles - 1 - l.visit) * BLOCK_KV, x.h_kv);
+                    (x.kv_first + x.kv_tiles - 1 - l.visit) * BLOCK_KV, x.h_kv);
         }
         visits += x.kv_tiles;
       }
@@ -200,7 +218,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the row sums
 
       // Turn k (traits.h, "the turns of a consumer"): S(k) if HAS_S, P·V(k-1) if HAS_PV, the softmax of
-      // S(k). MASKED (a compile-time constant) is true for the first masked_tiles visits only.
+      // S(k). MASKED (a compile-time constant) is true for the first masked_tiles visits only (13b: and the
+      // last masked_bottom).
       auto turn = [&](const int k, auto has_s, auto has_pv, auto masked) {
         constexpr bool HAS_S = decltype(has_s)::value, HAS_PV = decltype(has_pv)::value;
         constexpr bool MASKED = decltype(masked)::value;
@@ -258,20 +277,32 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
             for (int i = 0; i < Tr::S_REGS; ++i) s_acc[i] = tanh_approx(s_acc[i] * cap.pre);
           }
 
-          // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
+          // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf
+          // (13b: keys outside the row's band).
           // Column of register i = this thread's first column + acc_col_offset(i), a constant.
           if constexpr (MASKED) {
-            const int kv0 = (x.kv_tiles - 1 - k) * BLOCK_KV;
+            const int kv0 = (x.kv_first + x.kv_tiles - 1 - k) * BLOCK_KV;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int64_t row = int64_t(x.q0) + c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;
-              const int last = last_visible_key(row, kv0, BLOCK_KV, seqlen_q, seqlen_k, p.causal != 0) -
-                               wgmma_acc(t, 0).col;
+              if constexpr (WINDOW) {
+                // 13b: the keys lo … end - 1 of this tile that the row sees, counted from the thread's first column.
+                const TileKeys keys = tile_keys(band, row, kv0, BLOCK_KV);
+                const int lo = keys.lo - wgmma_acc(t, 0).col, end = keys.end - wgmma_acc(t, 0).col;
 #pragma unroll
-              for (int i = 2 * r; i < Tr::S_REGS; i += 4)
+                for (int i = 2 * r; i < Tr::S_REGS; i += 4)
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
-                  if (acc_col_offset(i + e) > last) s_acc[i + e] = -INFINITY;
+                  for (int e = 0; e < 2; ++e)
+                    if (acc_col_offset(i + e) < lo || acc_col_offset(i + e) >= end) s_acc[i + e] = -INFINITY;
+              } else {
+                const int last = last_visible_key(row, kv0, BLOCK_KV, seqlen_q, seqlen_k, p.causal != 0) -
+                                 wgmma_acc(t, 0).col;
+#pragma unroll
+                for (int i = 2 * r; i < Tr::S_REGS; i += 4)
+#pragma unroll
+                  for (int e = 0; e < 2; ++e)
+                    if (acc_col_offset(i + e) > last) s_acc[i + e] = -INFINITY;
+              }
             }
           }
 
@@ -345,14 +376,21 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       if (x.kv_tiles > 0) {
         if (grants_first_turn(c, CONSUMERS))
                     sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
-        // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first), turn count (P·V only).
+        // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first, 13b: and last), turn count
+        // (P·V only). Visits [masked_tiles, unmasked_end) need no mask; kv_span leaves at least one of
+        // them unless it masks every visit from the top (masked_bottom 0), so unmasked_end >= 1.
+        const int unmasked_end = x.kv_tiles - x.masked_bottom;
         if (x.masked_tiles > 0)
           turn(0, std::true_type{}, std::false_type{}, std::true_type{});
         else
           turn(0, std::true_type{}, std::false_type{}, std::false_type{});
         for (int k = 1; k < x.masked_tiles; ++k) turn(k, std::true_type{}, std::true_type{}, std::true_type{});
-        for (int k = max(x.masked_tiles, 1); k < x.kv_tiles; ++k)
+        for (int k = max(x.masked_tiles, 1); k < unmasked_end; ++k)
           turn(k, std::true_type{}, std::true_type{}, std::false_type{});
+        if constexpr (WINDOW) {
+          for (int k = unmasked_end; k < x.kv_tiles; ++k)
+            turn(k, std::true_type{}, std::true_type{}, std::true_type{});
+        }
         turn(x.kv_tiles, std::false_type{}, std::true_type{}, std::false_type{});
       }
 
@@ -417,7 +455,7 @@ using namespace step12;
 // One block: K/V head bh_kv, keys kv0 … kv0 + 127; warpgroup wg the keys 64·wg …. In thread t of a
 // warpgroup, accumulator register i of Sᵀ, dPᵀ, dK, dV is (key, column) = wgmma_acc(t, i). ATOMIC_DQ:
 // the dQ part (off in the deterministic mode, where step 11's dq_kernel computes dQ).
-template <typename T, int HEAD_DIM, int BLOCK_Q, bool ATOMIC_DQ, bool SOFTCAP>
+template <typename T, int HEAD_DIM, int BLOCK_Q, bool ATOMIC_DQ, bool SOFTCAP, bool WINDOW>
 __global__ void __launch_bounds__(NUM_THREADS, 1)
     backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                     const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
@@ -451,9 +489,16 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), t = threadIdx.x % 128;
 
-  // The visits, as step 11: every query tile from the first that sees these keys, per query head.
-  const int first_tile = step11::first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
-  const int tiles_per_head = int(step11::tiles(seqlen_q, BLOCK_Q)) - first_tile;
+  // The visits, as step 11: every query tile from the first that sees these keys, per query head
+  // (13b: the run of query tiles whose band touches them).
+  const Band band = band_of(f);
+  const Diagonals diagonals = diagonals_of(band);  // 13b: the per-score mask, in two registers
+  int first_tile = step11::first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
+  int tiles_per_head = int(step11::tiles(seqlen_q, BLOCK_Q)) - first_tile;
+  if constexpr (WINDOW) {
+    const QSpan span = q_span(band, kv0, BLOCK_KV, BLOCK_Q, seqlen_q);
+    first_tile = span.first, tiles_per_head = span.count;
+  }
   const int visits = tiles_per_head > 0 ? group * tiles_per_head : 0;
   auto head_of = [&](int v) { return h_kv * group + v / tiles_per_head; };
   auto q0_of = [&](int v) { return (first_tile + v % tiles_per_head) * BLOCK_Q; };
@@ -555,16 +600,21 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     sm90::fence_operands(s_acc);
 
     // ---- Pᵀ = exp2(Sᵀ·scale·log2(e) - LSE₂), as step 11: masked pairs (a key past seqlen_k or after
-    // the row's diagonal) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
+    // the row's diagonal; 13b: outside the row's band) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
     const float* lse_tile = lse_smem + s * BLOCK_Q;
     const float* dd_tile = dd_smem + s * BLOCK_Q;
-    const bool masked = step11::tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
+    bool masked = step11::tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
+    if constexpr (WINDOW) masked = fs::tile_needs_mask(diagonals, q0, BLOCK_Q, kv0, BLOCK_KV, seqlen_k);
     auto probability = [&](int i, float score) {
       const step08::frag::Coord c = wgmma_acc(t, i);  // (key in the warpgroup's 64, query in the tile)
       float pv = step11::exp2_fast(fmaf(score, scale_log2, -lse_tile[c.col]));
       if (masked) {
         const int key = kv0 + wg * KEYS_PER_WARPGROUP + c.row, row = q0 + c.col;
-        if (key >= seqlen_k || (causal && key > row + seqlen_k - seqlen_q)) pv = 0.0f;
+        if constexpr (WINDOW) {
+          if (key >= seqlen_k || !sees(diagonals, row, key)) pv = 0.0f;
+        } else {
+          if (key >= seqlen_k || (causal && key > row + seqlen_k - seqlen_q)) pv = 0.0f;
+        }
       }
       return pv;
     };

@@ -1,17 +1,22 @@
 // Step 13 — the production features (kernel.cuh), forward and backward in one step: the host code of
 // step 09f (forward) and step 12c (backward) as those steps have it, except that each launch picks the
-// kernel instantiation with or without the feature the problem asks for. Diff the forward part against
+// kernel instantiation with or without the features the problem asks for (with_features), and that a
+// window picks the tiles and schedule step 09 gives causal masking. Diff the forward part against
 // steps/09_warp_specialized/step.cu and the backward part against steps/12_hopper_backward/step.cu.
+// The sub-steps 13a and 13b share these functions: the harness refuses a window to 13a (Step::window).
+#include <algorithm>
+#include <iomanip>
 #include <optional>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "common/backward/problem.h"
 #include "common/step/dispatch.h"
-#include "common/step/softcap.h"
+#include "common/step/features.h"
 #include "common/step/step.h"
 #include "common/step/tensor_map.h"
 #include "steps/13_features/kernel.cuh"
@@ -40,8 +45,14 @@ constexpr int max_smem_bytes() {
   return most;
 }
 
+// Step 09's row of the tile table. A window is a band like causal masking's: 13b gives it the same
+// square tiles (fewer keys masked at the band's two edges) without 09's test of causal padding.
+int forward_config(const Problem& p) {
+  return p.window ? choose_config(kForwardIdeas, p.head_dim, true) : config_for(kForwardIdeas, p);
+}
+
 bool claims(const Problem& p, const DeviceInfo& dev) {
-  const int config = config_for(kForwardIdeas, p);
+  const int config = forward_config(p);
   if (config < 0 || config >= kNumConfigs) return false;
   return dev.compute_capability == 90 && dev.smem_per_block_optin >= size_t(max_smem_bytes()) && limits(p).empty() &&
          grid_blocks(p, block_q(kConfigs[config].consumers)) <= INT32_MAX;
@@ -52,13 +63,14 @@ struct TraitsTag {
   using type = Tr;
 };
 
-// 09f's traits, or with causal masking 09e's (a block per tile, no persistent loop), as step 09 picks.
+// 09f's traits, or with causal masking 09e's (a block per tile, no persistent loop), as step 09 picks; a
+// window too, whose first query tiles see fewer keys than the others.
 template <class F>
 void with_traits(const Problem& p, int config, F&& f) {
   with_config<kNumConfigs>(config, [&](auto c) {
     constexpr int CONFIG = decltype(c)::value;
     if constexpr (has_config(kForwardIdeas, CONFIG)) {
-      if (p.causal) return f(TraitsTag<TraitsOf<CONFIG, kThreeConsumers>>{});
+      if (p.causal || p.window) return f(TraitsTag<TraitsOf<CONFIG, kThreeConsumers>>{});
       f(TraitsTag<TraitsOf<CONFIG, kForwardIdeas>>{});
     }
   });
@@ -66,7 +78,7 @@ void with_traits(const Problem& p, int config, F&& f) {
 
 Plan plan(const Problem& p, const DeviceInfo& dev) {
   Plan pl;
-  pl.config = config_for(kForwardIdeas, p);
+  pl.config = forward_config(p);
   const int smem = smem_bytes(kConfigs[pl.config]), rows = block_q(kConfigs[pl.config].consumers);
   if (dev.smem_per_block_optin < size_t(smem)) {
     std::ostringstream m;
@@ -88,10 +100,11 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
     using T = typename decltype(tag)::type;
     with_traits(p, pl.config, [&](auto tr) {
       using Tr = typename decltype(tr)::type;
-      with_softcap(p, [&](auto capped) {
+      with_features(p, [&](auto capped, auto windowed) {
         const int64_t blocks = Tr::has(kPersistent) ? persistent_blocks(tiles, dev.sm_count > 0 ? dev.sm_count : 1) : tiles;
-        pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(&forward_kernel<T, Tr, decltype(capped)::value>),
-                                   Tr::NUM_THREADS, size_t(Tr::SMEM_BYTES), blocks}};
+        pl.kernels = {KernelLaunch{
+            reinterpret_cast<const void*>(&forward_kernel<T, Tr, decltype(capped)::value, decltype(windowed)::value>),
+            Tr::NUM_THREADS, size_t(Tr::SMEM_BYTES), blocks}};
       });
     });
   });
@@ -115,8 +128,8 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
           "V", t.v, type, tensor_map_shape(p.v, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
       const CUtensorMap o_map = make_tensor_map(
           "O", t.o, type, tensor_map_shape(p.o, p.seqlen_q, p.heads_q, p.batch, p.head_dim, ROWS_PER_WARPGROUP));
-      with_softcap(p, [&](auto capped) {
-        auto* kernel = forward_kernel<T, Tr, decltype(capped)::value>;
+      with_features(p, [&](auto capped, auto windowed) {
+        auto* kernel = forward_kernel<T, Tr, decltype(capped)::value, decltype(windowed)::value>;
         CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
         kernel<<<unsigned(plan.kernels.front().blocks), Tr::NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
             q_map, k_map, v_map, o_map, t.lse, p, scale_log2, cap);
@@ -144,7 +157,7 @@ std::string limits(const BackwardProblem& p) {
     std::ostringstream m;
     m << "head_dim " << f.head_dim << " is above 128: this step keeps dK and dV of 64 keys × head_dim in each "
       << "warpgroup's registers, which hold up to 128 columns (step 11_backward runs every head_dim up to 256, "
-      << "softcapping too)";
+      << "softcapping and windows too)";
     return m.str();
   }
   for (const auto& [name, len] : {std::pair{"seqlen_q", f.seqlen_q}, std::pair{"seqlen_k", f.seqlen_k}})
@@ -167,7 +180,7 @@ constexpr int max_smem_bytes() {
   return most > DqTr::SMEM_BYTES ? most : DqTr::SMEM_BYTES;
 }
 
-template <typename T, int CONFIG, bool SOFTCAP>
+template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW>
 std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& w) {
   constexpr Config c = kConfigs[CONFIG];
   using Dq = std::conditional_t<c.head_dim == 64, DqTr64, DqTr>;
@@ -176,11 +189,11 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
   k.push_back({reinterpret_cast<const void*>(&step11::preprocess_kernel<T>), step11::kPreprocessWarps * 32, 0,
                step11::tiles(w.rows, step11::kPreprocessWarps)});
   const void* main =
-      p.deterministic ? reinterpret_cast<const void*>(&backward_kernel<T, c.head_dim, c.block_q, false, SOFTCAP>)
-                      : reinterpret_cast<const void*>(&backward_kernel<T, c.head_dim, c.block_q, true, SOFTCAP>);
+      p.deterministic ? reinterpret_cast<const void*>(&backward_kernel<T, c.head_dim, c.block_q, false, SOFTCAP, WINDOW>)
+                      : reinterpret_cast<const void*>(&backward_kernel<T, c.head_dim, c.block_q, true, SOFTCAP, WINDOW>);
   k.push_back({main, NUM_THREADS, size_t(smem_bytes(c, kBackwardIdeas)), grid_blocks(f)});
   if (p.deterministic)
-    k.push_back({reinterpret_cast<const void*>(&step11::dq_kernel<T, Dq, SOFTCAP>), Dq::NUM_THREADS,
+    k.push_back({reinterpret_cast<const void*>(&step11::dq_kernel<T, Dq, SOFTCAP, WINDOW>), Dq::NUM_THREADS,
                  size_t(Dq::SMEM_BYTES), step11::tiles(f.seqlen_q, Dq::BLOCK_Q) * f.batch * f.heads_q});
   else  // 12c's conversion: every padded row of the accumulator
     k.push_back({reinterpret_cast<const void*>(&convert_dq_tiles_kernel<T, c.head_dim, c.block_q>),
@@ -211,8 +224,9 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(pl.config, [&](auto c) {
-      with_softcap(p.attention,
-                   [&](auto capped) { pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value>(p, *w); });
+      with_features(p.attention, [&](auto capped, auto windowed) {
+        pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value, decltype(windowed)::value>(p, *w);
+      });
     });
   });
   for (const KernelLaunch& k : pl.kernels)
@@ -233,7 +247,7 @@ bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
          f.batch * f.heads_kv <= INT32_MAX / 4 / step11::tiles(f.seqlen_k, 64);
 }
 
-template <typename T, int CONFIG, bool SOFTCAP>
+template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW>
 void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, const Workspace& w,
                    char* base, cudaStream_t stream) {
   constexpr Config c = kConfigs[CONFIG];
@@ -268,7 +282,7 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
                                                                                  t.lse, lse2, d_rows, p);
   CHECK_LAUNCH();
   auto run_main = [&](auto atomic) {
-    auto* kernel = backward_kernel<T, c.head_dim, c.block_q, decltype(atomic)::value, SOFTCAP>;
+    auto* kernel = backward_kernel<T, c.head_dim, c.block_q, decltype(atomic)::value, SOFTCAP, WINDOW>;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(main.smem_bytes)));
     kernel<<<unsigned(main.blocks), main.threads, main.smem_bytes, stream>>>(
         q_map, k_map, v_map, do_map, static_cast<T*>(t.dk), static_cast<T*>(t.dv), dq_accum, lse2, d_rows, p,
@@ -277,7 +291,7 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
   };
   if (p.deterministic) {
     run_main(std::false_type{});
-    auto* kernel = step11::dq_kernel<T, Dq, SOFTCAP>;
+    auto* kernel = step11::dq_kernel<T, Dq, SOFTCAP, WINDOW>;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
     kernel<<<unsigned(dq.blocks), dq.threads, dq.smem_bytes, stream>>>(q, k, v, d_o, static_cast<T*>(t.dq), lse2,
                                                                        d_rows, p, scale_log2, cap);
@@ -295,9 +309,9 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
   const Workspace w = *workspace_of(p.attention, p.deterministic, kConfigs[plan.config].head_dim);
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     with_config<kNumConfigs>(plan.config, [&](auto c) {
-      with_softcap(p.attention, [&](auto capped) {
-        launch_config<typename decltype(tag)::type, decltype(c)::value, decltype(capped)::value>(
-            p, t, plan, w, static_cast<char*>(workspace), stream);
+      with_features(p.attention, [&](auto capped, auto windowed) {
+        launch_config<typename decltype(tag)::type, decltype(c)::value, decltype(capped)::value,
+                      decltype(windowed)::value>(p, t, plan, w, static_cast<char*>(workspace), stream);
       });
     });
   });
@@ -320,6 +334,88 @@ void explain(std::ostream& out) {
          "           dSᵀ = Pᵀ ∘ (dPᵀ - D) ∘ (1 - t²) needs; the deterministic mode's dQ kernel (step 11) the same\n";
 }
 
+// 13b: what the forward visits for one head of a problem, from kv_span, the function the kernel calls.
+struct Visits {
+  int block_q, block_kv, q_tiles, kv_tiles, visited = 0, masked = 0;
+  double pairs = 0;               // (row, key) pairs visible
+  std::vector<std::string> rows;  // per query tile, per K/V tile: '.' skipped, 'M' masked, 'F' full
+  // The share of the scores the visited tiles compute that are visible: the rest is masked or padding.
+  double useful() const { return visited ? pairs / (double(visited) * block_q * block_kv) : 0; }
+};
+Visits visits_of(const fs_problem& p) {
+  const Band band = band_of(p);
+  const step09::Config c = step09::kConfigs[fwd::forward_config(p)];
+  Visits v{step09::block_q(c.consumers), c.block_kv, 0, 0};
+  v.q_tiles = int((p.seqlen_q + v.block_q - 1) / v.block_q), v.kv_tiles = int((p.seqlen_k + v.block_kv - 1) / v.block_kv);
+  for (int qt = 0; qt < v.q_tiles; ++qt) {
+    const int64_t q0 = int64_t(qt) * v.block_q;
+    const KvSpan span = kv_span(band, q0, std::min<int64_t>(v.block_q, p.seqlen_q - q0), v.block_kv);
+    std::string row(size_t(v.kv_tiles), '.');
+    for (int k = 0; k < span.count; ++k) {  // visit k reads tile first + count - 1 - k
+      const bool mask = k < span.masked_top || k >= span.count - span.masked_bottom;
+      row[size_t(span.first + span.count - 1 - k)] = mask ? 'M' : 'F';
+      v.visited += 1, v.masked += mask;
+    }
+    v.rows.push_back(row);
+  }
+  v.pairs = visible_pairs(band, p.seqlen_q);
+  return v;
+}
+
+std::string percent(double share) {  // "89.1 %", without touching the stream's own format
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << share * 100 << " %";
+  return s.str();
+}
+
+fs_problem window_problem(int64_t seqlen, int64_t head_dim, bool causal, int left, int right) {
+  fs_problem p{};
+  p.batch = p.heads_q = p.heads_kv = 1, p.seqlen_q = p.seqlen_k = seqlen, p.head_dim = head_dim, p.causal = causal;
+  if (left >= -1) p.window = 1, p.window_left = left, p.window_right = right;  // left < -1: no window
+  return p;
+}
+
+// 13b: the tile maps of three bands at seqlen 2048, head_dim 128 (the tiles fwd::plan picks; note 13's
+// picture, which bench/figures.py draws from these lines), then the share of the computed scores that
+// are visible at the shapes bench/window_sweep.sh times: what the masked and padded edges cost.
+void explain_window(std::ostream& out) {
+  out << "13b sliding window: row i sees the keys j with i + shift - left <= j <= i + shift + right (shift =\n"
+         "seqlen_k - seqlen_q; -1 unbounded; causal is (-1, 0)). Both ends grow with i, so a query tile's keys are\n"
+         "one run of K/V tiles: the forward visits only those, the last down, and masks only the visits at\n"
+         "the run's two ends (kv_span); the backward's K/V tiles visit only the query tiles that see them (q_span).\n"
+         "Tile maps ('.' skipped, 'M' masked, 'F' full: no mask):\n";
+  struct Mask {
+    bool causal;
+    int left, right;  // window (left, right), or none when left < -1
+  };
+  for (const Mask& b : {Mask{true, -2, 0}, Mask{true, 512, 0}, Mask{false, 256, 256}}) {
+    const fs_problem p = window_problem(2048, 128, b.causal, b.left, b.right);
+    const Visits v = visits_of(p);
+    out << "map seqlen_q=" << p.seqlen_q << " seqlen_k=" << p.seqlen_k << " block_q=" << v.block_q
+        << " block_kv=" << v.block_kv << " causal=" << p.causal << " window=";
+    if (p.window)
+      out << p.window_left << "," << p.window_right << "\n";
+    else
+      out << "off\n";
+    for (int qt = 0; qt < v.q_tiles; ++qt) out << "q" << (qt < 10 ? "0" : "") << qt << " " << v.rows[size_t(qt)] << "\n";
+    out << "  " << v.visited << " of " << v.q_tiles * v.kv_tiles << " tiles visited, " << v.masked
+        << " of them masked; " << int64_t(v.pairs) * 100 / (p.seqlen_q * p.seqlen_k) << " % of the (row, key) pairs visible, "
+        << int(v.useful() * 100 + 0.5) << " % of the computed scores\n";
+  }
+  out << "\nSeqlen 16384, one head: tiles visited (masked) and the share of their scores that are visible\n"
+         "  head_dim  band                 tiles      visible / computed\n";
+  for (const int64_t d : {64, 128})
+    for (const Mask& b : {Mask{false, -2, 0}, Mask{true, -2, 0}, Mask{true, 1024, 0}, Mask{true, 4096, 0},
+                           Mask{false, 512, 512}}) {
+      const Visits v = visits_of(window_problem(16384, d, b.causal, b.left, b.right));
+      std::ostringstream band;
+      band << (b.causal ? "causal" : "full") << (b.left >= -1 ? " (" + std::to_string(b.left) + ", " +
+                                                                    std::to_string(b.right) + ")" : std::string());
+      out << "  " << std::setw(8) << d << "  " << std::left << std::setw(19) << band.str() << std::right
+          << std::setw(6) << v.visited << " (" << v.masked << ")" << std::setw(12) << percent(v.useful()) << "\n";
+    }
+}
+
 }  // namespace
 }  // namespace fs::step13
 
@@ -335,6 +431,16 @@ void register_step_13_features(Registry& r) {
          .backward = {bwd::limits, bwd::plan, bwd::launch, bwd::claims},
          .explain = explain,
          .softcap = true});
+  r.add({.id = "13b_window",
+         .name = "production features: sliding window",
+         .lesson = "+ a sliding window (Mistral, Gemma): each query tile visits only the K/V tiles its band touches "
+                   "and masks only those at the band's edges, so the cost follows the visible pairs, forward and "
+                   "backward",
+         .forward = {fwd::limits, fwd::plan, fwd::launch, fwd::claims},
+         .backward = {bwd::limits, bwd::plan, bwd::launch, bwd::claims},
+         .explain = explain_window,
+         .softcap = true,
+         .window = true});
 }
 
 }  // namespace fs

@@ -221,6 +221,77 @@ class Arguments(unittest.TestCase):
                                                 FakeTensor((2, 96, 2, 128)), FakeTensor((2, 64, 8, 128)), False,
                                                 15.0).softcap, 15.0)
 
+    def test_window(self):
+        self.assertIsNone(ct.parse_args([]).window)
+        for argv, want in ((["--window", "128,0"], (128, 0)), (["--window=-1,32", "--backward"], (-1, 32)),
+                           (["--window", "0,0", "--training"], (0, 0)), (["--window", " 64, 64"], (64, 64))):
+            a = ct.parse_args(argv)
+            self.assertEqual((a.window, a.backends, a.default_backends), (want, "", True), argv)  # fa4 alone
+        self.assertEqual(ct.parse_args(["--window", "4,4", "--backends", "fa4"]).backends, "fa4")
+        self.assertEqual(ct.parse_args(["--window", "4,4", "--softcap", "30"]).backends, "")
+        for bad, why in ((["--window", "3"], "--window expects L,R: two integers from -1 to 2147483647 (-1: "
+                                             "unbounded on that side), got '3'"),
+                         (["--window", "1,2,3"], "got '1,2,3'"), (["--window", "a,b"], "got 'a,b'"),
+                         (["--window=-2,0"], "got '-2,0'"), (["--window", "1.5,0"], "got '1.5,0'"),
+                         (["--window", "0,2147483648"], "got '0,2147483648'"),
+                         (["--window", "4,4", "--decode"],
+                          "--window: the forward sweep, --backward and --training only"),
+                         (["--window", "4,4", "--backends", "flash"],
+                          "PyTorch SDPA has no sliding window; --backends may be fa4 only")):
+            err = io.StringIO()
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(err):
+                ct.parse_args(bad)
+            self.assertIn(why, err.getvalue(), bad)
+        q, kv = FakeTensor((2, 64, 8, 128)), FakeTensor((2, 96, 2, 128))
+        p = ct.problem_for_tensors(q, kv, kv, q, True, window=(-1, 16))
+        self.assertEqual((p.window, p.window_left, p.window_right, p.causal), (1, -1, 16, 1))
+        # the window goes with the shape, as causal does: rows record it, describe shows it
+        shape = {"batch": 8, "seqlen": 2048, "heads": 16, "head_dim": 128, "causal": True, "dtype": "fp16"}
+        self.assertIs(ct.with_window(shape, None), shape)
+        windowed = ct.with_window(shape, (512, 0))
+        self.assertEqual((windowed["window_left"], windowed["window_right"], ct.window_of(windowed)),
+                         (512, 0, (512, 0)))
+        self.assertIsNone(ct.window_of(shape))
+        self.assertEqual(ct.Sweep.key(windowed), ct.Sweep.key(shape))
+        self.assertEqual(fs_results.describe(windowed), "b8 h16 n2048 d128 fp16 causal window 512,0")
+        self.assertEqual(fs_results.describe(shape), "b8 h16 n2048 d128 fp16 causal")
+        s = sweep_of(ct.Sweep, ["--window", "512,0"])
+        self.assertEqual(s.features(windowed), {"softcap": 0.0, "window": (512, 0)})
+        for cls in (ct.Sweep, ct.BackwardSweep, ct.TrainingSweep):
+            at = cls.csv_fields.index("causal") + 1
+            self.assertEqual(cls.csv_fields[at:at + 2], ["window_left", "window_right"])
+        self.assertNotIn("window_left", ct.DecodeSweep.csv_fields)
+
+    def test_the_references_window_mask(self):
+        # the reference masks by fs_results.visible, on a column of rows against a row of keys: by hand here
+        # (bottom-right: d = seqlen_k - seqlen_q), then for every pair against the definition's two inequalities
+        self.assertEqual(fs_results.key_band(4, 6, False, (1, 0)), (1, 2))
+        self.assertEqual(fs_results.key_band(4, 6, True, (-1, 5)), (float("-inf"), 2))  # causal: right bound 0
+        self.assertEqual(fs_results.key_band(6, 4, False, None), (float("-inf"), float("inf")))
+        grid = [[int(fs_results.visible(i, j, 4, 6, False, (1, 0))) for j in range(6)] for i in range(4)]
+        self.assertEqual(grid, [[0, 1, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1]])
+        grid = [[int(fs_results.visible(i, j, 5, 3, True, (0, 7))) for j in range(3)] for i in range(5)]
+        self.assertEqual(grid, [[0, 0, 0], [0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]])  # rows 0, 1: no key
+        grid = [[int(fs_results.visible(i, j, 3, 5, False, (-1, 1))) for j in range(5)] for i in range(3)]
+        self.assertEqual(grid, [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+        for sq, sk in ((7, 7), (5, 9), (9, 5)):
+            for causal in (False, True):
+                for window in (None, (0, 0), (2, 1), (-1, 3), (3, -1), (-1, -1), (20, 20)):
+                    d, (left, right) = sk - sq, window or (-1, -1)
+                    right = 0 if causal else right
+                    for i in range(sq):
+                        for j in range(sk):
+                            want = (left < 0 or j >= i + d - left) and (right < 0 or j <= i + d + right)
+                            self.assertEqual(bool(fs_results.visible(i, j, sq, sk, causal, window)), want)
+        try:
+            import numpy
+        except ImportError:
+            return
+        i, j = numpy.arange(2, 5)[:, None], numpy.arange(6)[None, :]  # as reference() builds it (rows r0 ... r1)
+        mask = fs_results.visible(i, j, 5, 6, True, (2, 0))
+        self.assertEqual(mask.tolist(), [[bool(fs_results.visible(r, c, 5, 6, True, (2, 0))) for c in range(6)]
+                                         for r in range(2, 5)])
+
     def test_backends_known(self):
         ct.check_backends(["flash", "cudnn", "efficient", "math", "fa4"])
         with self.assertRaises(ValueError) as e:
@@ -354,6 +425,11 @@ class SharedRules(unittest.TestCase):
         self.assertEqual(ct.shape_flops(self.lib, s), 4.0 * 8 * 16 * 2048 * 2048 * 128)
         self.assertEqual(ct.shape_flops(self.lib, dict(s, causal=True)), 2.0 * 8 * 16 * 2048 * 2048 * 128)
         self.assertEqual(ct.shape_flops(self.lib, s, backward=True), 2.5 * 4.0 * 8 * 16 * 2048 * 2048 * 128)
+        # a window's FLOPs are its visible pairs', which the library counts: row i sees min(i, 512) + 1 keys
+        w = ct.with_window(dict(s, causal=True), (512, 0))
+        pairs = sum(min(i, 512) + 1 for i in range(2048))
+        self.assertEqual(ct.shape_flops(self.lib, w), 4.0 * 8 * 16 * 128 * pairs)
+        self.assertEqual(ct.shape_flops(self.lib, w, backward=True), 2.5 * 4.0 * 8 * 16 * 128 * pairs)
 
     def test_decode_plan(self):
         a = ct.parse_args(["--decode", "--ceilings", str(REPO / "bench" / "results" / "ceilings-20261130-212215.json")])
@@ -666,12 +742,22 @@ class Backends(unittest.TestCase):
             self.assertIsInstance(fa4.context(), contextlib.nullcontext)
             self.assertEqual(fa4(q, kv, kv, True, 0.125), "out")  # flash_attn_func's (out, lse): out
             self.assertEqual(calls[-1], ("fa4", q, kv, kv, {"softmax_scale": 0.125, "causal": True}))
+            fa4(q, kv, kv, False, 0.125, window=(-1, 32))  # FA4 says None where FlashAttention-2 says -1
+            self.assertEqual(calls[-1][4], {"softmax_scale": 0.125, "causal": False, "window_size": (None, 32)})
+            fa4(q, kv, kv, True, None, softcap=30.0, window=(512, 0))
+            self.assertEqual(calls[-1][4], {"softmax_scale": None, "causal": True, "softcap": 30.0,
+                                            "window_size": (512, 0)})
             bhnd = types.SimpleNamespace(shape=(2, 8, 64, 128))
             self.assertEqual(sdpa(bhnd, bhnd, bhnd, True, 0.125), "o")
             self.assertEqual(calls[-1][4:], (0.125, {"is_causal": True}))
             kv_bhnd = types.SimpleNamespace(shape=(2, 2, 64, 128))
             sdpa(bhnd, kv_bhnd, kv_bhnd, False, None)  # GQA: SDPA is told so
             self.assertEqual(calls[-1][5], {"enable_gqa": True, "is_causal": False})
+            n = len(calls)
+            with self.assertRaises(ValueError) as e:
+                sdpa(bhnd, bhnd, bhnd, True, 0.125, window=(128, 0))
+            self.assertIn("PyTorch SDPA has no sliding window", str(e.exception))
+            self.assertEqual(len(calls), n)  # refused before SDPA is called
         with self.assertRaises(ValueError):
             fs_results.Backend(None, "fa3")
 
@@ -763,12 +849,13 @@ class FakeLaunches:
     launches instead of them: the check refuses the steps in `refuse`, every run takes its pass's pointers."""
 
     def __init__(self, refuse=()):
-        self.real, self.refuse, self.launches = ct.flash_steps.library(LIB), refuse, []
+        self.real, self.refuse, self.launches, self.checked = ct.flash_steps.library(LIB), refuse, [], []
 
     def __getattr__(self, name):
         return getattr(self.real, name)
 
     def check(self, step_id, p):
+        self.checked.append((step_id, p))
         if step_id in self.refuse:
             raise ct.flash_steps.InvalidArgument(1, "fs_check", f"{step_id} refuses this problem")
 
@@ -793,18 +880,19 @@ class EveryPassOnAStandIn(unittest.TestCase):
     def run_pass(self, cls, argv, shape, steps, backends, head, refuse=()):
         calls, fa4_calls = [], []
         torch, modules = fake_torch(calls)
-        lib = FakeLaunches(refuse)
+        lib = self.lib = FakeLaunches(refuse)
+        self.reference_kwargs, self.forward_kwargs = [], []  # what fs_results.reference, flash_steps.forward were given
         timer = types.SimpleNamespace(times=lambda fn, n: [fn() or 0.5 for _ in range(n)])
         ok = {"pass": True, "max_abs_err": 0.0, "mismatches": 0, "nonfinite": 0}
         errors = {"dq": (1e-3, 1.0), "dk": (1e-3, 1.0), "dv": (1e-3, 1.0), "nonfinite": 0}
         with fa4_stub("4.0.0b36", fa4_calls, out=lambda q: T(*q.shape, dtype=q.dtype)), \
                 mock.patch.dict(sys.modules, modules), tempfile.TemporaryDirectory() as d, \
                 mock.patch.object(fs_results, "Timer", lambda *a: timer), \
-                mock.patch.object(fs_results, "reference", lambda *a, **k: {}), \
+                mock.patch.object(fs_results, "reference", lambda *a, **k: self.reference_kwargs.append(k) or {}), \
                 mock.patch.object(fs_results, "compare", lambda *a, **k: dict(ok)), \
                 mock.patch.object(fs_results, "gradient_errors", lambda *a, **k: dict(errors)), \
-                mock.patch.object(ct.flash_steps, "forward", lambda q, *a, **k: (T(*q.shape), T(
-                    q.shape[0], q.shape[2], q.shape[1], dtype="torch.float32"))), \
+                mock.patch.object(ct.flash_steps, "forward", lambda q, *a, **k: self.forward_kwargs.append(k) or (
+                    T(*q.shape), T(q.shape[0], q.shape[2], q.shape[1], dtype="torch.float32"))), \
                 mock.patch.object(ct.flash_steps, "default_step", lambda p: "09d_tile_sizes"), \
                 contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()):
             sweep = cls(torch, lib, ct.parse_args(argv), steps, backends, {"l2_bytes": 0}, head)
@@ -834,6 +922,34 @@ class EveryPassOnAStandIn(unittest.TestCase):
         self.assertAlmostEqual(rows["fa4"]["x_flash"], 1.0)
         self.assertEqual(rows["07g_flash_"]["iters"], 20)
         self.assertIn("fa4 = FA4", out)
+
+    def test_a_window_reaches_every_implementation(self):
+        # --window: the shapes carry it (run() puts it there), our problems, FA4, the reference and the FLOPs take it
+        window, steps = (64, 0), [{"id": "07g_flash_attention2", "passes": ("forward",)}]
+        shape = ct.with_window({"batch": 2, "seqlen": 256, "heads": 4, "head_dim": 64, "causal": True,
+                                "dtype": "fp16"}, window)
+        status, rows, launches, _, fa4_calls, out = self.run_pass(ct.Sweep, ["--window", "64,0"], shape, steps,
+                                                                  ["fa4"], {"ladder": shape})
+        self.assertEqual(status, 0)
+        self.assertEqual({k: (r["status"], r["window_left"], r["window_right"]) for k, r in rows.items()},
+                         {"fa4": ("ok", 64, 0), "07g_flash_": ("ok", 64, 0)})
+        self.assertEqual(fa4_calls[0][4], {"softmax_scale": 0.125, "causal": True, "window_size": (64, 0)})
+        self.assertEqual(self.reference_kwargs, [{"softcap": 0.0, "window": window}])
+        (sid, p), = self.lib.checked
+        self.assertEqual((sid, p.window, p.window_left, p.window_right), ("07g_flash_attention2", 1, 64, 0))
+        pairs = sum(min(i, 64) + 1 for i in range(256))
+        self.assertEqual(rows["fa4"]["flops"], 4.0 * 2 * 4 * 64 * pairs)
+        self.assertIn("b2 h4 n256 d64 fp16 causal window 64,0", out)
+        steps = [{"id": "11_backward", "passes": ("backward",)}]
+        status, rows, launches, _, fa4_calls, _ = self.run_pass(ct.BackwardSweep, ["--backward", "--window", "64,0"],
+                                                                shape, steps, ["fa4"], {})
+        self.assertEqual(status, 0)
+        self.assertEqual(fa4_calls[0][4]["window_size"], (64, 0))
+        self.assertEqual(self.forward_kwargs[0]["window"], window)  # our forward, whose O and LSE the backward reads
+        self.assertEqual(self.reference_kwargs, [{"d_o": self.reference_kwargs[0]["d_o"], "softcap": 0.0,
+                                                  "window": window}])
+        self.assertEqual({(sid, p.attention.window_left) for sid, p in self.lib.checked}, {("11_backward", 64)})
+        self.assertEqual(rows["11"]["flops"], 2.5 * 4.0 * 2 * 4 * 64 * pairs)
 
     def test_decode(self):
         shape = {"batch": 2, "seqlen_q": 4, "seqlen_k": 300, "heads_q": 8, "heads_kv": 2, "head_dim": 128,

@@ -2,7 +2,9 @@
 ISA's rules and, when the runner is built, against what the C++ prints), and every figure is drawn.
 The drawing test needs matplotlib (its own ctest entry, python.plots); the C++ comparison needs the
 flash-steps runner ($FLASH_STEPS_RUNNER, which ctest sets, or build/flash-steps)."""
+import contextlib
 import importlib
+import io
 import math
 import os
 import re
@@ -189,6 +191,15 @@ class AgainstTheCpp(unittest.TestCase):
         for r, (left, right) in enumerate(lanes):
             self.assertEqual(figures.ldmatrix_x4_quadrants(int(left)), (r, 0))
             self.assertEqual(figures.ldmatrix_x4_quadrants(int(right)), (r, 8))
+
+    def test_window_tile_maps(self):
+        # every map step 13b's explain prints (common/step/window.h's kv_span) is the brute force of the definition;
+        # the figure's three panels among them
+        text = self.run_runner("explain", "--step", figures.WINDOW_STEP)
+        maps = figures.parse_tile_maps(text)
+        figures.window_panels(text)
+        for key, rows in maps.items():
+            self.assertEqual(rows, figures.tile_map(*key), key)
 
 
 class Descriptors08(unittest.TestCase):
@@ -385,6 +396,104 @@ class SplitKV(unittest.TestCase):
         self.assertLess(rates["10_decoding"][-1][1], figures.hbm_read_tbs() * 1000)  # under the roof
 
 
+def fake_runner(directory: Path, text: str, status: int = 0) -> Path:
+    """An executable that prints text (to stderr too when status is not 0) and exits with status, as
+    `flash-steps explain --step 13b_window` would."""
+    (directory / "explain.txt").write_text(text)
+    script = directory / "flash-steps"
+    script.write_text(f"#!/bin/sh\ncat '{directory / 'explain.txt'}'\n" + (f"cat '{directory / 'explain.txt'}' >&2\n"
+                                                                           f"exit {status}\n" if status else ""))
+    script.chmod(0o755)
+    return script
+
+
+class Window13(unittest.TestCase):
+    """Step 13b's tile maps: the brute force of the definition (tile_map) against maps worked out by hand, and
+    what the figure draws from explain's text against both; against the C++'s: AgainstTheCpp."""
+
+    @staticmethod
+    def hand_panels():
+        """The three panels of 13_window.png (16 x 16 tiles of 128), worked out from the bands: causal, the
+        diagonal tile masked; causal within 512 keys back, tiles r - 4 and r masked, r - 3 ... r - 1 full; 256
+        keys either side, tiles r - 2 and r + 2 masked, r - 1 ... r + 1 full."""
+        def row(r, masked, full):
+            return "".join("M" if t in masked else "F" if t in full else "." for t in range(16))
+        return [[row(r, {r}, range(r)) for r in range(16)],
+                [row(r, {r - 4, r}, range(r - 3, r)) for r in range(16)],
+                [row(r, {r - 2, r + 2}, range(r - 1, r + 2)) for r in range(16)]]
+
+    @classmethod
+    def sample_text(cls, panels=None) -> str:
+        """explain's text as the brief of 13b gives its shape: other lines around each map."""
+        parts = ["13b_window: + sliding window (window_left, window_right) ...", "", "tile maps of the forward:"]
+        for (causal, window), rows in zip(figures.WINDOW_PANELS, panels or cls.hand_panels()):
+            parts.append(f"map seqlen_q=2048 seqlen_k=2048 block_q=128 block_kv=128 causal={int(causal)} "
+                         f"window={'off' if window is None else '%d,%d' % window}")
+            parts += [f"q{i:02d} {r}" for i, r in enumerate(rows)]
+            parts.append("  . skipped, M masked, F full")
+        parts += ["map seqlen_q=100 seqlen_k=300 block_q=64 block_kv=64 causal=0 window=0,0", "q00 ...MM",
+                  "q01 ....M", "(end)"]
+        return "\n".join(parts) + "\n"
+
+    def test_the_brute_force_against_maps_by_hand(self):
+        cases = {
+            (512, 512, 128, 128, True, None): ["M...", "FM..", "FFM.", "FFFM"],
+            (512, 512, 128, 128, True, (-1, 32)): ["M...", "FM..", "FFM.", "FFFM"],  # causal's right bound wins
+            (512, 512, 128, 128, True, (128, 0)): ["M...", "MM..", ".MM.", "..MM"],
+            (512, 512, 128, 128, True, (256, 0)): ["M...", "FM..", "MFM.", ".MFM"],
+            (512, 512, 128, 128, False, (64, 64)): ["MM..", "MMM.", ".MMM", "..MM"],
+            (100, 300, 64, 64, False, (0, 0)): ["...MM", "....M"],  # row i sees key i + 200 alone
+            (100, 300, 64, 64, True, None): ["FFFMM", "FFFFM"],     # the last tile holds keys past 300: masked
+            (300, 300, 128, 128, False, (4096, 4096)): ["FFM"] * 3,  # wider than the sequence: all of it
+            (5, 3, 2, 2, True, (0, 7)): ["..", "M.", ".M"],          # rows 0 and 1 see no key
+        }
+        for (sq, sk, bq, bkv, causal, window), want in cases.items():
+            self.assertEqual(figures.tile_map(sq, sk, bq, bkv, causal, window), want, (sq, sk, bq, bkv, causal, window))
+        for (causal, window), rows in zip(figures.WINDOW_PANELS, self.hand_panels()):
+            self.assertEqual(figures.tile_map(*figures.WINDOW_SHAPE, causal, window), rows, (causal, window))
+
+    def test_explains_text_is_drawn_as_the_definition(self):
+        text = self.sample_text()
+        maps = figures.parse_tile_maps(text)
+        self.assertEqual(set(maps), {(*figures.WINDOW_SHAPE, c, w) for c, w in figures.WINDOW_PANELS}
+                         | {(100, 300, 64, 64, False, (0, 0))})
+        self.assertEqual(maps[(100, 300, 64, 64, False, (0, 0))], ["...MM", "....M"])
+        panels = figures.window_panels(text)  # what fig_13_window draws
+        self.assertEqual(panels, self.hand_panels())
+        self.assertEqual(panels, [figures.tile_map(*figures.WINDOW_SHAPE, c, w) for c, w in figures.WINDOW_PANELS])
+        self.assertEqual([figures.band_text(2048, 2048, c, w) for c, w in figures.WINDOW_PANELS],
+                         ["j ≤ i", "i − 512 ≤ j ≤ i", "i − 256 ≤ j ≤ i + 256"])
+        self.assertEqual(figures.band_text(100, 300, False, (0, 0)), "i + 200 ≤ j ≤ i + 200")
+        self.assertEqual(figures.band_text(8, 8, False, None), "every key j")
+
+    def test_a_map_cut_short_or_a_panel_missing(self):
+        text = self.sample_text()
+        for broken, why in ((text.replace("q07 ", "q7x "), "has 7 rows"), (text.replace("q01 ....M", "q01 ....MM"),
+                                                                          "rows of lengths [5, 6]")):
+            with self.assertRaises(ValueError) as e:
+                figures.parse_tile_maps(broken)
+            self.assertIn(why, str(e.exception))
+        without = text.replace("causal=0 window=256,256", "causal=0 window=256,255")
+        with self.assertRaises(figures.Unavailable) as e:
+            figures.window_panels(without)
+        self.assertIn("prints no map seqlen_q=2048 seqlen_k=2048 block_q=128 block_kv=128 causal=0 window=256,256",
+                      str(e.exception))
+
+    def test_explain_is_asked_of_the_runner(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            runner = fake_runner(Path(tmp), self.sample_text())
+            self.assertEqual(figures.window_panels(figures.explain_text(str(runner), "13b_window")), self.hand_panels())
+            failing = fake_runner(Path(tmp), "flash-steps: no step has id '13b_window'\n", status=2)
+            with self.assertRaises(figures.Unavailable) as e:
+                figures.explain_text(str(failing), "13b_window")
+            self.assertIn("explain --step 13b_window` failed: flash-steps: no step has id '13b_window'",
+                          str(e.exception))
+        for runner in (None, "/nowhere/flash-steps"):
+            with self.assertRaises(figures.Unavailable) as e:
+                figures.explain_text(runner, "13b_window")
+            self.assertIn("no flash-steps runner", str(e.exception))
+
+
 @unittest.skipUnless(has_matplotlib(), "matplotlib is not installed")
 class Softcap13(unittest.TestCase):
     def test_the_slope_is_the_derivative(self):
@@ -412,6 +521,20 @@ class Draw(unittest.TestCase):
             first = (Path(tmp) / names[3]).read_bytes()
             self.assertEqual(figures.main(["--out-dir", tmp, "--only", names[3][:2]]), 0)
             self.assertEqual((Path(tmp) / names[3]).read_bytes(), first)  # the same bytes again
+
+    def test_the_window_figure_is_drawn_from_explain_or_left_out(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            runner = fake_runner(Path(tmp), Window13.sample_text())
+            self.assertEqual(figures.main(["--out-dir", tmp, "--only", "13", "--runner", str(runner)]), 0)
+            drawn = (Path(tmp) / "13_window.png").read_bytes()
+            self.assertTrue(drawn.startswith(b"\x89PNG"))
+            figures.main(["--out-dir", tmp, "--only", "13", "--runner", str(runner)])
+            self.assertEqual((Path(tmp) / "13_window.png").read_bytes(), drawn)  # the same bytes again
+            out, err = Path(tmp) / "without", io.StringIO()
+            with contextlib.redirect_stderr(err):  # no runner: the other figures are drawn, this one is said to be not
+                self.assertEqual(figures.main(["--out-dir", str(out), "--only", "13", "--runner", "/nowhere"]), 0)
+            self.assertEqual(sorted(p.name for p in out.glob("*.png")), ["13_softcap.png"])
+            self.assertIn("13_window.png not drawn: no flash-steps runner at /nowhere", err.getvalue())
 
     def test_committed_figures_are_these(self):
         # notes/figures/ holds what this script draws (regenerate: python3 bench/figures.py)

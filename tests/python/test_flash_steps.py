@@ -349,6 +349,33 @@ class Library(unittest.TestCase):
             with self.assertRaises(fs.InvalidArgument):
                 self.lib.check(s, self.lib.problem(2, 256, 256, 8, 8, 64, "fp16", False))
 
+    def test_window_reaches_the_library(self):
+        # fs_problem_flops counts the pairs a window lets attend (4·B·Hq·d each): the library's closed form against
+        # fs_results.visible (the Python statement of the rule) pair by pair; the library's sentences judge the values
+        for sq, sk, causal, window in ((300, 200, False, (16, 40)), (200, 300, True, (64, -1)),
+                                       (128, 128, False, (0, 0)), (96, 160, False, (-1, 10)),
+                                       (160, 96, True, (500, 500)), (64, 64, True, (-1, -1))):
+            pairs = sum(fs_results.visible(i, j, sq, sk, causal, window) for i in range(sq) for j in range(sk))
+            p = self.lib.problem(2, sq, sk, 4, 2, 64, "fp16", causal, window=window)
+            self.assertEqual(self.lib.flops(p), 4.0 * 2 * 4 * 64 * pairs, (sq, sk, causal, window))
+            b = self.lib.backward_problem(2, sq, sk, 4, 2, 64, "fp16", causal, window=window)
+            self.assertEqual((b.attention.window, self.lib.flops(b)), (1, 2.5 * self.lib.flops(p)))
+        # causal without a window keeps FlashAttention's convention, half of Sq·Sk (not the 64·65/2 pairs)
+        self.assertEqual(self.lib.flops(self.lib.problem(2, 64, 64, 4, 2, 64, "fp16", True)),
+                         4.0 * 2 * 4 * 64 * 64 * 32)
+        p = self.lib.problem(2, 256, 256, 4, 4, 64, "fp16", False, window=(-2, 0))
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.check("07g_flash_attention2", p)
+        self.assertEqual(e.exception.message, "window_left is -2; it must be at least -1 (-1: unbounded on that side)")
+        p = self.lib.problem(2, 256, 256, 4, 4, 64, "fp16", False, window=(64, 64))
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.check("07g_flash_attention2", p)
+        self.assertIn("window is 1 (64, 64); step 07g_flash_attention2 has no sliding window", e.exception.message)
+        with self.assertRaises(fs.InvalidArgument) as e:  # ctypes would wrap 2**32 to 0
+            self.lib.problem(2, 256, 256, 4, 4, 64, "fp16", False, window=(2 ** 32, 0))
+        self.assertEqual(e.exception.function, "fs_problem_init")
+        self.assertTrue(e.exception.message.startswith("window is (4294967296, 0); it must be None"))
+
     def test_shared_rules(self):
         p = self.lib.problem(8, 2048, 2048, 16, 16, 128, "fp16", False)
         self.assertEqual(self.lib.flops(p), 4.0 * 8 * 16 * 2048 * 2048 * 128)
@@ -533,6 +560,43 @@ class Arguments(unittest.TestCase):
         lse = FakeTensor((2, 8, 64), "torch.float32")
         args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv]
         self.assertEqual(fs.backward_problem("test", *args, True, None, False, softcap=2.5).attention.softcap, 2.5)
+
+    def test_window(self):
+        # FlashAttention's window_size, a pair (left, right), as window = 1 and its bounds; None: off (0, 0, 0). The
+        # values are the library's to judge (each >= -1); what is no pair of int32s is refused here, before ctypes
+        def fields(p):
+            return p.window, p.window_left, p.window_right
+        self.assertEqual(fields(self.forward()), (0, 0, 0))
+        for window, want in (((128, 0), (1, 128, 0)), ([-1, 32], (1, -1, 32)), ((0, 0), (1, 0, 0)),
+                             ((-5, 7), (1, -5, 7)), ((2 ** 31 - 1, -2 ** 31), (1, 2 ** 31 - 1, -2 ** 31)),
+                             (iter((3, 4)), (1, 3, 4)), (None, (0, 0, 0))):
+            p = fs.forward_problem("test", self.q, self.kv, self.kv, self.q, True, None, window=window)
+            self.assertEqual(fields(p), want, window)
+        if numpy is not None:
+            p = fs.forward_problem("test", self.q, self.kv, self.kv, self.q, False, None,
+                                   window=numpy.array([64, 64], dtype=numpy.int32))
+            self.assertEqual(fields(p), (1, 64, 64))
+        rule = ("it must be None (no sliding window) or a pair (left, right) of int32 integers, FlashAttention's "
+                "window_size (-1: unbounded on that side)")
+        for bad in ((1,), (1, 2, 3), (), "1,2", b"12", 5, 0, True, (1.0, 2), (True, 0), (1, None), ("1", "2"),
+                    {1, 2}, {1: 0, 2: 0}, (2 ** 31, 0), (0, -2 ** 31 - 1), (2 ** 64 + 5, 0), [[1], 2], 1.5):
+            self.assertEqual(self.refused(fs.forward_problem, self.q, self.kv, self.kv, self.q, False, None, None, 0.0,
+                                          bad), f"window is {bad!r}; {rule}")
+        lse = FakeTensor((2, 8, 64), "torch.float32")
+        args = [self.q, self.kv, self.kv, self.q, lse, self.q, self.q, self.kv, self.kv]
+        p = fs.backward_problem("test", *args, True, None, False, window=(64, -1))
+        self.assertEqual(fields(p.attention), (1, 64, -1))
+        self.assertEqual(self.refused(fs.backward_problem, *args, True, None, False, 0.0, (64,)),
+                         f"window is (64,); {rule}")
+        # every entry point refuses before it allocates (fake tensors cannot be allocated like)
+        for call, function in ((lambda: fs.forward(self.q, self.kv, self.kv, window=(1,)), "flash_steps.forward"),
+                               (lambda: fs.backward(*args[:6], window="1,1"), "flash_steps.backward"),
+                               (lambda: fs.attention(self.q, self.kv, self.kv, window=(1.5, 0)),
+                                "flash_steps.attention")):
+            with self.assertRaises(fs.InvalidArgument) as e:
+                call()
+            self.assertEqual(e.exception.function, function)
+            self.assertTrue(e.exception.message.startswith("window is "), e.exception.message)
 
     def test_backward_arguments(self):
         lse = FakeTensor((2, 8, 64), "torch.float32")

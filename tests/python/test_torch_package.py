@@ -1,6 +1,8 @@
 """The flash_steps package on a GPU with PyTorch: forward against SDPA's math backend in fp32, attention's
 gradients against an fp32 reference by fs_backward_bound (ref_err: SDPA's error in the dtype), GQA, strided views, the deterministic mode, decode on a contiguous and a paged
-cache, softcapped attention and its gradients against a softcapped fp32 reference. Its own ctest entry, python.torch: Skipped (77) without PyTorch or a CUDA device."""
+cache, softcapped attention and its gradients against a softcapped fp32 reference, sliding windows (forward,
+backward and autograd) against an fp32 reference with an explicit mask, and bench/fs_results.py's reference with a
+window. Its own ctest entry, python.torch: Skipped (77) without PyTorch or a CUDA device."""
 import math
 import sys
 import unittest
@@ -8,8 +10,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "bench"))
 
 import flash_steps as fs  # noqa: E402
+import fs_results  # noqa: E402  (visible: the rule of causal and the window, written once)
 
 try:
     import torch
@@ -53,23 +57,35 @@ def low_precision_grads(q, k, v, d_o, causal):
     return [x.transpose(1, 2) for x in torch.autograd.grad(o, (ql, kl, vl), d_o.transpose(1, 2))]
 
 
-def softcapped(q, k, v, causal, softcap, dtype=torch.float32 if HAVE_CUDA else None):
-    """O of (B, N, H, d) tensors with softcapped logits, written out in `dtype` (fp32: the reference; the
-    inputs' dtype: the same computation rounded, the ref_err of the bound), and its gradients function."""
+def key_mask(sq, sk, causal, window, device):
+    """[sq][sk]: whether row i sees key j (fs_results.visible: bottom-right causal, the window)."""
+    i, j = torch.arange(sq, device=device)[:, None], torch.arange(sk, device=device)[None, :]
+    return fs_results.visible(i, j, sq, sk, causal, window)
+
+
+def explicit(q, k, v, causal, softcap=0.0, window=None, dtype=torch.float32 if HAVE_CUDA else None):
+    """O (B, N, H, d) and LSE (B, H, N) of (B, N, H, d) tensors written out in `dtype` (fp32: the reference; the
+    inputs' dtype: the same computation rounded, the ref_err of the bound): the logits softcapped when softcap
+    > 0, the keys key_mask hides at -inf, the softmax in fp32, a row with no key 0 (LSE -inf), as the library
+    defines them; and its gradients function."""
     hq, hkv, sq, sk, d = q.shape[2], k.shape[2], q.shape[1], k.shape[1], q.shape[3]
     qf, kf, vf = (x.detach().to(dtype).transpose(1, 2).requires_grad_() for x in (q, k, v))
     kr, vr = (x.repeat_interleave(hq // hkv, dim=1) for x in (kf, vf))
     s = torch.matmul(qf, kr.transpose(2, 3)) * d ** -0.5
-    s = softcap * torch.tanh(s / softcap)
-    if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
-    o = torch.matmul(torch.softmax(s.float(), dim=-1).to(dtype), vr)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.float().masked_fill(~key_mask(sq, sk, causal, window, q.device), float("-inf"))
+    m = s.amax(dim=-1, keepdim=True).detach()  # the softmax does not depend on it: no gradient through it
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    l = e.sum(dim=-1, keepdim=True)
+    p = torch.where(l > 0, e / l.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(e))
+    o = torch.matmul(p.to(dtype), vr)
+    lse = (m + torch.log(l)).squeeze(-1).detach()
 
     def grads(d_o):
         return [x.transpose(1, 2) for x in torch.autograd.grad(o, (qf, kf, vf), d_o.to(dtype).transpose(1, 2))]
-    return o.transpose(1, 2), grads
+    return o.transpose(1, 2), lse, grads
 
 
 @needs_gpu
@@ -152,13 +168,13 @@ class Torch(unittest.TestCase):
                     self.assertIn("softcap is 2", e.message)
                     continue
                 o.backward(d_o)
-                ref, grads = softcapped(q, k, v, causal, 2.0)
+                ref, _, grads = explicit(q, k, v, causal, softcap=2.0)
                 atol, rtol, _ = self.lib.tolerance(dname, float(v.abs().max()))
                 err = (o.float() - ref).abs()
                 self.assertTrue(bool((err <= atol + rtol * ref.abs()).all()), f"{dname} causal={causal}: O error "
                                 f"{float(err.max())}")
                 exact = grads(d_o)
-                _, low = softcapped(q, k, v, causal, 2.0, dtype)
+                _, _, low = explicit(q, k, v, causal, softcap=2.0, dtype=dtype)
                 lowp = low(d_o)
                 plain = fs.attention(q.detach(), k.detach(), v.detach(), causal=causal)
                 self.assertGreater(float((plain.float() - ref).abs().max()), 10 * float(err.max()))  # the cap bites
@@ -170,6 +186,82 @@ class Torch(unittest.TestCase):
         with self.assertRaises(fs.InvalidArgument) as e:
             fs.forward(q.detach(), k.detach(), v.detach(), step="09f_persistent", softcap=2.0)
         self.assertIn("step 09f_persistent has no softcapping", e.exception.message)
+
+    # (window, seqlen_q, seqlen_k): bands of either side, one side unbounded, a single key (rows 0-127 with none
+    # where seqlen_q > seqlen_k), wider than the sequence, odd lengths
+    WINDOWS = (((128, 0), 384, 512), ((64, 64), 384, 512), ((-1, 32), 384, 512), ((0, 0), 512, 384),
+               ((4096, 4096), 300, 300), ((32, -1), 257, 389))
+
+    def check_gradients(self, got, exact, low, dname, what):
+        scale = max(float(ex.abs().max()) for ex in exact)  # the problem's scale (fs_backward_bound)
+        for name, g, ex, lp in zip(("dQ", "dK", "dV"), got, exact, low):
+            self.assertEqual(g.shape, ex.shape)
+            err = float(torch.nan_to_num((g.float() - ex).abs(), nan=math.inf).max())
+            bound = self.lib.backward_bound(dname, float((lp.float() - ex).abs().max()), scale)
+            self.assertLessEqual(err, bound, f"{name} {what}")
+
+    def test_windowed_attention_forward_backward_and_gradients(self):
+        refused = []
+        for window, sq, sk in self.WINDOWS:
+            for causal in (False, True):
+                for dtype, dname, d, hkv in ((torch.float16, "fp16", 64, 2), (torch.float16, "fp16", 128, 8),
+                                             (torch.bfloat16, "bf16", 64, 8), (torch.bfloat16, "bf16", 128, 2)):
+                    what = f"window {window} causal={causal} sq {sq} sk {sk} {dname} d {d} heads_kv {hkv}"
+                    q = self.draw(2, sq, 8, d, dtype=dtype).requires_grad_()
+                    k = self.draw(2, sk, hkv, d, dtype=dtype).requires_grad_()
+                    v = self.draw(2, sk, hkv, d, dtype=dtype).requires_grad_()
+                    d_o = self.draw(2, sq, 8, d, dtype=dtype)
+                    try:
+                        o = fs.attention(q, k, v, causal=causal, window=window)
+                    except fs.InvalidArgument as e:  # a GPU without a windowed step: refused, never wrong
+                        self.assertIn(f"window is 1 ({window[0]}, {window[1]})", e.message)
+                        refused.append(what)
+                        continue
+                    o.backward(d_o)
+                    ref, ref_lse, grads = explicit(q, k, v, causal, window=window)
+                    atol, rtol, lse_tol = self.lib.tolerance(dname, float(v.abs().max()))
+                    err = (o.float() - ref).abs()
+                    self.assertTrue(bool((err <= atol + rtol * ref.abs()).all()), f"{what}: O error {float(err.max())}")
+                    exact = grads(d_o)
+                    _, _, low = explicit(q, k, v, causal, window=window, dtype=dtype)
+                    lowp = low(d_o)
+                    self.check_gradients((q.grad, k.grad, v.grad), exact, lowp, dname, f"attention, {what}")
+                    # forward and backward called apart: O, LSE (-inf for a row that sees no key), the gradients
+                    o2, lse = fs.forward(q.detach(), k.detach(), v.detach(), causal=causal, window=window)
+                    self.assertTrue(bool((o2.float() - ref).abs().le(atol + rtol * ref.abs()).all()), what)
+                    no_key = torch.isinf(ref_lse)
+                    self.assertTrue(bool(torch.equal(torch.isinf(lse), no_key)), f"{what}: LSE -inf where no key")
+                    self.assertTrue(bool(((lse - ref_lse).abs() <= lse_tol * (1 + ref_lse.abs()))[~no_key].all()), what)
+                    mask = key_mask(sq, sk, causal, window, q.device)
+                    self.assertTrue(bool((o2[:, ~mask.any(dim=1)] == 0).all()), f"{what}: O = 0 where no key")
+                    got = fs.backward(q.detach(), k.detach(), v.detach(), o2, lse, d_o, causal=causal, window=window)
+                    self.check_gradients(got, exact, lowp, dname, f"backward, {what}")
+                    if not torch.equal(mask, key_mask(sq, sk, causal, None, q.device)):  # the window hides keys
+                        plain = fs.attention(q.detach(), k.detach(), v.detach(), causal=causal)
+                        self.assertGreater(float((plain.float() - ref).abs().max()), 10 * float(err.max()), what)
+        if torch.cuda.get_device_capability()[0] == 9:  # step 13b's GPU: it runs every one of them
+            self.assertEqual(refused, [], f"refused by {[s.id for s in fs.steps()]}")
+        q, k, v = (self.draw(1, 256, 2, 64) for _ in range(3))
+        with self.assertRaises(fs.InvalidArgument) as e:
+            fs.forward(q, k, v, step="07g_flash_attention2", window=(128, 0))
+        self.assertIn("window is 1 (128, 0); step 07g_flash_attention2 has no sliding window", e.exception.message)
+
+    def test_the_benchmarks_reference_with_a_window(self):
+        # bench/fs_results.py's reference (compare_torch's check) masks the same keys as the explicit one here
+        for window, sq, sk in self.WINDOWS:
+            for causal in (False, True):
+                q, k, v, d_o = self.draw(1, sq, 2, 64), self.draw(1, sk, 2, 64), self.draw(1, sk, 2, 64), \
+                    self.draw(1, sq, 2, 64)
+                ref = fs_results.reference(torch, q, k, v, causal, 64 ** -0.5, 2, chunk=100, window=window)
+                o, lse, grads = explicit(q, k, v, causal, window=window)
+                what = f"window {window} causal={causal} sq {sq} sk {sk}"
+                self.assertLess(float((ref["o"].transpose(0, 1).float() - o[0]).abs().max()), 1e-4, what)
+                self.assertTrue(bool(torch.equal(torch.isinf(ref["lse"]), torch.isinf(lse[0]))), what)
+                finite = ~torch.isinf(lse[0])
+                self.assertLess(float((ref["lse"].float() - lse[0])[finite].abs().max()), 1e-4, what)
+                exact = fs_results.reference(torch, q, k, v, causal, 64 ** -0.5, 2, d_o=d_o, chunk=100, window=window)
+                for name, g in zip(("dq", "dk", "dv"), grads(d_o)):
+                    self.assertLess(float((exact[name].transpose(0, 1) - g[0]).abs().max()), 1e-3, f"{name} {what}")
 
     def test_deterministic_backward_is_repeatable(self):
         if not self.has_backward():

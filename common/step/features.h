@@ -1,0 +1,26 @@
+// The production features a kernel may be built with (note 13): logit softcapping (step/softcap.h) and a
+// sliding window (step/window.h). Each is a template flag of the kernels that have it, false being the
+// kernel without it, instruction for instruction; a step's host code picks the instantiation from the
+// run-time problem here, once for every flag.
+#pragma once
+
+#include <type_traits>
+
+#include "forward/problem.h"
+#include "step/softcap.h"
+#include "step/window.h"
+
+namespace fs {
+
+// f(capped, windowed), each std::true_type or std::false_type as the problem asks: a kernel's SOFTCAP and
+// WINDOW template flags, e.g.  with_features(p, [&](auto capped, auto windowed) {
+//     kernel<T, decltype(capped)::value, decltype(windowed)::value><<<...>>>(...); });
+template <class F>
+decltype(auto) with_features(const fs_problem& p, F&& f) {
+  return with_softcap(p, [&](auto capped) {
+    if (p.window) return f(capped, std::true_type{});
+    return f(capped, std::false_type{});
+  });
+}
+
+}  // namespace fs
