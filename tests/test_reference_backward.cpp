@@ -119,6 +119,15 @@ double max_fd_error(Tiny t, std::vector<double> Tiny::*tensor, const std::vector
   return worst;
 }
 
+// dQ, dK, dV of the reference against central differences of the loss. They err by O(step²) (third
+// derivatives of size 1) plus O(1e-16 · |loss| / step).
+void check_finite_differences(const Tiny& t, const fs::BackwardReference& r) {
+  const double tol = 1e-7;
+  CHECK(max_fd_error(t, &Tiny::q, r.dq) < tol * (1 + max_abs(r.dq)));
+  CHECK(max_fd_error(t, &Tiny::k, r.dk) < tol * (1 + max_abs(r.dk)));
+  CHECK(max_fd_error(t, &Tiny::v, r.dv) < tol * (1 + max_abs(r.dv)));
+}
+
 }  // namespace
 
 TEST_CASE("round_to_dtype: nearest fp16 / bf16, ties to even, overflow to infinity", "[reference][backward]") {
@@ -155,11 +164,7 @@ TEST_CASE("backward reference: dQ, dK, dV are the derivatives of Σ dO∘O (fini
     CAPTURE(s.b, s.sq, s.sk, s.hq, s.hkv, s.d, s.causal);
     const Tiny t = make_tiny(s.b, s.sq, s.sk, s.hq, s.hkv, s.d, s.causal, seed++);
     const fs::BackwardReference r = fs::reference_cpu(problem_of(t), inputs_of(t), false);
-    // Central differences err by O(step²) (third derivatives of size 1) plus O(1e-16 · |loss| / step).
-    const double tol = 1e-7;
-    CHECK(max_fd_error(t, &Tiny::q, r.dq) < tol * (1 + max_abs(r.dq)));
-    CHECK(max_fd_error(t, &Tiny::k, r.dk) < tol * (1 + max_abs(r.dk)));
-    CHECK(max_fd_error(t, &Tiny::v, r.dv) < tol * (1 + max_abs(r.dv)));
+    check_finite_differences(t, r);
     CHECK(max_abs(r.dq) > 0.01);  // a derivative that is not trivially zero
     CHECK(max_abs(r.dv) > 0.01);
   }
@@ -176,10 +181,7 @@ TEST_CASE("backward reference with softcapping: the derivatives of the capped lo
       Tiny t = make_tiny(1, 4, 5, 2, 1, 8, causal, seed++);
       t.softcap = softcap;
       const fs::BackwardReference r = fs::reference_cpu(problem_of(t), inputs_of(t), false);
-      const double tol = 1e-7;
-      CHECK(max_fd_error(t, &Tiny::q, r.dq) < tol * (1 + max_abs(r.dq)));
-      CHECK(max_fd_error(t, &Tiny::k, r.dk) < tol * (1 + max_abs(r.dk)));
-      CHECK(max_fd_error(t, &Tiny::v, r.dv) < tol * (1 + max_abs(r.dv)));
+      check_finite_differences(t, r);
       CHECK(max_abs(r.dq) > 0.001);
       // The same inputs without the cap give other gradients (by more than the tolerance above).
       Tiny plain = t;
@@ -208,10 +210,7 @@ TEST_CASE("backward reference with a window: the derivatives of the banded softm
       t.softcap = band.softcap;
       t.window = 1, t.window_left = band.left, t.window_right = band.right;
       const fs::BackwardReference r = fs::reference_cpu(problem_of(t), inputs_of(t), false);
-      const double tol = 1e-7;
-      CHECK(max_fd_error(t, &Tiny::q, r.dq) < tol * (1 + max_abs(r.dq)));
-      CHECK(max_fd_error(t, &Tiny::k, r.dk) < tol * (1 + max_abs(r.dk)));
-      CHECK(max_fd_error(t, &Tiny::v, r.dv) < tol * (1 + max_abs(r.dv)));
+      check_finite_differences(t, r);
       CHECK(max_abs(r.dq) > 0.001);
       // The same inputs without the window give other gradients (by more than the tolerance above).
       Tiny open = t;
