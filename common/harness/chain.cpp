@@ -93,17 +93,16 @@ std::string validate_workspace(const Plan& plan, const void* workspace, size_t w
 template <typename Problem>
 std::string feature_refusal(const Step& step, const Problem& problem) {
   const fs_problem& p = Pass<Problem>::attention(problem);
-  auto refuse = [&](bool Step::*has, const std::string& what) {
+  auto refuse = [&](bool Step::*has, const char* feature, const std::string& what) {
     const auto& all = steps();
     const auto it = std::find_if(all.rbegin(), all.rend(),  // the newest step with it
                                  [&](const Step& s) { return s.*has && Pass<Problem>::entry(s).present(); });
-    return sentence(what, "; step ", step.id, " has no ",
-                    has == &Step::softcap ? "softcapping" : "sliding window", " (0 turns it off)",
+    return sentence(what, "; step ", step.id, " has no ", feature, " (0 turns it off)",
                     it == all.rend() ? std::string() : "; step " + it->id + " has it");
   };
-  if (p.softcap != 0 && !step.softcap) return refuse(&Step::softcap, sentence("softcap is ", p.softcap));
+  if (p.softcap != 0 && !step.softcap) return refuse(&Step::softcap, "softcapping", sentence("softcap is ", p.softcap));
   if (p.window != 0 && !step.window)
-    return refuse(&Step::window, sentence("window is 1 (", p.window_left, ", ", p.window_right, ")"));
+    return refuse(&Step::window, "sliding window", sentence("window is 1 (", p.window_left, ", ", p.window_right, ")"));
   return "";
 }
 
