@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One readable kernel per sub-step: `python3 bench/substeps.py [--write | --check]`.
 
-Steps 07, 09, 12 and 13 build their lettered sub-steps (07a ... 07g, 09a ... 09f, 12a ... 12c, 13a ... 13b) from one
+Steps 07, 09, 12 and 13 build their lettered sub-steps (07a ... 07g, 09a ... 09f, 12a ... 12c, 13a ... 13c) from one
 kernel.cuh, where `if constexpr (Tr::has(kIdea))` (step 13: its template flags) marks each idea's code, so `diff` of two sub-steps is impossible on the
 files themselves. This script writes notes/substeps/<id>.cuh for every sub-step: the kernel with the
 branches of the ideas it does not have pruned and those of the ideas it has kept, so that
@@ -35,9 +35,15 @@ STEPS = {
         r"q_load_position\(Tr::IDEAS, x\.kv_tiles, n\)": lambda on: "n > 0 && x.kv_tiles > 0 ? 1 : 0" if on["kPersistent"] else "0",
     },
     "12_hopper_backward": {},
-    # Step 13's features are template flags (SOFTCAP, WINDOW) that the host picks per problem, not
-    # Tr::has(): 13a's view is the kernel with WINDOW false, its declarations and the band dropped.
+    # Step 13's features are template flags (SOFTCAP, WINDOW, VARLEN) that the host picks per problem, not
+    # Tr::has(): 13a's view is the kernel with WINDOW false, its declarations and the band dropped; 13a's
+    # and 13b's have VARLEN false, its declarations and its comments ("// 13c…") dropped.
     "13_features": {
+        r", bool VARLEN = false>": lambda on: ", bool VARLEN = false>" if on["kVarlen"] else ">",
+        r"\n[^\n]*static_assert\(!VARLEN[^\n]*": lambda on: r"\g<0>" if on["kVarlen"] else "",
+        r"\n[ \t]*// 13c[^\n]*(?:\n[ \t]*//[^\n]*)*": lambda on: r"\g<0>" if on["kVarlen"] else "",
+        r"if constexpr \(VARLEN\)": lambda on: "if constexpr (VARLEN)" if on["kVarlen"] else "if constexpr (false)",
+        r"\bVARLEN \? ": lambda on: "VARLEN ? " if on["kVarlen"] else "false ? ",
         r", bool WINDOW>": lambda on: ", bool WINDOW>" if on["kWindow"] else ">",
         r"\n[^\n]*\b(?:band_of|diagonals_of)\([^\n]*": lambda on: r"\g<0>" if on["kWindow"] else "",
         r"if constexpr \(WINDOW\)": lambda on: "if constexpr (WINDOW)" if on["kWindow"] else "if constexpr (false)",

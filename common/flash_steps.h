@@ -24,7 +24,8 @@
  * (heads_kv < heads_q) instead. O must not overlap itself: sorted by stride,
  * each dimension of O must start past the span of the dimensions below it. O and LSE must not share
  * memory with Q, K, V or each other; that is not checked.
- * LSE (optional, may be NULL) is fp32, contiguous (batch, heads_q, seqlen_q), natural log:
+ * LSE (optional, may be NULL) is fp32, contiguous (batch, heads_q, seqlen_q) (a variable-length batch:
+ * (heads_q, total_q), below), natural log:
  *   LSE[b][h][i] = log(sum_j exp(scale * q_i . k_j)) over the keys j that row i may attend.
  *
  * Workspace: ask the pass's workspace_size (it depends on the problem and the device; 0: none, pass
@@ -49,6 +50,26 @@
  *     unbounded on its side, (-1, 0) is causal, and with causal set too the right bound is 0. Bounds must
  *     be >= -1 (and 0 or -1 while window is 0). Only steps with windows run it (13b and later; 11_backward
  *     for the backward); the others refuse it with a sentence naming one that does.
+ *   - variable-length batch (cu_seqlens_q, cu_seqlens_k; NULL, as fs_problem_init and a zeroed struct leave
+ *     them: off; both or neither): sequences of different lengths packed one after another,
+ *     FlashAttention's varlen layout (flash_attn_varlen_func):
+ *       Q, O : (total_q, heads_q,  head_dim)     K, V : (total_k, heads_kv, head_dim)
+ *     with row and head strides; the batch strides are not used and must be 0. cu_seqlens_q and
+ *     cu_seqlens_k are device arrays of batch + 1 int32 offsets: sequence b is rows cu_seqlens_q[b] ...
+ *     cu_seqlens_q[b + 1] - 1 of Q and O and rows cu_seqlens_k[b] ... cu_seqlens_k[b + 1] - 1 of K and V.
+ *     batch counts the sequences; seqlen_q and seqlen_k bound their lengths (FlashAttention's max_seqlen_q
+ *     and max_seqlen_k: a tighter bound helps); total_q and total_k (0 without cu_seqlens) count the rows of
+ *     the packed tensors, each at most 2^31 - 1 (the kernels count rows in int32) and at most batch times
+ *     its bound. Every rule above (causal, the window, empty rows) holds per sequence on its own lengths:
+ *     bottom-right aligned on (q_len, k_len) of that sequence; a sequence of length 0 is allowed. LSE is
+ *     packed (heads_q, total_q): LSE[h][cu_seqlens_q[b] + i]. The backward's dO, dQ, dK, dV are packed as
+ *     Q, Q, K, V and its LSE input as the forward's.
+ *     The offsets are the caller's contract, not checked by fs_run (they are on the device): cu[0] = 0,
+ *     cu[b] <= cu[b + 1], cu[batch] = the total, every length at most its bound. Even when it is broken
+ *     no kernel reads or writes outside the packed tensors: a side whose offsets break it reads as empty,
+ *     so the output is wrong but memory is safe. fs_check_offsets checks them (it synchronizes); fs_varlen_flops
+ *     checks host copies. Only steps with variable-length batches run them (13c and later); the others
+ *     refuse them with a sentence naming one that does.
  *   - GQA / MQA: heads_q a multiple of heads_kv; query head h reads K/V head h / (heads_q / heads_kv).
  *   - causal is bottom-right aligned, as in FlashAttention >= 2.1: query i attends to key j iff
  *     j <= i + seqlen_k - seqlen_q. A query row with no key to attend gets O = 0 and LSE = -inf.
@@ -117,8 +138,20 @@ FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q,
 /* FLOPs of the forward pass as FlashAttention counts them: 4·batch·heads_q·seqlen_q·seqlen_k·head_dim
  * (two matrix products, a multiply-add counts 2), halved when causal; the softmax is not counted. With a
  * sliding window (window = 1) the pairs are counted exactly: 4·batch·heads_q·head_dim per visible pair.
- * 0 for a NULL problem. */
+ * A variable-length batch is counted with every sequence at the bounds seqlen_q and seqlen_k: an upper
+ * bound (its offsets are on the device); fs_varlen_flops counts it exactly. 0 for a NULL problem. */
 FS_API double fs_problem_flops(const fs_problem* p);
+/* The FLOPs of a variable-length batch, in *flops: the sum over its sequences of fs_problem_flops of each
+ * on its own (batch 1, its lengths, the same masks). cu_seqlens_q and cu_seqlens_k are host copies of the
+ * batch + 1 offsets each. FS_ERR_INVALID for a NULL pointer, a problem fs_check's rules refuse or one
+ * without cu_seqlens, or offsets that break the contract (the sentence names the first bad one). */
+FS_API fs_status fs_varlen_flops(const fs_problem* p, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                 double* flops);
+/* Checks a variable-length batch's device offsets (p->cu_seqlens_q, _k) against the contract above: they
+ * are copied to the host on `stream` (a cudaStream_t; NULL: the default), which is synchronized.
+ * FS_ERR_INVALID with a sentence naming the first bad offset ("cu_seqlens_q[3] is 70, below
+ * cu_seqlens_q[2] = 80: ..."), or for a problem fs_check's rules refuse; FS_OK for a dense problem. */
+FS_API fs_status fs_check_offsets(const fs_problem* p, void* stream);
 
 /* ---- Decoding: a few new tokens against a KV cache (steps/10_decoding) ------------------------
  *
@@ -209,7 +242,9 @@ FS_API fs_status fs_run_backward(const char* step_id, const fs_backward_problem*
                                  void* dk, void* dv, void* workspace, uint64_t workspace_bytes, void* stream);
 
 /* FLOPs of the backward pass as FlashAttention counts them: 2.5 × the forward's (five matrix products
- * instead of two: S = Q·Kᵀ again, dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q). 0 for NULL. */
+ * instead of two: S = Q·Kᵀ again, dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q). A variable-length
+ * batch at the bounds, as fs_problem_flops: 2.5 × fs_varlen_flops of its attention counts it exactly.
+ * 0 for NULL. */
 FS_API double fs_backward_flops(const fs_backward_problem* p);
 
 /* ---- The rules the benchmarks and the Python tools share, written once here ----------------- */

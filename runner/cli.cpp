@@ -63,6 +63,20 @@ bool read_bound(std::string_view text, int32_t& bound) {
   return ec == std::errc() && end == text.data() + text.size() && v <= uint32_t(INT32_MAX);
 }
 
+// --varlen LENGTHS: comma-separated integers from 0 to INT32_MAX, at least one.
+bool read_lengths(std::string_view text, std::vector<int32_t>& lengths) {
+  lengths.clear();
+  for (size_t start = 0;;) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    uint32_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data() + start, text.data() + comma, v);
+    if (ec != std::errc() || end != text.data() + comma || v > uint32_t(INT32_MAX)) return false;
+    lengths.push_back(int32_t(v));
+    if (comma == text.size()) return true;
+    start = comma + 1;
+  }
+}
+
 // --window L,R: window 1 and its bounds (without the flag the problem's window stays off).
 void set_window(Problem& p, const RunnerOptions& o) {
   if (!o.window) return;
@@ -127,6 +141,10 @@ const Flag kFlags[] = {
                    !read_bound(text.substr(comma + 1), p.o.window_right);
        p.o.window = true;
      }},
+    {"--varlen", kResources, {Rule::word, "comma-separated sequence lengths, each an integer from 0 to 2147483647"},
+     [](Parse& p) { p.refused = !read_lengths(p.text, p.o.varlen); }},
+    {"--varlen-k", kResources, {Rule::word, "comma-separated key lengths, each an integer from 0 to 2147483647"},
+     [](Parse& p) { p.refused = !read_lengths(p.text, p.o.varlen_k); }},
     {"--iters", kRun, integer(1, 100000), [](Parse& p) { p.o.iters = int(p.n); }},
     {"--warmup", kRun, integer(0, 100000), [](Parse& p) { p.o.warmup = int(p.n); }},
     {"--seed", kRun, integer(0, INT64_MAX), [](Parse& p) { p.o.seed = uint64_t(p.n); }},
@@ -195,6 +213,29 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
                 "--checked) ask for two kinds of run; give one");
   if (o.backward && !o.baseline)
     return fail("--no-baseline applies to forward and decoding runs; the backward run has no baseline row");
+  if (named("--varlen-k") && !named("--varlen"))
+    return fail("--varlen-k gives the key lengths of a variable-length batch; give the query lengths with --varlen");
+  if (named("--varlen")) {
+    for (const char* flag : {"--batch", "--seqlen", "--seqlen-q", "--seqlen-k"})
+      if (named(flag))
+        return fail(std::string(flag) + " does not apply with --varlen, whose lengths give the batch (one sequence "
+                    "each) and the sequences' lengths");
+    if (o.decode)
+      return fail("--varlen and the decoding flags (--decode, --page-size, --ragged, --splits, --checked) ask for two "
+                  "kinds of run; give one");
+    if (!o.varlen_k.empty() && o.varlen_k.size() != o.varlen.size())
+      return fail("--varlen-k gives " + std::to_string(o.varlen_k.size()) + " key lengths and --varlen " +
+                  std::to_string(o.varlen.size()) + " sequences; give one key length per sequence");
+    for (const auto& [flag, lengths] : {std::pair{"--varlen", &o.varlen}, std::pair{"--varlen-k", &o.varlen_k}}) {
+      int64_t total = 0;
+      for (const int32_t n : *lengths) total += n;
+      if (total > kMaxSeqlen)
+        return fail(std::string(flag) + " lengths add up to " + std::to_string(total) +
+                    " rows; a packed tensor holds at most " + std::to_string(kMaxSeqlen) +
+                    " (the kernels count its rows in int32)");
+    }
+    o.cu = offsets_of(o.varlen, o.varlen_k);
+  }
   // --seqlen-q and --seqlen-k win over --seqlen whatever the order; decoding: one new token unless told.
   o.seqlen_q = p.seqlen_q.value_or(p.seqlen.value_or(o.decode ? 1 : o.seqlen_q));
   o.seqlen_k = p.seqlen_k.value_or(p.seqlen.value_or(o.seqlen_k));
@@ -215,7 +256,7 @@ Problem problem_from(const RunnerOptions& o) {
   if (o.scale_given) p.softmax_scale = o.scale;
   p.softcap = o.softcap;
   set_window(p, o);
-  return p;
+  return o.varlen.empty() ? p : varlen_problem(p, o.cu);
 }
 
 DecodeProblem decode_problem_from(const RunnerOptions& o) {
@@ -275,6 +316,12 @@ problem (defaults: batch 2, heads 16, seqlen 2048, head_dim 128, fp16, not causa
   --softcap X          logit softcapping: softcap * tanh(s / softcap) before the softmax (default 0: off)
   --window L,R         sliding window: query i sees keys i+d-L ... i+d+R, d = seqlen_k - seqlen_q (-1: unbounded
                        on that side; with --causal the right bound is 0; default: no window)
+  --varlen N,N,...     a variable-length batch: one sequence of each length, packed (total, heads, head_dim)
+                       with cu_seqlens offsets (FlashAttention's varlen layout); the batch is their count,
+                       seqlen_q and seqlen_k the longest; causal and the window are per sequence. TFLOP/s count
+                       the real pairs of every sequence. Replaces --batch and --seqlen*; with --backward
+                       too (dO, dQ packed like Q, dK, dV like K)
+  --varlen-k N,N,...   the key lengths of those sequences (default: --varlen's)
 
 decoding (a few new tokens against a KV cache; any of these flags makes the problem a decoding one):
   --decode             a decoding problem: seqlen_q 1 unless --seqlen-q says otherwise, a KV cache of

@@ -9,6 +9,7 @@
 #include "backward/problem.h"
 #include "decode/problem.h"
 #include "forward/problem.h"
+#include "forward/rules.h"
 
 namespace fs {
 
@@ -30,6 +31,11 @@ struct RunnerOptions {
   float softcap = 0;  // 0: off
   bool window = false;  // --window L,R: a sliding window of window_left keys before the diagonal, window_right after
   int32_t window_left = 0, window_right = 0;
+  // --varlen LENGTHS (and --varlen-k): a variable-length batch of these sequences; their offsets, from
+  // which problem_from makes the problem (its cu_seqlens point at these host copies: fs::Workload puts
+  // device copies in their place). Empty: a dense batch.
+  std::vector<int32_t> varlen, varlen_k;
+  Offsets cu;
   int iters = 20;
   int warmup = 2;
   bool flush_l2 = true;
@@ -54,7 +60,8 @@ struct ParsedArgs {
 // Parses argv[1..]. Flags take their value as the next argument or after '='.
 ParsedArgs parse_runner_args(const std::vector<std::string>& args);
 
-// The problem the options describe (contiguous tensors).
+// The problem the options describe (contiguous tensors); with --varlen, a variable-length batch whose
+// cu_seqlens point at o.cu's host arrays (valid while o is).
 Problem problem_from(const RunnerOptions& o);
 
 // The decoding problem (--decode), contiguous Q and O and a contiguous or paged cache.

@@ -89,33 +89,57 @@ std::vector<Cell> error_cells(const Row& r) {
           {"max_lse_err", num(r.cmp.max_lse_err)}};
 }
 
+// A variable-length batch (--varlen): ", 4 sequences of 0 to 4096 query rows (keys: the same)" after the
+// shape; "" for a dense one.
+std::string varlen_lengths(const fs::RunnerOptions& o) {
+  if (o.varlen.empty()) return "";
+  const auto [lo, hi] = std::minmax_element(o.varlen.begin(), o.varlen.end());
+  return ", " + std::to_string(o.varlen.size()) + " sequences of " + std::to_string(*lo) + " to " +
+         std::to_string(*hi) + " query rows" + (o.varlen_k.empty() ? " (keys: the same)" : " (keys: --varlen-k)");
+}
+// Its lengths in the JSON's problem: ", \"varlen\": [...], \"varlen_k\": [...]"; "" for a dense batch.
+std::string varlen_json(const fs::RunnerOptions& o) {
+  if (o.varlen.empty()) return "";
+  auto list = [](const std::vector<int32_t>& v) {
+    std::string s;
+    for (const int32_t n : v) s += (s.empty() ? "" : ", ") + std::to_string(n);
+    return "[" + s + "]";
+  };
+  return ", \"varlen\": " + list(o.varlen) + ", \"varlen_k\": " + list(o.varlen_k.empty() ? o.varlen : o.varlen_k);
+}
+
 template <>
 struct Session<fs::Problem> : ChainSession<fs::Problem> {
   static constexpr const char* mode = "";
   static fs::Problem problem(const fs::RunnerOptions& o) { return fs::problem_from(o); }
   static bool runs(const fs::Step& s) { return s.forward.present(); }
 
-  const fs::Problem p;
+  const fs::Problem p;  // a variable-length batch's cu_seqlens are host copies (o.cu); w.problem() launches
   const fs::RunnerOptions& o;
-  fs::Workload w{p, o.seed};
+  fs::Workload w{p, o.seed, fs::Layout::separate, o.cu};
   fs::GpuReference gpu = {};
   fs::Reference ref = {};
-  const double flops = fs::attention_flops(p);
+  // A variable-length batch: the real pairs of its sequences (fs_varlen_flops).
+  const double flops = fs::is_varlen(p) ? fs::varlen_flops(p, o.cu.q, o.cu.k) : fs::attention_flops(p);
 
-  std::string shape() const { return fs::describe(p) + ", " + fixed(flops / 1e9, 1) + " GFLOP"; }
+  std::string shape() const {
+    return fs::describe(p) + varlen_lengths(o) + ", " + fixed(flops / 1e9, 1) + " GFLOP";
+  }
   std::string reference() const { return reference_name(fs::reference_cpu_cost(p)); }
   void rate(Row& r) const { r.rate = fs::tflops(flops, r.ms); }
-  void measure(Row& r, const fs::Step& s, const fs::Plan& plan) { check_and_time(*this, r, s, p, plan, w.tensors()); }
+  void measure(Row& r, const fs::Step& s, const fs::Plan& plan) {
+    check_and_time(*this, r, s, w.problem(), plan, w.tensors());
+  }
   void add_baseline(std::vector<Row>& rows) {
     Row r{.id = "cublas", .lesson = kBaselineLesson};
     const fs::Tensors t = w.tensors();
-    check_and_time(*this, r, [&](cudaStream_t st) { gpu.run(p, t, nullptr, st); });
+    check_and_time(*this, r, [&](cudaStream_t st) { gpu.run(w.problem(), t, nullptr, st); });
     rows.push_back(r);
   }
   std::string title() const { return shape() + " | " + timing_note(o) + " | x = speed-up (time ratio)"; }
   std::string json() const {
-    return ",\n  \"problem\": " +
-           problem_json(p, ", \"softmax_scale\": " + num(p.softmax_scale) + ", \"flops\": " + num(flops));
+    return ",\n  \"problem\": " + problem_json(p, ", \"softmax_scale\": " + num(p.softmax_scale) + varlen_json(o) +
+                                                  ", \"flops\": " + num(flops));
   }
   static std::vector<Cell> tags(const Row&) { return {}; }
   static std::vector<Cell> cells(const Row& r) {
@@ -213,30 +237,35 @@ struct Session<fs::BackwardProblem> : ChainSession<fs::BackwardProblem> {
   static fs::BackwardProblem problem(const fs::RunnerOptions& o) { return fs::backward_problem_from(o); }
   static bool runs(const fs::Step& s) { return s.backward.present(); }
 
-  const fs::BackwardProblem p;
+  const fs::BackwardProblem p;  // a variable-length batch's cu_seqlens are host copies (o.cu); w.problem() launches
   const fs::RunnerOptions& o;
-  fs::BackwardWorkload w{p, o.seed};
+  fs::BackwardWorkload w{p, o.seed, fs::Layout::separate, o.cu};
   fs::GpuReference gpu = {};
   fs::BackwardReferences ref = {};
-  const double flops = fs::backward_flops(p);
+  // 2.5 x the forward's; a variable-length batch: of the real pairs of its sequences (fs_varlen_flops).
+  const double flops =
+      fs::is_varlen(p.attention) ? fs::backward_varlen_flops(p, o.cu.q, o.cu.k) : fs::backward_flops(p);
   const std::string reference_kind = reference_name(fs::reference_cpu_cost(p));
 
-  std::string shape() const { return fs::describe(p) + ", " + fixed(flops / 1e9, 1) + " GFLOP"; }
+  std::string shape() const { return fs::describe(p) + varlen_lengths(o) + ", " + fixed(flops / 1e9, 1) + " GFLOP"; }
   std::string reference() const {
     return reference_kind + ", exact and with O, P and dS rounded to " + fs::dtype_name(p.attention.dtype);
   }
   void rate(Row& r) const { r.rate = fs::tflops(flops, r.ms); }
-  void measure(Row& r, const fs::Step& s, const fs::Plan& plan) { check_and_time(*this, r, s, p, plan, w.tensors()); }
+  void measure(Row& r, const fs::Step& s, const fs::Plan& plan) {
+    check_and_time(*this, r, s, w.problem(), plan, w.tensors());
+  }
   void add_baseline(std::vector<Row>&) {}
   std::string title() const {
-    return fs::describe(p) + " | " + fixed(flops / 1e9, 1) + " GFLOP (2.5 x forward) | " + timing_note(o) +
+    return fs::describe(p) + varlen_lengths(o) + " | " + fixed(flops / 1e9, 1) + " GFLOP (2.5 x forward) | " +
+           timing_note(o) +
            " | dQ dK dV = max |err| / bound (" + reference_kind + " reference; <= 1 passes)";
   }
   std::string json() const {
     return ",\n  \"problem\": " +
            problem_json(p.attention, ", \"softmax_scale\": " + num(p.attention.softmax_scale) +
                                              ", \"deterministic\": " + boolean(p.deterministic) +
-                                             ", \"flops\": " + num(flops)) +
+                                             varlen_json(o) + ", \"flops\": " + num(flops)) +
            ",\n  \"reference\": " + quoted(reference_kind);
   }
   static std::vector<Cell> tags(const Row&) { return {}; }

@@ -1,8 +1,8 @@
 // Runs every registered step on small shapes (ragged tails, causal with Sq ≠ Sk, GQA, both dtypes;
-// softcapped and windowed ones where the step has the feature),
+// softcapped, windowed and variable-length ones where the step has the feature),
 // every step with a decoding entry on small decoding problems (paged caches, ragged lengths with 0
 // and 1, forced splits), and every step with a backward pass on small backward problems (each tile
-// configuration, GQA, causal with Sq ≠ Sk, both modes), and checks each against the fp64 CPU reference. Small on purpose: tests/sanitize.sh runs it under
+// configuration, GQA, causal with Sq ≠ Sk, both modes; variable-length ones where it has them), and checks each against the fp64 CPU reference. Small on purpose: tests/sanitize.sh runs it under
 // compute-sanitizer's four tools. A step that refuses a shape it claims (Step::claims) fails.
 //   sanitize_steps [--device-only]   (--device-only: only look for a usable device)
 // FLASH_STEPS_ONLY=<prefix> runs only the steps whose id starts with it (as the GPU tests do).
@@ -10,6 +10,7 @@
 // CUDA device.
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "common/backward/check.h"
 #include "common/decode/check.h"
@@ -64,6 +65,33 @@ int main(int argc, char** argv) {
         std::cout << s.id << " " << fs::describe(p) << ": " << c.summary() << "\n";
         failures += c.pass() ? 0 : 1;
       }
+    // Variable-length batches, on the steps that have them (Step::varlen): empty and one-row sequences, a
+    // query length unlike the key length, causal and a window per sequence.
+    struct VarlenShape {
+      std::vector<int32_t> lq, lk;
+      int64_t hq, hkv, d;
+      fs::DType dtype;
+      bool causal;
+      int32_t window = 0, left = 0, right = 0;
+    };
+    const VarlenShape varlen_shapes[] = {
+        {{0, 1, 65, 130}, {7, 0, 129, 64}, 2, 1, 64, fs::DType::fp16, true},
+        {{33, 0, 100}, {33, 5, 70}, 2, 2, 128, fs::DType::bf16, false, 1, 20, 3},
+        {{9, 70}, {}, 1, 1, 256, fs::DType::fp16, true},
+    };
+    for (const fs::Step& s : fs::steps()) {
+      if (!s.forward.present() || !s.varlen || !fs::test::step_selected(s.id)) continue;
+      for (const VarlenShape& sh : varlen_shapes) {
+        fs::Problem shape = fs::make_problem(1, 1, 1, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal);
+        shape.window = sh.window, shape.window_left = sh.left, shape.window_right = sh.right;
+        const fs::Offsets cu = fs::offsets_of(sh.lq, sh.lk);
+        fs::Workload w(fs::varlen_problem(shape, cu), 14, fs::Layout::separate, cu);
+        const fs::Reference ref = fs::reference_cpu(w.problem(), w.download_inputs());
+        const fs::Comparison c = fs::run_and_compare(s, w, ref, dev);
+        std::cout << s.id << " " << fs::describe(w.problem()) << ": " << c.summary() << "\n";
+        failures += c.pass() ? 0 : 1;
+      }
+    }
     struct DecodeShape {
       int64_t b, sq, sk, hq, hkv, d, page;
       std::vector<int32_t> lengths;
@@ -127,6 +155,35 @@ int main(int argc, char** argv) {
           const fs::BackwardReferences ref{fs::reference_cpu(p, in, false),
                                            fs::reference_cpu(p, in, true)};
           const fs::Prepared prepared(s, p, plan);
+          for (const fs::GradComparison& g : fs::launch_and_compare(
+                   [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
+            std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.attention)
+                      << ": " << g.summary() << "\n";
+            failures += g.pass() ? 0 : 1;
+          }
+        }
+    }
+    // The backward of variable-length batches, on the steps whose backward has them: empty and one-row
+    // sequences, query lengths unlike the key lengths, causal, a window and softcapping per sequence,
+    // both modes.
+    const VarlenShape varlen_backward_shapes[] = {
+        {{0, 1, 65, 130}, {7, 0, 129, 64}, 4, 2, 64, fs::DType::fp16, true},
+        {{33, 0, 100}, {33, 5, 70}, 2, 1, 128, fs::DType::bf16, false, 1, 20, 3},
+    };
+    for (const fs::Step& s : fs::steps()) {
+      if (!s.backward.present() || !s.varlen || !fs::test::step_selected(s.id)) continue;
+      for (const VarlenShape& sh : varlen_backward_shapes)
+        for (const bool deterministic : {false, true}) {
+          fs::Problem shape = fs::make_problem(1, 1, 1, sh.hq, sh.hkv, sh.d, sh.dtype, sh.causal);
+          shape.window = sh.window, shape.window_left = sh.left, shape.window_right = sh.right;
+          shape.softcap = sh.window ? 2.0f : 0.0f;
+          const fs::Offsets cu = fs::offsets_of(sh.lq, sh.lk);
+          fs::BackwardWorkload w(fs::backward_of(fs::varlen_problem(shape, cu), deterministic), 15,
+                                 fs::Layout::separate, cu);
+          const fs::BackwardProblem& p = w.problem();
+          const fs::BackwardHostInputs in = w.download_inputs();
+          const fs::BackwardReferences ref{fs::reference_cpu(p, in, false), fs::reference_cpu(p, in, true)};
+          const fs::Prepared prepared(s, p, dev);
           for (const fs::GradComparison& g : fs::launch_and_compare(
                    [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
             std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.attention)

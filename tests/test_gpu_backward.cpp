@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "catch.h"
@@ -94,6 +96,7 @@ struct BackwardCase {
   uint64_t seed;
   fs::Layout layout = fs::Layout::separate;
   bool padded = false;  // dO and dQ with a padded head stride
+  fs::Offsets offsets = {};  // a variable-length batch's (varlen_backward_cases); the workload copies them to the device
 };
 
 // The shapes every step's backward runs, each with deterministic = 0 and 1:
@@ -192,10 +195,69 @@ std::vector<BackwardCase> backward_cases() {
   return cases;
 }
 
+// Variable-length batches (steps without them refuse): the forward's mixes (tests/test_gpu_steps.cpp) of
+// sequences of 0, 1 and odd lengths around the tiles, a query length unlike the key length per sequence,
+// causal and windows per sequence (left only, right only, both, wider than every sequence, 0), softcapping,
+// GQA and MQA, fp16 and bf16, head_dim 64 and 128, each with deterministic = 0 and 1; small batches the fp64
+// reference checks; Q, K, V packed into one buffer, dO and dQ of padded head stride; other head_dims (above
+// 128: refused by the steps whose backward has no such tiles); 64 sequences of random lengths.
+std::vector<BackwardCase> varlen_backward_cases() {
+  struct Batch {
+    std::vector<int32_t> lq, lk;  // lk empty: lq's
+    int64_t heads_q, heads_kv;
+    bool causal;
+    int32_t window, left, right;
+    float softcap;
+  };
+  const std::vector<int32_t> mix{0, 1, 7, 64, 65, 128, 300}, q_side{1, 64, 300, 0, 129, 17}, k_side{300, 65, 64, 17, 0, 1};
+  const std::vector<int32_t> small_q{0, 1, 7, 33, 5}, small_k{3, 0, 7, 20, 40};
+  const Batch batches[] = {
+      {mix, {}, 4, 2, false, 0, 0, 0, 0.0f},              {mix, {}, 4, 2, true, 0, 0, 0, 0.0f},
+      {q_side, k_side, 8, 1, false, 0, 0, 0, 0.0f},       {q_side, k_side, 8, 2, true, 0, 0, 0, 0.0f},
+      {k_side, q_side, 2, 2, true, 0, 0, 0, 0.0f},        {mix, {}, 4, 4, false, 1, 100, -1, 0.0f},   // left only
+      {q_side, k_side, 4, 2, false, 1, -1, 30, 0.0f},     {mix, {}, 4, 1, false, 1, 20, 10, 0.0f},    // right, both
+      {q_side, k_side, 2, 1, false, 1, 5000, 5000, 0.0f}, {mix, {}, 2, 2, false, 1, 0, 0, 0.0f},      // wide, 0
+      {q_side, k_side, 4, 2, true, 1, 50, 0, 0.0f},       {mix, {}, 4, 2, false, 0, 0, 0, 0.05f},     // causal band
+      {q_side, k_side, 4, 2, true, 0, 0, 0, 1e30f},       {mix, {}, 4, 2, false, 1, 64, 64, 15.0f},   // softcap huge
+      {small_q, small_k, 4, 2, true, 0, 0, 0, 0.0f},      {small_q, small_k, 2, 1, false, 1, 3, 2, 2.0f},  // fp64
+  };
+  std::vector<BackwardCase> cases;
+  auto add = [&](const Batch& b, int64_t d, fs::DType dt, fs::Layout layout = fs::Layout::separate,
+                 bool padded = false) {
+    fs::Problem shape = fs::make_problem(1, 1, 1, b.heads_q, b.heads_kv, d, dt, b.causal);
+    shape.window = b.window, shape.window_left = b.left, shape.window_right = b.right, shape.softcap = b.softcap;
+    const fs::Offsets cu = fs::offsets_of(b.lq, b.lk);
+    for (int deterministic : {0, 1}) {
+      // The problem's host pointers are never read (the workload's device copies replace them).
+      fs::BackwardProblem p = fs::backward_of(fs::varlen_problem(shape, cu), deterministic);
+      if (padded) {  // 8 unused elements after each head of dO and dQ
+        p.d_o = p.dq = fs::contiguous_strides(p.attention.total_q, b.heads_q, d + 8);
+        p.d_o.batch = p.dq.batch = 0;
+      }
+      cases.push_back({p, uint64_t(4000 + cases.size()), layout, padded, cu});
+    }
+  };
+  for (const Batch& b : batches)
+    for (int64_t d : {64, 128}) add(b, d, (cases.size() / 2) % 2 ? fs::DType::bf16 : fs::DType::fp16);
+  for (int64_t d : {64, 128}) {
+    add(batches[1], d, fs::DType::fp16, fs::Layout::packed_qkv, true);  // total_q == total_k
+    add(batches[3], d, fs::DType::bf16, fs::Layout::separate, true);
+  }
+  for (int64_t d : {8, 40, 72, 96, 136, 192, 256}) add(batches[d % 3 == 0 ? 1 : 3], d, fs::DType::fp16);
+  std::mt19937 rng(65);
+  std::vector<int32_t> many(64), many_k(64);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = int32_t(rng() % 300), many_k[i] = int32_t(rng() % 300);
+  add({many, many_k, 8, 2, true, 0, 0, 0, 0.0f}, 128, fs::DType::bf16);
+  add({many, {}, 8, 2, false, 1, 128, 0, 0.0f}, 64, fs::DType::fp16);
+  for (BackwardCase& c : cases)  // each case's pointers at its own host copies (never read, but not dangling)
+    c.problem.attention.cu_seqlens_q = c.offsets.q.data(), c.problem.attention.cu_seqlens_k = c.offsets.k.data();
+  return cases;
+}
+
 std::string describe(const BackwardCase& c) {
   std::ostringstream m;
   m << fs::describe(c.problem) << (c.layout == fs::Layout::packed_qkv ? " packed QKV" : "") << (c.padded ? " padded dO/dQ" : "")
-    << (c.problem.attention.k.batch == 0 ? " K/V broadcast over the batch" : "");
+    << (c.problem.attention.k.batch == 0 && !fs::is_varlen(c.problem.attention) ? " K/V broadcast over the batch" : "");
   return m.str();
 }
 
@@ -216,9 +278,9 @@ int64_t written(const std::vector<float>& x) {
 // and bitwise repeatable when deterministic.
 void check_backward_steps(const BackwardCase& c) {
   const fs::DeviceInfo dev = fs::current_device();
-  fs::BackwardWorkload w(c.problem, c.seed, c.layout);
+  fs::BackwardWorkload w(c.problem, c.seed, c.layout, c.offsets);
   const fs::BackwardProblem& p = w.problem();
-  const fs::Problem& f = p.attention;
+  const fs::Problem f = fs::dense_view(p.attention);  // the tensors' sizes: a variable-length batch's packed rows
   bool references_ready = false;
   fs::BackwardReferences ref;
   for (const fs::Step& s : fs::steps()) {
@@ -228,7 +290,7 @@ void check_backward_steps(const BackwardCase& c) {
     if (!plan.accepted()) {
       INFO("refusal: " << plan.refusal);
       CHECK_FALSE((s.backward.claims(p, dev) && (f.softcap == 0 || s.softcap) &&  // documented: it runs this problem
-                   (f.window == 0 || s.window)));
+                   (f.window == 0 || s.window) && (!fs::is_varlen(p.attention) || s.varlen)));
       CHECK(plan.refusal.size() > 10);
       w.poison();
       CHECK_THROWS_AS(fs::run(s, p, plan, w.tensors(), nullptr, 0, nullptr), fs::Error);
@@ -316,6 +378,64 @@ TEST_CASE("every step's backward runs from a thread that has made no CUDA call",
 TEST_CASE("every step's backward matches the references on the backward shapes", "[backward]") {
   static const std::vector<BackwardCase> cases = backward_cases();
   check_backward_steps(cases[size_t(GENERATE(range(size_t(0), cases.size())))]);
+}
+
+TEST_CASE("steps whose backward has variable-length batches match the references; the others refuse them",
+          "[backward][varlen]") {
+  static const std::vector<BackwardCase> cases = varlen_backward_cases();
+  check_backward_steps(cases[size_t(GENERATE(range(size_t(0), cases.size())))]);
+}
+
+// The backward of a batch without work on one side: no key in any sequence (dQ = 0), no query row in any
+// sequence (dK = dV = 0), and a batch of empty sequences only.
+TEST_CASE("variable-length batches: the backward of empty sides", "[backward][varlen]") {
+  const fs::DeviceInfo dev = fs::current_device();
+  const std::vector<int32_t> some{3, 0, 5}, none{0, 0, 0};
+  for (const fs::Step& s : fs::steps()) {
+    if (!fs::test::step_selected(s.id) || !s.backward.present() || !s.varlen) continue;
+    for (const auto& [lq, lk] : {std::pair{some, none}, std::pair{none, some}, std::pair{none, none}})
+      for (const int deterministic : {0, 1}) {
+        const fs::Offsets cu = fs::offsets_of(lq, lk);
+        fs::Problem shape = fs::make_problem(1, 1, 1, 4, 2, 64, fs::DType::fp16, true);
+        fs::BackwardWorkload w(fs::backward_of(fs::varlen_problem(shape, cu), deterministic), 6,
+                               fs::Layout::separate, cu);
+        INFO("step " << s.id << " backward on " << fs::describe(w.problem()));
+        w.poison();
+        fs::Prepared(s, w.problem(), dev).launch(w.tensors(), nullptr);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        for (const std::vector<float>& g : {w.download_dq(), w.download_dk(), w.download_dv()})
+          for (float x : g) CHECK(x == 0.0f);
+      }
+  }
+}
+
+TEST_CASE("variable-length batches: the cuBLAS backward reference per sequence matches the fp64 one",
+          "[backward][varlen]") {
+  const std::vector<int32_t> lq{0, 1, 7, 64, 65, 130}, lk{3, 0, 64, 7, 65, 200};
+  for (const bool causal : {false, true}) {
+    fs::Problem shape = fs::make_problem(1, 1, 1, 4, 2, 64, fs::DType::bf16, causal);
+    shape.window = causal ? 0 : 1, shape.window_left = 20, shape.window_right = 5, shape.softcap = causal ? 0.0f : 8.0f;
+    const fs::Offsets cu = fs::offsets_of(lq, lk);
+    const fs::BackwardWorkload w(fs::backward_of(fs::varlen_problem(shape, cu), 0), 31, fs::Layout::separate, cu);
+    CAPTURE(fs::describe(w.problem()));
+    const fs::BackwardHostInputs in = w.download_inputs();
+    const Gradients exact = fs::reference_cpu(w.problem(), in, false);
+    const Gradients low = fs::reference_cpu(w.problem(), in, true);
+    fs::GpuReference gpu;
+    gpu.set_max_scratch_bytes(16384);  // several row chunks in the longest sequences
+    const Gradients got = fs::gpu_reference(w, gpu, false);
+    const Gradients got_low = fs::gpu_reference(w, gpu, true);
+    for (auto [name, e, l, g, gl] : {std::tuple{"dQ", &exact.dq, &low.dq, &got.dq, &got_low.dq},
+                                     std::tuple{"dK", &exact.dk, &low.dk, &got.dk, &got_low.dk},
+                                     std::tuple{"dV", &exact.dv, &low.dv, &got.dv, &got_low.dv}}) {
+      CAPTURE(name);
+      REQUIRE(g->size() == e->size());
+      const double tol = 1e-4 * max_abs(*e);  // as for the dense shapes above
+      CHECK(max_diff(*g, *e) <= tol);
+      CHECK(max_diff(*gl, *l) <= tol + 0.5 * max_diff(*l, *e));
+      for (double x : *g) CHECK(std::isfinite(x));
+    }
+  }
 }
 
 // A step plans for the GPU it is given: planned for a GPU whose blocks may opt in to 99 KiB of shared

@@ -5,11 +5,13 @@
 #include <cstring>
 #include <iomanip>
 #include <iostream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "catch.h"
+#include "common/flash_steps.h"
 #include "common/forward/check.h"
 #include "common/harness/tensors.h"
 #include "gpu_test_config.h"
@@ -32,6 +34,7 @@ struct Case {
   fs::Problem problem;
   uint64_t seed;
   fs::Layout layout = fs::Layout::separate;
+  fs::Offsets offsets = {};  // a variable-length batch's (varlen_cases); the Workload copies them to the device
 };
 
 std::vector<Case> all_cases() {
@@ -74,9 +77,10 @@ std::vector<Case> edge_cases() {
 }
 
 // What a step documents that it runs: its claims, with softcapping only where it has it (Step::softcap),
-// and a sliding window likewise (Step::window).
+// and a sliding window and variable-length batches likewise (Step::window, Step::varlen).
 bool claims(const fs::Step& s, const fs::Problem& p, const fs::DeviceInfo& dev) {
-  return s.forward.claims(p, dev) && (p.softcap == 0 || s.softcap) && (p.window == 0 || s.window);
+  return s.forward.claims(p, dev) && (p.softcap == 0 || s.softcap) && (p.window == 0 || s.window) &&
+         (!fs::is_varlen(p) || s.varlen);
 }
 
 // Logit softcapping: caps from tiny (every logit near 0: O near the mean of V) through the size of
@@ -146,6 +150,47 @@ std::vector<Case> window_cases() {
   return cases;
 }
 
+// Variable-length batches: sequences of 0, 1 and odd lengths around the tiles, a query length unlike the key
+// length in each sequence (separate cu_seqlens), causal and windows per sequence (left only, right only,
+// both, wider than every sequence, 0), softcapping tiny and huge, GQA and MQA, fp16 and bf16, head_dim 64 and
+// 128, then 8, 72, 256 and a few others; and 64 sequences of random lengths. Steps without them refuse each.
+std::vector<Case> varlen_cases() {
+  struct Batch {
+    std::vector<int32_t> lq, lk;  // lk empty: lq's
+    int64_t heads_q, heads_kv;
+    bool causal;
+    int32_t window, left, right;
+    float softcap;
+  };
+  const std::vector<int32_t> mix{0, 1, 7, 64, 65, 128, 300}, q_side{1, 64, 300, 0, 129, 17}, k_side{300, 65, 64, 17, 0, 1};
+  const Batch batches[] = {
+      {mix, {}, 4, 2, false, 0, 0, 0, 0.0f},           {mix, {}, 4, 2, true, 0, 0, 0, 0.0f},
+      {q_side, k_side, 8, 1, false, 0, 0, 0, 0.0f},    {q_side, k_side, 8, 2, true, 0, 0, 0, 0.0f},
+      {k_side, q_side, 2, 2, true, 0, 0, 0, 0.0f},     {mix, {}, 4, 4, false, 1, 100, -1, 0.0f},   // left only
+      {q_side, k_side, 4, 2, false, 1, -1, 30, 0.0f},  {mix, {}, 4, 1, false, 1, 20, 10, 0.0f},    // right, both
+      {q_side, k_side, 2, 1, false, 1, 5000, 5000, 0.0f}, {mix, {}, 2, 2, false, 1, 0, 0, 0.0f},   // wide, 0
+      {q_side, k_side, 4, 2, true, 1, 50, 0, 0.0f},    {mix, {}, 4, 2, false, 0, 0, 0, 0.05f},     // causal band
+      {q_side, k_side, 4, 2, true, 0, 0, 0, 1e30f},    {mix, {}, 4, 2, false, 1, 64, 64, 15.0f},   // softcap huge
+  };
+  std::vector<Case> cases;
+  auto add = [&](const Batch& b, int64_t d, fs::DType dt) {
+    fs::Problem shape = fs::make_problem(1, 1, 1, b.heads_q, b.heads_kv, d, dt, b.causal);
+    shape.window = b.window, shape.window_left = b.left, shape.window_right = b.right, shape.softcap = b.softcap;
+    Case c{{}, uint64_t(3000 + cases.size()), fs::Layout::separate, fs::offsets_of(b.lq, b.lk)};
+    c.problem = fs::varlen_problem(shape, c.offsets);  // its host pointers are never read: the Workload's are
+    cases.push_back(std::move(c));
+  };
+  for (const Batch& b : batches)
+    for (int64_t d : {64, 128}) add(b, d, cases.size() % 2 ? fs::DType::bf16 : fs::DType::fp16);
+  for (int64_t d : {8, 40, 72, 96, 136, 192, 256}) add(batches[d % 3 == 0 ? 1 : 3], d, fs::DType::fp16);
+  std::mt19937 rng(64);
+  std::vector<int32_t> many(64), many_k(64);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = int32_t(rng() % 300), many_k[i] = int32_t(rng() % 300);
+  add({many, many_k, 8, 2, true, 0, 0, 0, 0.0f}, 128, fs::DType::bf16);
+  add({many, {}, 8, 2, false, 1, 128, 0, 0.0f}, 64, fs::DType::fp16);
+  return cases;
+}
+
 bool all_nan(const std::vector<float>& x) {
   for (float v : x)
     if (v == v) return false;
@@ -157,7 +202,7 @@ bool all_nan(const std::vector<float>& x) {
 // untouched: no step passes by refusing.
 void check_all_steps(const Case& c) {
   const fs::DeviceInfo dev = fs::current_device();
-  fs::Workload w(c.problem, c.seed, c.layout);
+  fs::Workload w(c.problem, c.seed, c.layout, c.offsets);
   fs::GpuReference gpu;
   bool reference_ready = false;
   fs::Reference ref;
@@ -207,6 +252,82 @@ TEST_CASE("steps with softcapping match the reference; the others refuse it", "[
 TEST_CASE("steps with windows match the reference; the others refuse it", "[steps][window]") {
   static const std::vector<Case> cases = window_cases();
   check_all_steps(cases[size_t(GENERATE(range(size_t(0), cases.size())))]);
+}
+
+TEST_CASE("steps with variable-length batches match the reference; the others refuse them", "[steps][varlen]") {
+  static const std::vector<Case> cases = varlen_cases();
+  check_all_steps(cases[size_t(GENERATE(range(size_t(0), cases.size())))]);
+}
+
+TEST_CASE("variable-length batches: empty work, and offsets checked on the device", "[steps][varlen]") {
+  const fs::DeviceInfo dev = fs::current_device();
+  const std::vector<int32_t> lq{3, 0, 5}, lk{0, 0, 0}, none{0, 0, 0}, keys{4, 9, 1};
+  const fs::Problem shape = fs::make_problem(1, 1, 1, 2, 1, 64, fs::DType::fp16, true);
+  for (const fs::Step& s : fs::steps()) {
+    if (!s.forward.present() || !s.varlen || !fs::test::step_selected(s.id)) continue;
+    CAPTURE(s.id);
+    // No key in any sequence: O = 0 and LSE = -inf on every row; no query row: nothing to do.
+    const fs::Offsets no_keys = fs::offsets_of(lq, lk), no_rows = fs::offsets_of(none, keys);
+    fs::Workload w(fs::varlen_problem(shape, no_keys), 4, fs::Layout::separate, no_keys);
+    w.poison();
+    fs::Prepared(s, w.problem(), dev).launch(w.tensors(), nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    for (float x : w.download_o()) CHECK(x == 0.0f);
+    for (float x : w.download_lse()) CHECK(x == -INFINITY);
+    fs::Workload e(fs::varlen_problem(shape, no_rows), 4, fs::Layout::separate, no_rows);
+    fs::Prepared(s, e.problem(), dev).launch(e.tensors(), nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
+  // fs_check_offsets reads the device arrays and names the first bad offset; a step launched on broken
+  // offsets reads and writes nothing outside the packed tensors (compute-sanitizer: tests/sanitize_steps.cpp).
+  const fs::Offsets cu = fs::offsets_of(std::vector<int32_t>{5, 80, 7}, std::vector<int32_t>{9, 70, 3});
+  fs::Workload w(fs::varlen_problem(shape, cu), 5, fs::Layout::separate, cu);
+  const fs::Problem p = w.problem();
+  CHECK(fs_check_offsets(&p, nullptr) == FS_OK);
+  const struct {
+    std::vector<int32_t> q, k;
+    const char* sentence;
+  } broken[] = {
+      {{0, 60, 5, 92}, cu.k, "cu_seqlens_q[2] is 5, below cu_seqlens_q[1] = 60: the offsets must not decrease"},
+      {cu.q, {0, 9, 79, 83}, "cu_seqlens_k[3] (the last) is 83; it must equal total_k (82)"},
+      {{3, 5, 85, 92}, cu.k, "cu_seqlens_q[0] is 3; it must be 0"},
+      {cu.q, {0, 79, 79, 82}, "sequence 0 has 79 key rows (cu_seqlens_k[1] - cu_seqlens_k[0]); seqlen_k, the bound "
+                              "on every sequence's length, is 70"},
+  };
+  for (const auto& b : broken) {
+    CAPTURE(b.sentence);
+    CHECK_CUDA(cudaMemcpy(const_cast<int32_t*>(p.cu_seqlens_q), b.q.data(), 16, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(const_cast<int32_t*>(p.cu_seqlens_k), b.k.data(), 16, cudaMemcpyHostToDevice));
+    CHECK(fs_check_offsets(&p, nullptr) == FS_ERR_INVALID);
+    CHECK(std::string(fs_last_error()) == b.sentence);
+    for (const fs::Step& s : fs::steps())
+      if (s.forward.present() && s.varlen && fs::test::step_selected(s.id)) {
+        CAPTURE(s.id);
+        fs::Prepared(s, p, dev).launch(w.tensors(), nullptr);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+      }
+  }
+}
+
+TEST_CASE("variable-length batches: the cuBLAS reference per sequence matches the fp64 one", "[harness][varlen]") {
+  const std::vector<int32_t> lq{0, 1, 7, 64, 65, 130}, lk{3, 0, 64, 7, 65, 200};
+  for (bool causal : {false, true}) {
+    fs::Problem shape = fs::make_problem(1, 1, 1, 4, 2, 64, fs::DType::bf16, causal);
+    shape.window = causal ? 0 : 1, shape.window_left = 20, shape.window_right = 5, shape.softcap = causal ? 0.0f : 8.0f;
+    const fs::Offsets cu = fs::offsets_of(lq, lk);
+    fs::Workload w(fs::varlen_problem(shape, cu), 11, fs::Layout::separate, cu);
+    fs::GpuReference gpu;
+    gpu.set_max_scratch_bytes(4096);  // several row chunks in the longest sequence
+    const fs::Reference cpu = fs::reference_cpu(w.problem(), w.download_inputs());
+    const fs::Reference got = fs::gpu_reference(w, gpu);
+    REQUIRE(got.o.size() == cpu.o.size());
+    REQUIRE(got.lse.size() == cpu.lse.size());
+    std::vector<float> o(got.o.begin(), got.o.end()), lse(got.lse.begin(), got.lse.end());
+    // O is contiguous (total_q, heads_q, head_dim), as the packed problem's strides are.
+    const fs::Comparison cmp = fs::compare(w.problem(), o, lse, cpu, w.max_abs_v());
+    INFO(cmp.summary());
+    CHECK(cmp.pass());
+  }
 }
 
 TEST_CASE("every step handles empty work", "[steps]") {

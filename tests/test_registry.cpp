@@ -190,7 +190,7 @@ TEST_CASE("softcap: a step without it refuses with a sentence naming one that ha
   for (const fs::Step& s : fs::steps())
     if (s.softcap) capped = &s;
   REQUIRE(capped != nullptr);
-  CHECK(capped->id == "13b_window");  // the newest: 13a_softcap has it, and 13b keeps it
+  CHECK(capped->id == "13c_varlen");  // the newest: 13a_softcap has it, and 13b and 13c keep it
   REQUIRE(capped->forward.present());
   REQUIRE(capped->backward.present());
 
@@ -207,10 +207,10 @@ TEST_CASE("softcap: a step without it refuses with a sentence naming one that ha
     CAPTURE(s.id);
     if (s.forward.present())
       CHECK(fs::static_refusal(s, p) == "softcap is 30; step " + s.id +
-                                            " has no softcapping (0 turns it off); step 13b_window has it");
+                                            " has no softcapping (0 turns it off); step 13c_varlen has it");
     if (s.backward.present())
       CHECK(fs::static_refusal(s, bp) == "softcap is 30; step " + s.id +
-                                             " has no softcapping (0 turns it off); step 13b_window has it");
+                                             " has no softcapping (0 turns it off); step 13c_varlen has it");
     if (s.decode.present())  // no step decodes with a softcap: the sentence names none
       CHECK(fs::static_refusal(s, dp) == "softcap is 30; step " + s.id + " has no softcapping (0 turns it off)");
   }
@@ -222,10 +222,10 @@ TEST_CASE("window: a step without it refuses with a sentence naming one that has
   for (const fs::Step& s : fs::steps())
     if (s.window) windowed = &s;
   REQUIRE(windowed != nullptr);
-  CHECK(windowed->id == "13b_window");
+  CHECK(windowed->id == "13c_varlen");  // 13b_window has it, and 13c keeps it
   REQUIRE(windowed->forward.present());
   REQUIRE(windowed->backward.present());
-  CHECK(windowed->softcap);  // 13b keeps 13a's softcapping
+  CHECK(windowed->softcap);  // 13b and 13c keep 13a's softcapping
 
   auto banded = [](fs::Problem& p) { p.window = 1, p.window_left = 128, p.window_right = 0; };
   fs::Problem p = fs::make_problem(1, 16, 64, 2, 2, 64, fs::DType::fp16, false);
@@ -244,8 +244,8 @@ TEST_CASE("window: a step without it refuses with a sentence naming one that has
     }
     CAPTURE(s.id);
     const std::string sentence = "window is 1 (128, 0); step " + s.id + " has no sliding window (0 turns it off)";
-    if (s.forward.present()) CHECK(fs::static_refusal(s, p) == sentence + "; step 13b_window has it");
-    if (s.backward.present()) CHECK(fs::static_refusal(s, bp) == sentence + "; step 13b_window has it");
+    if (s.forward.present()) CHECK(fs::static_refusal(s, p) == sentence + "; step 13c_varlen has it");
+    if (s.backward.present()) CHECK(fs::static_refusal(s, bp) == sentence + "; step 13c_varlen has it");
     if (s.decode.present()) CHECK(fs::static_refusal(s, dp) == sentence);  // no step decodes with a window
   }
   // Softcapping is asked of a step first: a step with neither names softcapping; 13a has softcapping alone.
@@ -253,7 +253,7 @@ TEST_CASE("window: a step without it refuses with a sentence naming one that has
   const fs::Step *plain = fs::find_step("09f_persistent"), *capped = fs::find_step("13a_softcap");
   REQUIRE((plain && capped));
   CHECK(fs::static_refusal(*plain, p) ==
-        "softcap is 30; step 09f_persistent has no softcapping (0 turns it off); step 13b_window has it");
+        "softcap is 30; step 09f_persistent has no softcapping (0 turns it off); step 13c_varlen has it");
   CHECK(fs::static_refusal(*capped, p) ==
-        "window is 1 (128, 0); step 13a_softcap has no sliding window (0 turns it off); step 13b_window has it");
+        "window is 1 (128, 0); step 13a_softcap has no sliding window (0 turns it off); step 13c_varlen has it");
 }

@@ -263,9 +263,10 @@ TEST_CASE("step 12 explains its maps and each sub-step's schedule without a GPU"
 }
 
 // The rule flash_steps' default_step applies to a backward problem (python/flash_steps/_torch.py: the
-// newest registered step whose plan accepts it on the device), on the registry itself: 13b (12c's kernel,
-// softcapping and the window off) on an H100/H200 up to head_dim 128; step 11 above that, and on any other GPU.
-TEST_CASE("the default backward step: 13b on sm_90 up to head_dim 128, step 11 elsewhere", "[step12][registry]") {
+// newest registered step whose plan accepts it on the device), on the registry itself: 13c (12c's kernel,
+// softcapping, the window and packed batches off) on an H100/H200 up to head_dim 128; step 11 above that, and on
+// any other GPU.
+TEST_CASE("the default backward step: 13c on sm_90 up to head_dim 128, step 11 elsewhere", "[step12][registry]") {
   auto newest = [](const fs::BackwardProblem& p, const fs::DeviceInfo& dev) {
     const std::vector<fs::Step>& all = fs::steps();
     for (auto it = all.rbegin(); it != all.rend(); ++it)
@@ -278,12 +279,12 @@ TEST_CASE("the default backward step: 13b on sm_90 up to head_dim 128, step 11 e
     for (const int64_t d : {64, 96, 128}) {
       const fs::BackwardProblem p = fs::make_backward_problem(2, 1000, 1000, 8, 2, d, fs::DType::bf16, causal, 0);
       INFO("head_dim " << d << ", causal " << causal);
-      CHECK(newest(p, h200) == "13b_window");
+      CHECK(newest(p, h200) == "13c_varlen");
       CHECK(newest(p, a100) == "11_backward");
       CHECK(newest(p, l40) == "11_backward");
     }
   const fs::BackwardProblem wide = fs::make_backward_problem(2, 1000, 1000, 8, 8, 256, fs::DType::fp16, true, 0);
   CHECK(newest(wide, h200) == "11_backward");
   const fs::BackwardProblem deterministic = fs::make_backward_problem(1, 512, 512, 4, 4, 128, fs::DType::fp16, false, 1);
-  CHECK(newest(deterministic, h200) == "13b_window");
+  CHECK(newest(deterministic, h200) == "13c_varlen");
 }

@@ -26,7 +26,8 @@
 namespace fs {
 
 // Gradients as contiguous arrays: dq (batch, seqlen_q, heads_q, head_dim), dk and dv (batch, seqlen_k,
-// heads_kv, head_dim).
+// heads_kv, head_dim); a variable-length batch's as its dense_view's, packed: dq (total_q, heads_q,
+// head_dim), dk and dv (total_k, heads_kv, head_dim).
 struct BackwardReference {
   std::vector<double> dq, dk, dv;
 };
@@ -36,7 +37,8 @@ struct BackwardReferences {
 };
 
 // Host copies of the backward's inputs as floats: Q, K, V as in HostInputs (index with the forward's
-// strides), dO contiguous (batch, seqlen_q, heads_q, head_dim).
+// strides; a variable-length batch's offsets in qkv.cu), dO contiguous (batch, seqlen_q, heads_q, head_dim)
+// (a variable-length batch: (total_q, heads_q, head_dim)).
 struct BackwardHostInputs {
   HostInputs qkv;
   std::vector<float> d_o;
@@ -50,8 +52,11 @@ struct BackwardHostInputs {
 //   dS = P ∘ (dP − D) formed from the unrounded P, then rounded before dQ = scale·dS·K and
 //   dK = scale·dSᵀ·Q (scale applied after the products, as the kernels apply it to the fp32 sums);
 //   dP, D and every product accumulated in fp64.
+// A variable-length batch: each sequence's dense gradients (one_sequence, on its rows), in the packed
+// layout; GQA sums over the group within each sequence, and keys that no row of theirs sees get 0.
 BackwardReference reference_cpu(const BackwardProblem& p, const BackwardHostInputs& in, bool rounded);
-// Multiply-adds of the CPU backward reference (to decide when it is too slow).
+// Multiply-adds of the CPU backward reference (to decide when it is too slow; at the bounds for a
+// variable-length batch).
 double reference_cpu_cost(const BackwardProblem& p);
 
 // x rounded to the nearest fp16 or bf16 value (ties to even), ±inf beyond the largest finite one.
@@ -74,7 +79,8 @@ GradComparison compare_gradient(const char* name, int32_t dtype, const Strides& 
                                 int64_t heads, int64_t head_dim, const std::vector<float>& out,
                                 const std::vector<double>& exact, const std::vector<double>& lowp, double scale);
 
-// dQ, dK, dV (their storage, as downloaded) against the exact and the rounded references, in that order.
+// dQ, dK, dV (their storage, as downloaded) against the exact and the rounded references, in that order;
+// a variable-length batch as its dense_view: its packed rows.
 std::vector<GradComparison> compare_gradients(const BackwardProblem& p, const std::vector<float>& dq,
                                               const std::vector<float>& dk, const std::vector<float>& dv,
                                               const BackwardReferences& ref);
@@ -85,8 +91,11 @@ std::vector<GradComparison> compare_gradients(const BackwardProblem& p, const st
 class BackwardWorkload {
  public:
   // `shape` gives the sizes, dtype, causal flag, scale and every stride. Layout::packed_qkv replaces
-  // the strides of Q, K and V by views into one packed buffer (needs seqlen_q == seqlen_k).
-  BackwardWorkload(const BackwardProblem& shape, uint64_t seed, Layout layout = Layout::separate);
+  // the strides of Q, K and V by views into one packed buffer (needs seqlen_q == seqlen_k). A
+  // variable-length batch (backward_of(varlen_problem(...))) comes with the host copies of its offsets, as
+  // Workload takes them: problem() points at the workload's device copies.
+  BackwardWorkload(const BackwardProblem& shape, uint64_t seed, Layout layout = Layout::separate,
+                   Offsets offsets = {});
 
   const BackwardProblem& problem() const { return p_; }
   BackwardTensors tensors() const;
@@ -108,7 +117,7 @@ class BackwardWorkload {
 };
 
 // The fp32 cuBLAS reference's gradients for the workload (rounded: the same computation done in the
-// dtype), downloaded as contiguous arrays.
+// dtype), downloaded as contiguous arrays (a variable-length batch: per sequence, packed).
 BackwardReference gpu_reference(const BackwardWorkload& w, GpuReference& gpu, bool rounded);
 // Both references: fp64 on the CPU when that costs at most kCpuReferenceMaxCost, else fp32 cuBLAS.
 BackwardReferences make_reference(const BackwardWorkload& w, GpuReference& gpu);

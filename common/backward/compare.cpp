@@ -40,7 +40,7 @@ std::vector<GradComparison> compare_gradients(const BackwardProblem& p, const st
   double scale = 0;
   for (const std::vector<double>* g : {&exact.dq, &exact.dk, &exact.dv})
     for (double x : *g) scale = std::max(scale, std::fabs(x));
-  const Problem& f = p.attention;
+  const Problem f = dense_view(p.attention);  // a variable-length batch: its packed rows
   return {compare_gradient("dQ", f.dtype, p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, dq, exact.dq, lowp.dq, scale),
           compare_gradient("dK", f.dtype, p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, dk, exact.dk, lowp.dk, scale),
           compare_gradient("dV", f.dtype, p.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, dv, exact.dv, lowp.dv,

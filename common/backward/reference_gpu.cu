@@ -70,6 +70,7 @@ void GpuReference::run(const BackwardProblem& bp, const BackwardTensors& t, bool
                                float* dk32, float* dv32, cudaStream_t stream) {
   const std::string why = validate(bp);
   if (!why.empty()) throw Error("backward reference: " + why);
+  if (is_varlen(bp.attention)) return run_varlen(bp, t, rounded, dq32, dk32, dv32, stream);
   const Problem& p = bp.attention;
   const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, H = p.heads_q, Hkv = p.heads_kv, D = p.head_dim;
   const int64_t group = H / Hkv;
@@ -161,6 +162,34 @@ void GpuReference::run(const BackwardProblem& bp, const BackwardTensors& t, bool
                                       Hkv * D));
         }
       }
+  });
+}
+
+// Each sequence of a variable-length batch as the dense problem it is on its own rows (one_sequence): its
+// rows of Q, K, V and dO are a dense (1, len, heads, head_dim) view at its start, and its gradients the
+// rows from its start of the packed dq32, dk32, dv32. A sequence without query rows leaves its dK and dV 0,
+// one without keys its dQ 0 (the dense run's empty problems); the offsets cover every row.
+void GpuReference::run_varlen(const BackwardProblem& bp, const BackwardTensors& t, bool rounded, float* dq32,
+                              float* dk32, float* dv32, cudaStream_t stream) {
+  const Problem& p = bp.attention;
+  const Offsets cu = download_offsets(p, stream);
+  if (const std::string why = validate_offsets(p, cu.q, cu.k); !why.empty())
+    throw Error("backward reference: " + why);
+  const int64_t elem = 2;  // bytes of one fp16/bf16 element
+  auto rows_of = [&](const void* base, const Strides& st, int64_t row0) {
+    return base ? static_cast<const char*>(base) + row0 * st.row * elem : nullptr;
+  };
+  for_each_sequence(p, cu.q, cu.k, [&](int64_t, const Sequence& s) {
+    BackwardProblem one = bp;
+    one.attention = one_sequence(p, s);
+    // O and LSE are not read (P is recomputed): none is given.
+    const BackwardTensors ts{rows_of(t.q, p.q, s.q_start),         rows_of(t.k, p.k, s.k_start),
+                             rows_of(t.v, p.v, s.k_start),         nullptr,
+                             nullptr,                              rows_of(t.d_o, bp.d_o, s.q_start),
+                             nullptr,                              nullptr,
+                             nullptr};
+    run(one, ts, rounded, dq32 + s.q_start * p.heads_q * p.head_dim, dk32 + s.k_start * p.heads_kv * p.head_dim,
+        dv32 + s.k_start * p.heads_kv * p.head_dim, stream);
   });
 }
 

@@ -20,13 +20,21 @@ std::string validate(const BackwardProblem& p) {
   if (std::string why = validate(p.attention); !why.empty()) return why;
   if (p.deterministic != 0 && p.deterministic != 1)
     return sentence("deterministic is ", p.deterministic, "; it must be 0 or 1");
-  const Problem& f = p.attention;
   // dO and dQ have Q's sizes, dK and dV K's: validate(p.attention) checked them, so only the strides and
-  // the extents of the views can break a rule here.
-  const View views[] = {{"dO", "dO and dQ", p.d_o, f.batch, f.seqlen_q, f.heads_q, f.head_dim, "seqlen_q", "heads_q"},
-                        {"dQ", "dO and dQ", p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, "seqlen_q", "heads_q"},
-                        {"dK", "dK and dV", p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, "seqlen_k", "heads_kv"},
-                        {"dV", "dK and dV", p.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, "seqlen_k", "heads_kv"}};
+  // the extents of the views can break a rule here. A variable-length batch's are packed as Q's and K's.
+  const Problem f = dense_view(p.attention);
+  const bool varlen = is_varlen(p.attention);
+  if (varlen)
+    for (const auto& [name, st] : {std::pair{"d_o", p.d_o}, std::pair{"dq", p.dq}, std::pair{"dk", p.dk},
+                                   std::pair{"dv", p.dv}})
+      if (st.batch != 0)
+        return sentence("with cu_seqlens the tensors are (total, heads, head_dim): ", name, ".batch is ", st.batch,
+                        ", it must be 0");
+  const char *rows_q = varlen ? "total_q" : "seqlen_q", *rows_k = varlen ? "total_k" : "seqlen_k";
+  const View views[] = {{"dO", "dO and dQ", p.d_o, f.batch, f.seqlen_q, f.heads_q, f.head_dim, rows_q, "heads_q"},
+                        {"dQ", "dO and dQ", p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, rows_q, "heads_q"},
+                        {"dK", "dK and dV", p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, rows_k, "heads_kv"},
+                        {"dV", "dK and dV", p.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, rows_k, "heads_kv"}};
   for (const View& v : views)
     if (std::string why = validate_view(v); !why.empty()) return why;
   for (const View& v : views)  // the gradients are written: none may overlap itself (dO, which is read, may)
@@ -35,7 +43,8 @@ std::string validate(const BackwardProblem& p) {
 }
 
 std::string validate_tensors(const BackwardProblem& p, const BackwardTensors& t) {
-  const int64_t sq = p.attention.seqlen_q, sk = p.attention.seqlen_k;
+  const Problem f = dense_view(p.attention);  // a variable-length batch: by its totals
+  const int64_t sq = f.seqlen_q, sk = f.seqlen_k;
   const bool work = sq > 0 && sk > 0;
   return validate_pointers({{"Q", t.q, work}, {"K", t.k, work}, {"V", t.v, work}, {"O", t.o, work},
                             {"LSE", t.lse, work, 4}, {"dO", t.d_o, work}, {"dQ", t.dq, sq > 0}, {"dK", t.dk, sk > 0},
@@ -43,6 +52,9 @@ std::string validate_tensors(const BackwardProblem& p, const BackwardTensors& t)
 }
 
 double backward_flops(const BackwardProblem& p) { return 2.5 * attention_flops(p.attention); }
+double backward_varlen_flops(const BackwardProblem& p, std::span<const int32_t> cu_q, std::span<const int32_t> cu_k) {
+  return 2.5 * varlen_flops(p.attention, cu_q, cu_k);
+}
 
 double backward_bound(int32_t dtype, double ref_err, double max_abs_exact) {
   return 2 * ref_err + unit_roundoff(dtype) * max_abs_exact;
@@ -53,7 +65,7 @@ std::string describe(const BackwardProblem& p) {
 }
 
 void fill_empty_gradients(const BackwardProblem& p, const BackwardTensors& t, cudaStream_t stream) {
-  const Problem& f = p.attention;
+  const Problem f = dense_view(p.attention);
   if (f.seqlen_k == 0) fill_zero(t.dq, p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, f.dtype, stream);
   if (f.seqlen_q == 0) {
     fill_zero(t.dk, p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, f.dtype, stream);

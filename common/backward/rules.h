@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "backward/problem.h"
@@ -27,6 +28,9 @@ std::string validate(const BackwardProblem& p);
 std::string validate_tensors(const BackwardProblem& p, const BackwardTensors& t);
 
 double backward_flops(const BackwardProblem& p);  // 2.5 × attention_flops(p.attention)
+// A variable-length batch's, from host copies of its offsets (validate_offsets passed): 2.5 × varlen_flops,
+// every sequence's real pairs.
+double backward_varlen_flops(const BackwardProblem& p, std::span<const int32_t> cu_q, std::span<const int32_t> cu_k);
 // fs_backward_bound: 2·ref_err + u·max_abs_exact (common/backward/check.h explains the rule).
 double backward_bound(int32_t dtype, double ref_err, double max_abs_exact);
 
@@ -47,7 +51,8 @@ struct Pass<BackwardProblem> {
   // The gradients of empty problems; `done` then: nothing else is launched.
   static std::string harness_launch(const BackwardProblem& p, const Tensors& t, void*, cudaStream_t stream,
                                     bool& done) {
-    done = p.attention.seqlen_q == 0 || p.attention.seqlen_k == 0;
+    const Problem f = dense_view(p.attention);  // a variable-length batch: by its totals
+    done = f.seqlen_q == 0 || f.seqlen_k == 0;
     if (done) fill_empty_gradients(p, t, stream);
     return "";
   }

@@ -1,5 +1,6 @@
 // The inputs and outputs of one backward problem on the device (backward/check.h).
 #include <string>
+#include <utility>
 
 #include "backward/check.h"
 #include "harness/tensors.h"
@@ -16,21 +17,24 @@ BackwardProblem checked(BackwardProblem p, const Workload& forward) {
   return p;
 }
 
-DeviceTensor like(const Strides& s, const Problem& f, bool keys) {
+// A tensor with Q's rows (keys: K's) and these strides; a variable-length batch's packed ones.
+DeviceTensor like(const Strides& s, const Problem& given, bool keys) {
+  const Problem f = dense_view(given);
   return DeviceTensor(s, f.batch, keys ? f.seqlen_k : f.seqlen_q, keys ? f.heads_kv : f.heads_q, f.head_dim, f.dtype);
 }
 
 }  // namespace
 
-BackwardWorkload::BackwardWorkload(const BackwardProblem& shape, uint64_t seed, Layout layout)
-    : forward_(shape.attention, seed, layout),
+BackwardWorkload::BackwardWorkload(const BackwardProblem& shape, uint64_t seed, Layout layout, Offsets offsets)
+    : forward_(shape.attention, seed, layout, std::move(offsets)),
       p_(checked(shape, forward_)),
       d_o_(like(p_.d_o, p_.attention, false)),
       dq_(like(p_.dq, p_.attention, false)),
       dk_(like(p_.dk, p_.attention, true)),
       dv_(like(p_.dv, p_.attention, true)) {
   d_o_.randomize(~seed);  // the inputs' generator with a seed of its own: dO is not a copy of Q
-  // O (in the dtype, as a forward step writes it) and LSE from the forward reference.
+  // O (in the dtype, as a forward step writes it) and LSE from the forward reference (a variable-length
+  // batch: per sequence, in the packed layout).
   GpuReference forward_reference;
   forward_reference.run(p_.attention, forward_.tensors(), nullptr, nullptr);
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -47,7 +51,7 @@ void BackwardWorkload::poison(cudaStream_t stream) {
 }
 
 BackwardHostInputs BackwardWorkload::download_inputs() const {
-  const Problem& f = p_.attention;
+  const Problem f = dense_view(p_.attention);  // a variable-length batch: (1, total_q, ...), batch stride 0
   BackwardHostInputs in;
   in.qkv = forward_.download_inputs();
   const std::vector<float> storage = d_o_.download();
@@ -62,7 +66,7 @@ BackwardHostInputs BackwardWorkload::download_inputs() const {
 }
 
 BackwardReference gpu_reference(const BackwardWorkload& w, GpuReference& gpu, bool rounded) {
-  const Problem& f = w.problem().attention;
+  const Problem f = dense_view(w.problem().attention);  // the sizes: a variable-length batch's packed tensors
   const int64_t q_elems = f.batch * f.seqlen_q * f.heads_q * f.head_dim, kv_elems = f.batch * f.seqlen_k * f.heads_kv * f.head_dim;
   DeviceBuffer dq(size_t(q_elems) * sizeof(float)), dk(size_t(kv_elems) * sizeof(float)), dv(size_t(kv_elems) * sizeof(float));
   gpu.run(w.problem(), w.tensors(), rounded, dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr);

@@ -24,6 +24,9 @@ std::string validate(const DecodeProblem& p) {
   // The forward rules cover Q, O and the shared sizes. For a paged cache its K and V are left out (an
   // empty view): the cache is judged as (num_pages, page_size, ...) below, and seqlen_k here.
   Problem shared = f;
+  if (f.cu_seqlens_q || f.cu_seqlens_k)
+    return sentence("cu_seqlens_q or cu_seqlens_k is set; a decoding problem has no variable-length batch (its "
+                    "sequences' lengths are cache_seqlens): set both to NULL, or run a forward problem (fs_run)");
   if (is_paged(p)) {
     if (f.seqlen_k < 0 || f.seqlen_k > kMaxSeqlen)
       return sentence("seqlen_k is ", f.seqlen_k, "; it must be between 0 and ", kMaxSeqlen);

@@ -31,7 +31,8 @@
 
 namespace fs {
 
-// O as (batch, seqlen_q, heads_q, head_dim) contiguous; LSE as (batch, heads_q, seqlen_q).
+// O as (batch, seqlen_q, heads_q, head_dim) contiguous; LSE as (batch, heads_q, seqlen_q). A
+// variable-length batch's as its dense_view's: O (total_q, heads_q, head_dim), LSE (heads_q, total_q).
 struct Reference {
   std::vector<double> o;
   std::vector<double> lse;
@@ -74,27 +75,31 @@ struct Comparison {
 };
 
 // `o` is the O view's storage (index with p.o strides); `lse` is (batch, heads_q, seqlen_q), or
-// empty to skip the LSE check.
+// empty to skip the LSE check. A variable-length batch is compared as its dense_view: its packed rows.
 Comparison compare(const Problem& p, const std::vector<float>& o, const std::vector<float>& lse, const Reference& ref,
                    double max_abs_v);
 
 // Host copies of the inputs as the exact float values of the fp16/bf16 elements; q/k/v index the
-// problem's strides from these base offsets into `data`.
+// problem's strides from these base offsets into `data`; a variable-length batch's offsets in `cu`.
 struct HostInputs {
   std::vector<float> data;
   int64_t q = 0, k = 0, v = 0;
+  Offsets cu = {};
   const float* q_ptr() const { return data.data() + q; }
   const float* k_ptr() const { return data.data() + k; }
   const float* v_ptr() const { return data.data() + v; }
 };
 
+// A variable-length batch: each sequence's dense reference (one_sequence, on its rows), in the packed layout.
 Reference reference_cpu(const Problem& p, const HostInputs& in);
-// Multiply-adds of the CPU reference, to decide when it is too slow (B·Hq·Sq·Sk·d).
+// Multiply-adds of the CPU reference, to decide when it is too slow (B·Hq·Sq·Sk·d; at the bounds for a
+// variable-length batch).
 double reference_cpu_cost(const Problem& p);
 
 
 // O and LSE of one forward or decoding problem on the device: O with the problem's strides, LSE
-// (batch, heads_q, seqlen_q), both poisoned with NaN before every checked launch.
+// (batch, heads_q, seqlen_q) (a variable-length batch: its dense_view's), both poisoned with NaN before
+// every checked launch.
 struct Output {
   explicit Output(const Problem& p);
   DeviceTensor o;
@@ -108,8 +113,10 @@ struct Output {
 class Workload {
  public:
   // `shape` gives the sizes, dtype, causal flag and scale. With Layout::separate its strides are
-  // kept; with Layout::packed_qkv they are replaced (needs seqlen_q == seqlen_k).
-  Workload(const Problem& shape, uint64_t seed, Layout layout = Layout::separate);
+  // kept; with Layout::packed_qkv they are replaced (needs seqlen_q == seqlen_k; total_q == total_k).
+  // A variable-length batch (varlen_problem) comes with the host copies of its offsets, which must keep
+  // the contract (validate_offsets; else fs::Error): problem() points at the workload's device copies.
+  Workload(const Problem& shape, uint64_t seed, Layout layout = Layout::separate, Offsets offsets = {});
 
   const Problem& problem() const { return p_; }
   Tensors tensors() const;
@@ -117,7 +124,7 @@ class Workload {
   void randomize(uint64_t seed);  // a fresh draw of Q, K, V
   void poison(cudaStream_t stream = nullptr) { out_.poison(stream); }
 
-  HostInputs download_inputs() const;
+  HostInputs download_inputs() const;  // with the offsets
   std::vector<float> download_o() const { return out_.o.download(); }  // the O view's storage (p.o strides)
   std::vector<float> download_lse() const { return out_.download_lse(); }
   float max_abs_v() const { return max_abs_v_; }
@@ -125,6 +132,8 @@ class Workload {
 
  private:
   int64_t q_off_ = 0, k_off_ = 0, v_off_ = 0, input_elems_ = 0;  // set while p_ is (before it)
+  Offsets cu_;           // host copies of a variable-length batch's offsets (before p_)
+  DeviceBuffer cu_dev_;  // their device copies: cu_seqlens_q, then cu_seqlens_k (before p_)
   Problem p_;
   DeviceBuffer inputs_;  // Q, K, V (one buffer: they may be views of one packed tensor)
   Output out_;

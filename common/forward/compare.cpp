@@ -16,8 +16,9 @@ std::string Comparison::summary() const {
   return s;
 }
 
-Comparison compare(const Problem& p, const std::vector<float>& o, const std::vector<float>& lse,
+Comparison compare(const Problem& given, const std::vector<float>& o, const std::vector<float>& lse,
                    const Reference& ref, double max_abs_v) {
+  const Problem p = dense_view(given);  // a variable-length batch: its packed rows
   const Tolerance tol = tolerance_for(p.dtype, max_abs_v);
   const int64_t B = p.batch, Sq = p.seqlen_q, H = p.heads_q, D = p.head_dim;
   Comparison c;

@@ -35,6 +35,16 @@ typedef struct fs_problem {
   int32_t window;
   int32_t window_left;
   int32_t window_right;
+  /* Variable-length batch (NULL, as fs_problem_init and a zeroed struct leave them: off; both or neither).
+   * Q and O are packed (total_q, heads_q, head_dim), K and V (total_k, heads_kv, head_dim), with row and
+   * head strides (the batch strides are not used and must be 0). Sequence b is rows cu_seqlens_q[b] …
+   * cu_seqlens_q[b + 1] - 1 of Q and O and rows cu_seqlens_k[b] … cu_seqlens_k[b + 1] - 1 of K and V;
+   * batch counts the sequences, and seqlen_q, seqlen_k bound their lengths (FlashAttention's max_seqlen_q
+   * and max_seqlen_k). Device arrays of batch + 1 int32 offsets. */
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  int64_t total_q; /* rows of the packed Q and O (0 without cu_seqlens) */
+  int64_t total_k; /* rows of the packed K and V */
 } fs_problem;
 
 #ifdef __cplusplus

@@ -40,6 +40,7 @@ void GpuReference::reserve(size_t bytes, DeviceBuffer& buf) {
 void GpuReference::run(const Problem& p, const Tensors& t, float* o32, cudaStream_t stream) {
   const std::string why = validate(p);
   if (!why.empty()) throw Error("reference: " + why);
+  if (is_varlen(p)) return run_varlen(p, t, o32, stream);
   const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, H = p.heads_q, D = p.head_dim;
   const int64_t group = p.heads_q / p.heads_kv;
   if (Sq == 0) return;
@@ -104,14 +105,40 @@ void GpuReference::run(const Problem& p, const Tensors& t, float* o32, cudaStrea
   }
 }
 
+// Each sequence of a variable-length batch as the dense problem it is on its own rows; its LSE (heads_q,
+// q_len) is written to lse_ and copied into the packed (heads_q, total_q) at column q_start.
+void GpuReference::run_varlen(const Problem& p, const Tensors& t, float* o32, cudaStream_t stream) {
+  const Offsets cu = download_offsets(p, stream);
+  if (const std::string why = validate_offsets(p, cu.q, cu.k); !why.empty()) throw Error("reference: " + why);
+  const int64_t row = p.heads_q * p.head_dim, elem = 2;  // floats of one row of o32; bytes of one element
+  if (!o32) {
+    reserve(size_t(p.total_q * row) * sizeof(float), o32_);
+    o32 = o32_.as<float>();
+  }
+  reserve(size_t(p.heads_q * std::max<int64_t>(p.seqlen_q, 1)) * sizeof(float), lse_);  // once: the longest
+  auto rows_of = [&](const void* base, const Strides& st, int64_t row0) {
+    return base ? static_cast<const char*>(base) + row0 * st.row * elem : nullptr;
+  };
+  for_each_sequence(p, cu.q, cu.k, [&](int64_t, const Sequence& s) {
+    if (s.q_len == 0) return;
+    const Tensors one{rows_of(t.q, p.q, s.q_start), rows_of(t.k, p.k, s.k_start), rows_of(t.v, p.v, s.k_start),
+                      const_cast<char*>(rows_of(t.o, p.o, s.q_start)), t.lse ? lse_.as<float>() : nullptr};
+    run(one_sequence(p, s), one, o32 + s.q_start * row, stream);
+    if (t.lse)
+      CHECK_CUDA(cudaMemcpy2DAsync(t.lse + s.q_start, size_t(p.total_q) * sizeof(float), lse_.get(),
+                                   size_t(s.q_len) * sizeof(float), size_t(s.q_len) * sizeof(float), size_t(p.heads_q),
+                                   cudaMemcpyDeviceToDevice, stream));
+  });
+}
+
 Reference gpu_reference(const Workload& w, GpuReference& gpu) {
-  const Problem& p = w.problem();
+  const Problem p = dense_view(w.problem());  // the sizes: a variable-length batch's packed tensors
   const int64_t o_elems = p.batch * p.seqlen_q * p.heads_q * p.head_dim, lse_elems = p.batch * p.heads_q * p.seqlen_q;
   DeviceBuffer o32(size_t(o_elems) * sizeof(float)), lse(size_t(lse_elems) * sizeof(float));
   Tensors t = w.tensors();
   t.o = nullptr;
   t.lse = lse.as<float>();
-  gpu.run(p, t, o32.as<float>(), nullptr);
+  gpu.run(w.problem(), t, o32.as<float>(), nullptr);
   return Reference{download_doubles(o32.as<float>(), o_elems), download_doubles(lse.as<float>(), lse_elems)};
 }
 

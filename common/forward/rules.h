@@ -5,9 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "forward/problem.h"
+#include "step/varlen.h"
 #include "step/window.h"
 #include "harness/chain.h"
 #include "harness/views.h"
@@ -41,14 +44,57 @@ std::string validate(const Problem& p);
 // "" when the pointers are usable: Q, K, V, O non-null where there is work, 16-byte aligned; LSE 4-byte.
 std::string validate_tensors(const Problem& p, const Tensors& t);
 
-// fs_problem_flops: 4·B·Hq·Sq·Sk·d, halved when causal; with a window 4·B·Hq·d per visible pair.
+// fs_problem_flops: 4·B·Hq·Sq·Sk·d, halved when causal; with a window 4·B·Hq·d per visible pair. A
+// variable-length batch is counted with every sequence at the bounds seqlen_q, seqlen_k: an upper bound
+// (varlen_flops counts its sequences).
 double attention_flops(const Problem& p);
 
-// A short description, e.g. "b2 h16/16 sq2048 sk2048 d128 fp16 causal".
+// A short description, e.g. "b2 h16/16 sq2048 sk2048 d128 fp16 causal"; a variable-length batch
+// "varlen b4 h16/16 sq<=4096 sk<=4096 tq4225 tk4225 d128 fp16" (the bounds, then the totals).
 std::string describe(const Problem& p);
 
 // Writes O = 0 and LSE = -inf for every query row: the answer when seqlen_k == 0 (common/harness/tensors.cu).
 void fill_empty_output(const Problem& p, const Tensors& t, cudaStream_t stream);
+
+// ---- variable-length batches (fs_problem::cu_seqlens_q, _k; common/step/varlen.h) -------------------
+// The dense problem whose tensors are p's: p itself, or for a variable-length batch, batch 1 of total_q
+// query rows and total_k key rows, Q, K, V, O and LSE as they lie in memory (its masks mean nothing:
+// they are the sequences'). What sizes, allocates, fills and compares the tensors of either kind.
+Problem dense_view(const Problem& p);
+
+// Host copies of a variable-length batch's offsets, batch + 1 each (the device arrays are the caller's).
+struct Offsets {
+  std::vector<int32_t> q, k;
+};
+// The offsets of sequences with these lengths (prefix sums from 0); `lengths_k` empty: the same as Q's.
+Offsets offsets_of(std::span<const int32_t> lengths_q, std::span<const int32_t> lengths_k = {});
+
+// A variable-length batch of these offsets, with `shape`'s heads, head_dim, dtype, masks and scale: batch
+// the number of sequences, seqlen_q and seqlen_k the longest ones (the bounds), the totals, packed
+// contiguous strides (batch strides 0). cu_seqlens_q and cu_seqlens_k point at `cu`'s host arrays: what
+// the host's rules need (they read no offset); a launch needs device copies, which a Workload makes.
+Problem varlen_problem(const Problem& shape, const Offsets& cu);
+
+// "" when host copies of the offsets keep the contract (flash_steps.h): batch + 1 each, cu[0] = 0, never
+// decreasing, the last one the total, every sequence within its bound; else a sentence naming the first
+// offset that breaks it. p passed validate().
+std::string validate_offsets(const Problem& p, std::span<const int32_t> cu_q, std::span<const int32_t> cu_k);
+// The device arrays of p (a variable-length batch that passed validate()) copied to the host on `stream`,
+// which is then synchronized.
+Offsets download_offsets(const Problem& p, cudaStream_t stream);
+// validate_offsets on them (fs_check_offsets); "" for a dense problem.
+std::string validate_device_offsets(const Problem& p, cudaStream_t stream);
+
+// f(b, sequence) for every sequence of a variable-length batch, from host copies of its offsets.
+template <typename F>
+void for_each_sequence(const Problem& p, std::span<const int32_t> cu_q, std::span<const int32_t> cu_k, F&& f) {
+  for (int64_t b = 0; b < p.batch; ++b)
+    f(b, sequence_from(p, cu_q[size_t(b)], cu_q[size_t(b) + 1], cu_k[size_t(b)], cu_k[size_t(b) + 1]));
+}
+
+// fs_varlen_flops: the sum over the sequences of attention_flops of each on its own (one_sequence), from
+// host copies of the offsets that passed validate_offsets.
+double varlen_flops(const Problem& p, std::span<const int32_t> cu_q, std::span<const int32_t> cu_k);
 
 template <>
 struct Pass<Problem> {
@@ -62,9 +108,11 @@ struct Pass<Problem> {
   static size_t harness_workspace(const Problem&) { return 0; }
   // The harness's own part of a launch: seqlen_q == 0, nothing; seqlen_k == 0, O = 0 and LSE = -inf.
   // `done` when that was the whole answer; a refusal ("" here) stops the launch.
+  // A variable-length batch by its totals: no query row, or no key for any sequence.
   static std::string harness_launch(const Problem& p, const Tensors& t, void*, cudaStream_t stream, bool& done) {
-    if (p.seqlen_q > 0 && p.seqlen_k == 0) fill_empty_output(p, t, stream);
-    done = p.seqlen_q == 0 || p.seqlen_k == 0;
+    const Problem d = dense_view(p);
+    if (d.seqlen_q > 0 && d.seqlen_k == 0) fill_empty_output(d, t, stream);
+    done = d.seqlen_q == 0 || d.seqlen_k == 0;
     return "";
   }
 };

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <exception>
 #include <new>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -214,6 +215,30 @@ FS_API fs_status fs_run(const char* step_id, const fs_problem* p, const void* q,
   return run(step_id, p, fs::Tensors{q, k, v, o, lse}, workspace, workspace_bytes, stream);
 }
 FS_API double fs_problem_flops(const fs_problem* p) { return p ? fs::attention_flops(*p) : 0.0; }
+FS_API fs_status fs_varlen_flops(const fs_problem* p, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                 double* flops) {
+  return guarded([&] {
+    if (!p || !flops) return fail(FS_ERR_INVALID, "p and flops must not be null pointers");
+    std::string why = fs::validate(*p);
+    if (why.empty() && !fs::is_varlen(*p))
+      why = "the problem has no cu_seqlens (a dense batch: fs_problem_flops counts it exactly)";
+    if (why.empty() && (!cu_seqlens_q || !cu_seqlens_k))
+      why = "cu_seqlens_q and cu_seqlens_k (the host copies of the offsets) must not be null pointers";
+    if (!why.empty()) return fail(FS_ERR_INVALID, why);
+    const std::span<const int32_t> cu_q(cu_seqlens_q, size_t(p->batch) + 1), cu_k(cu_seqlens_k, size_t(p->batch) + 1);
+    if (why = fs::validate_offsets(*p, cu_q, cu_k); !why.empty()) return fail(FS_ERR_INVALID, why);
+    *flops = fs::varlen_flops(*p, cu_q, cu_k);
+    return FS_OK;
+  });
+}
+FS_API fs_status fs_check_offsets(const fs_problem* p, void* stream) {
+  return guarded([&] {
+    if (!p) return fail(FS_ERR_INVALID, "problem is a null pointer");
+    std::string why = fs::validate(*p);
+    if (why.empty()) why = fs::validate_device_offsets(*p, static_cast<cudaStream_t>(stream));
+    return why.empty() ? FS_OK : fail(FS_ERR_INVALID, why);
+  });
+}
 
 FS_API void fs_decode_problem_init(fs_decode_problem* p, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
                                    int64_t heads_q, int64_t heads_kv, int64_t head_dim, int32_t dtype, int32_t causal,

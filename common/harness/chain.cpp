@@ -88,21 +88,24 @@ std::string validate_workspace(const Plan& plan, const void* workspace, size_t w
   return "";
 }
 
-// "" when the step implements every feature the problem asks for (softcap, window), else a sentence
-// naming a step that does for this pass.
+// "" when the step implements every feature the problem asks for (softcap, window, variable-length
+// batches), else a sentence naming a step that does for this pass.
 template <typename Problem>
 std::string feature_refusal(const Step& step, const Problem& problem) {
   const fs_problem& p = Pass<Problem>::attention(problem);
-  auto refuse = [&](bool Step::*has, const char* feature, const std::string& what) {
+  auto refuse = [&](bool Step::*has, const char* feature, const std::string& what, const char* off = "0") {
     const auto& all = steps();
     const auto it = std::find_if(all.rbegin(), all.rend(),  // the newest step with it
                                  [&](const Step& s) { return s.*has && Pass<Problem>::entry(s).present(); });
-    return sentence(what, "; step ", step.id, " has no ", feature, " (0 turns it off)",
+    return sentence(what, "; step ", step.id, " has no ", feature, " (", off, " turns it off)",
                     it == all.rend() ? std::string() : "; step " + it->id + " has it");
   };
   if (p.softcap != 0 && !step.softcap) return refuse(&Step::softcap, "softcapping", sentence("softcap is ", p.softcap));
   if (p.window != 0 && !step.window)
     return refuse(&Step::window, "sliding window", sentence("window is 1 (", p.window_left, ", ", p.window_right, ")"));
+  if (is_varlen(p) && !step.varlen)
+    return refuse(&Step::varlen, "variable-length batches",
+                  sentence("cu_seqlens_q is set (a variable-length batch of ", p.batch, " sequences)"), "NULL");
   return "";
 }
 

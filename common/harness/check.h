@@ -32,11 +32,15 @@ class GpuReference {
   //   o32   fp32 O, (batch, seqlen_q, heads_q, head_dim) contiguous
   //   t.o   O in the problem's dtype and strides (the runner's "unfused cuBLAS" baseline)
   //   t.lse fp32 LSE
+  // A variable-length batch: each sequence on its own (its offsets read back from the device, `stream`
+  // synchronized once), in the packed layout: o32 (total_q, heads_q, head_dim), LSE (heads_q, total_q).
   void run(const Problem& p, const Tensors& t, float* o32, cudaStream_t stream);
 
   // The backward reference (backward/check.h): contiguous fp32 dq (batch, seqlen_q, heads_q, head_dim),
   // dk, dv (batch, seqlen_k, heads_kv, head_dim), from device tensors (t.o and t.lse are not read: P is
-  // recomputed); rounded: the same computation done in the dtype.
+  // recomputed); rounded: the same computation done in the dtype. A variable-length batch: each sequence
+  // on its own (its offsets read back from the device, `stream` synchronized once), in the packed layout:
+  // dq (total_q, heads_q, head_dim), dk, dv (total_k, heads_kv, head_dim).
   void run(const fs_backward_problem& p, const BackwardTensors& t, bool rounded, float* dq32, float* dk32,
            float* dv32, cudaStream_t stream);
 
@@ -44,10 +48,14 @@ class GpuReference {
 
  private:
   static void reserve(size_t bytes, DeviceBuffer& buf);
+  void run_varlen(const Problem& p, const Tensors& t, float* o32, cudaStream_t stream);
+  void run_varlen(const fs_backward_problem& p, const BackwardTensors& t, bool rounded, float* dq32, float* dk32,
+                  float* dv32, cudaStream_t stream);
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer s_;    // scores, then probabilities, fp32 (the backward: all its scratch)
   DeviceBuffer v32_;  // V of one K/V head as fp32
   DeviceBuffer o32_;  // fp32 O when the caller gives none
+  DeviceBuffer lse_;  // one sequence's LSE of a variable-length batch, before it joins the packed (heads, total_q)
   size_t max_scratch_bytes_ = size_t(1) << 30;
 };
 

@@ -87,6 +87,8 @@ struct Step {
   bool softcap = false;
   // Its kernels apply a sliding window (fs_problem::window); every other step refuses one, as above.
   bool window = false;
+  // Its kernels run variable-length batches (fs_problem::cu_seqlens_q, _k); every other step refuses one.
+  bool varlen = false;
   // Set by the registry from steps/CMakeLists.txt: the directory under steps/, and for a step built
   // for one architecture only (ARCH 90a: 90) that architecture, which is then also its minimum.
   std::string dir = {};

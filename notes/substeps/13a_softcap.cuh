@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "common/step/softcap.h"
+#include "common/step/varlen.h"
 #include "common/step/window.h"
 #include "steps/09_warp_specialized/kernel.cuh"
 #include "steps/12_hopper_backward/kernel.cuh"
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
                    float* __restrict__ lse, const Problem p, const float scale_log2,
-                   const Softcap cap) {
+                   const Softcap cap, T* __restrict__ o) {
   constexpr int HEAD_DIM = Tr::HEAD_DIM, BLOCK_KV = Tr::BLOCK_KV, KV_STAGES = Tr::KV_STAGES;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, CONSUMERS = Tr::CONSUMERS;
 
@@ -85,20 +86,25 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   struct Work {
     uint32_t bh;
     int h, b, h_kv, q0, q_rows, kv_first, kv_tiles, masked_tiles, masked_bottom;
+    int q_start, k_start, tb;
+    Band band;  // 13c: the sequence's band (the kernel's `band` otherwise)
   };
   auto work_of = [&](const unsigned w) {
-    const BlockTile tile = block_tile(w, q_tiles);
     Work x;
+    x.q_start = 0, x.k_start = 0;
+    const BlockTile tile = block_tile(w, q_tiles);
     x.bh = tile.bh;
-    x.h = int(tile.bh % unsigned(p.heads_q)), x.b = int(tile.bh / unsigned(p.heads_q));
-    x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
+    x.h = int(tile.bh % unsigned(p.heads_q)), x.b = int(tile.bh / unsigned(p.heads_q)), x.tb = x.b;
     x.q0 = tile.q_tile * BLOCK_Q;
     x.q_rows = min(BLOCK_Q, seqlen_q - x.q0);  // real query rows in this tile
+    x.band = band;
+    x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
     x.kv_first = 0, x.masked_bottom = 0;
     const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, causal);
     x.kv_tiles = kv.count, x.masked_tiles = kv.count - kv.unmasked;
     return x;
   };
+
 
   // Full barriers: one arrival per phase (the producer's arrive.expect_tx), completed by the TMA's
   // bytes. Empty barriers: one arrival per consumer warp. mbarrier.init writes through the generic
@@ -138,7 +144,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         auto load_tile = [&](const CUtensorMap& map, uint32_t dst, uint32_t bar, int rows, int row0, int head) {
 #pragma unroll
           for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-            const BoxCoord c = tma_box(cb, row0, head, x.b);
+            const BoxCoord c = tma_box(cb, row0, head, x.tb);
             sm90::tma_load_4d(dst + box_offset(rows, cb), &map, bar, c.col, c.row, c.head, c.batch);
           }
         };
@@ -149,7 +155,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
           if (n > 0) sm90::mbarrier_wait(q_empty, (n - 1) & 1u);
           if (x.kv_tiles > 0) {
             sm90::mbarrier_arrive_expect_tx(q_full, Tr::Q_BYTES);
-            load_tile(q_map, q_smem, q_full, BLOCK_Q, x.q0, x.h);
+            load_tile(q_map, q_smem, q_full, BLOCK_Q, x.q_start + x.q0, x.h);
           } else {
             sm90::mbarrier_arrive(q_full);
           }
@@ -171,7 +177,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
           if (waits_for_release(visit, KV_STAGES)) sm90::mbarrier_wait(empty, release_parity(visit, KV_STAGES));
           sm90::mbarrier_arrive_expect_tx(full, Tr::KV_BYTES);
           load_tile(l.v ? v_map : k_map, (l.v ? v_smem : k_smem) + uint32_t(s * Tr::KV_BYTES), full, BLOCK_KV,
-                    (x.kv_first + x.kv_tiles - 1 - l.visit) * BLOCK_KV, x.h_kv);
+                    x.k_start + (x.kv_first + x.kv_tiles - 1 - l.visit) * BLOCK_KV, x.h_kv);
         }
         visits += x.kv_tiles;
       }
@@ -377,8 +383,9 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         inv_sum[r] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
         const int row = c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;  // inside the tile
+        const int64_t lse_at = int64_t(x.bh) * seqlen_q;
         if (lse && t % 4 == 0 && row < x.q_rows)
-          lse[int64_t(x.bh) * seqlen_q + x.q0 + row] = sum > 0.0f ? row_max[r] * logit_scale(p) + logf(sum) : -INFINITY;
+          lse[lse_at + x.q0 + row] = sum > 0.0f ? row_max[r] * logit_scale(p) + logf(sum) : -INFINITY;
       }
 
       // O, normalized and rounded, into this consumer's own rows of q_smem, in the layout the TMA reads
@@ -400,11 +407,13 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       // of them precede the store its first thread issues.
       sm90::fence_proxy_async_shared();
       sm90::named_barrier_sync(epilogue_barrier(c, CONSUMERS), EPILOGUE_BARRIER_THREADS);
-      // A consumer whose rows all lie past seqlen_q (a short last query tile) stores nothing.
-      if (t == 0 && c * ROWS_PER_WARPGROUP < x.q_rows) {
+      const int own_rows = x.q_rows - c * ROWS_PER_WARPGROUP;  // this consumer's real rows of the tile
+      bool by_box = own_rows > 0;  // a consumer whose rows all lie past seqlen_q stores nothing
+      if (t == 0 && by_box) {
 #pragma unroll
         for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-          const BoxCoord e = tma_box(cb, x.q0 + c * ROWS_PER_WARPGROUP, x.h, x.b);  // past seqlen_q, head_dim: not written
+          // past seqlen_q, head_dim: not written
+          const BoxCoord e = tma_box(cb, x.q_start + x.q0 + c * ROWS_PER_WARPGROUP, x.h, x.tb);
           sm90::tma_store_4d(&o_map, q_smem + o_box_offset(c, cb, BLOCK_Q), e.col, e.row, e.head, e.batch);
         }
         sm90::tma_store_commit();
@@ -451,14 +460,17 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   const uint32_t kv_full = base + Tr::BARRIER_OFFSET;
   auto q_full = [&](int s) { return kv_full + 8u * uint32_t(1 + s); };
 
-  const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim = int(f.head_dim);
+  const int head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
-  const uint32_t kv_tiles = uint32_t(step11::tiles(seqlen_k, BLOCK_KV));
-  const uint32_t bh_kv = blockIdx.x / kv_tiles;
-  const int kv0 = int(blockIdx.x % kv_tiles) * BLOCK_KV;
-  const int b = int(bh_kv / uint32_t(f.heads_kv)), h_kv = int(bh_kv % uint32_t(f.heads_kv));
   const int group = int(f.heads_q / f.heads_kv);
   const int64_t rows_per_head = step11::padded_rows(f.seqlen_q);
+  int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), kv0, b, h_kv;
+  int q_start = 0, k_start = 0;  // 13c: the sequence's first rows in the packed tensors
+  const uint32_t kv_tiles = uint32_t(step11::tiles(seqlen_k, BLOCK_KV));
+  const uint32_t bh_kv = blockIdx.x / kv_tiles;
+  kv0 = int(blockIdx.x % kv_tiles) * BLOCK_KV;
+  b = int(bh_kv / uint32_t(f.heads_kv)), h_kv = int(bh_kv % uint32_t(f.heads_kv));
+  const int tb = b;  // the tensor maps' batch coordinate
 
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), t = threadIdx.x % 128;
 
@@ -481,7 +493,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   auto load_tile = [&](const CUtensorMap& map, uint32_t dst, uint32_t bar, int rows, int row0, int head) {
 #pragma unroll
     for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-      const step08::BoxCoord c = step08::tma_box(cb, row0, head, b);
+      const step08::BoxCoord c = step08::tma_box(cb, row0, head, tb);
       sm90::tma_load_4d(dst + box_offset(rows, cb), &map, bar, c.col, c.row, c.head, c.batch);
     }
   };
@@ -489,15 +501,15 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     const int s = v % Q_STAGES, h = head_of(v), q0 = q0_of(v);
     const int64_t row0 = (int64_t(b) * f.heads_q + h) * rows_per_head + q0;
     sm90::mbarrier_arrive_expect_tx(q_full(s), Tr::VISIT_BYTES);
-    load_tile(q_map, q_smem(s), q_full(s), BLOCK_Q, q0, h);
-    load_tile(do_map, do_smem(s), q_full(s), BLOCK_Q, q0, h);
+    load_tile(q_map, q_smem(s), q_full(s), BLOCK_Q, q_start + q0, h);
+    load_tile(do_map, do_smem(s), q_full(s), BLOCK_Q, q_start + q0, h);
     bulk_load(base + uint32_t(Tr::LSE_OFFSET + s * Tr::ROWS_BYTES), lse2 + row0, Tr::ROWS_BYTES, q_full(s));
     bulk_load(base + uint32_t(Tr::D_OFFSET + s * Tr::ROWS_BYTES), d_rows + row0, Tr::ROWS_BYTES, q_full(s));
   };
   if (threadIdx.x == 0 && visits > 0) {
     sm90::mbarrier_arrive_expect_tx(kv_full, 2 * Tr::KV_BYTES);
-    load_tile(k_map, k_smem, kv_full, BLOCK_KV, kv0, h_kv);
-    load_tile(v_map, v_smem, kv_full, BLOCK_KV, kv0, h_kv);
+    load_tile(k_map, k_smem, kv_full, BLOCK_KV, k_start + kv0, h_kv);
+    load_tile(v_map, v_smem, kv_full, BLOCK_KV, k_start + kv0, h_kv);
     for (int v = 0; v < visits && v < Q_STAGES; ++v) load_visit(v);
   }
 
@@ -681,8 +693,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   if (ATOMIC_DQ && threadIdx.x == 0) bulk_wait_all();
 
   // ---- epilogue: dK = scale·dK_acc and dV, this warpgroup's keys, columns < head_dim
-  T* dk_rows = dk + offset_of(p.dk, b, 0, h_kv);
-  T* dv_rows = dv + offset_of(p.dv, b, 0, h_kv);
+  T* dk_rows = dk + offset_of(p.dk, tb, k_start, h_kv);  // 13c: the sequence's rows of the packed dK, dV
+  T* dv_rows = dv + offset_of(p.dv, tb, k_start, h_kv);
 #pragma unroll
   for (int i = 0; i < Tr::KV_REGS; i += 2) {
     const step08::frag::Coord c = wgmma_acc(t, i);

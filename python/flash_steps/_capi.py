@@ -112,7 +112,9 @@ _I64, _I32, _INT, _DBL, _U64, _PTR, _STR = (ctypes.c_int64, ctypes.c_int32, ctyp
 _P = ctypes.POINTER
 
 SIZES = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")  # of fs_problem and every init function
-WINDOW_FIELDS = ("window", "window_left", "window_right")  # the sliding window, at the end of fs_problem
+WINDOW_FIELDS = ("window", "window_left", "window_right")  # the sliding window, after the strides
+VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k")  # a variable-length batch, at the end of fs_problem: device
+VARLEN_TOTALS = ("total_q", "total_k")                # offsets (addresses, 0: NULL), then the packed rows
 STRIDES = ("batch", "row", "head", "dim")
 
 class FsStrides(ctypes.Structure):
@@ -123,7 +125,9 @@ class FsProblem(ctypes.Structure):
                 + [("dtype", _I32), ("causal", _I32), ("softmax_scale", ctypes.c_float),
                    ("softcap", ctypes.c_float)]
                 + [(name, FsStrides) for name in ("q", "k", "v", "o")]
-                + [(name, _I32) for name in WINDOW_FIELDS])
+                + [(name, _I32) for name in WINDOW_FIELDS]
+                + [(name, _PTR) for name in VARLEN_POINTERS]
+                + [(name, _I64) for name in VARLEN_TOTALS])
 
 class FsDecodeProblem(ctypes.Structure):
     _fields_ = ([("attention", FsProblem), ("num_splits", _I32), ("checked", _I32)]
@@ -167,7 +171,9 @@ def pass_of(p) -> Pass:
 def check_pointers(function: str, p, addresses: list) -> None:
     """The C rules of a run's pointers (Pointer; fs_check reads none), `addresses` in their order, None: unchecked."""
     attention = getattr(p, "attention", p)
-    sizes = {"q": attention.seqlen_q, "k": attention.seqlen_k, "p": getattr(p, "page_size", 0)}
+    varlen = bool(attention.cu_seqlens_q)  # a variable-length batch's work: its packed rows
+    sizes = {"q": attention.total_q if varlen else attention.seqlen_q,
+             "k": attention.total_k if varlen else attention.seqlen_k, "p": getattr(p, "page_size", 0)}
     for x, address in zip(pass_of(p).pointers, addresses):
         if address == 0 and x.needs and all(sizes[size] > 0 for size in x.needs):
             raise refuse(function, f"{x.name} is a null pointer")
@@ -181,6 +187,8 @@ SIGNATURES = {
     **{f"fs_step_{what}": ([_INT], _STR) for what in ("id", "name", "lesson", "dir")},
     "fs_step_min_compute_capability": ([_INT], _INT), "fs_step_runs": ([_INT, _I32], _INT),
     "fs_problem_flops": ([_P(FsProblem)], _DBL), "fs_backward_flops": ([_P(FsBackwardProblem)], _DBL),
+    "fs_varlen_flops": ([_P(FsProblem), _P(_I32), _P(_I32), _P(_DBL)], _INT),
+    "fs_check_offsets": ([_P(FsProblem), _PTR], _INT),
     "fs_decode_kv_bytes": ([_P(FsDecodeProblem), _P(_I32), _I64, _P(_DBL)], _INT),
     "fs_tolerance": ([_I32, _DBL] + [_P(_DBL)] * 3, _INT), "fs_backward_bound": ([_I32, _DBL, _DBL, _P(_DBL)], _INT),
     "fs_speedups": ([_INT, _P(_STR)] + [_P(_DBL)] * 3, _INT), "fs_sweep_shape": ([_I64] * 3 + [_P(_I64)] * 2, _INT),
@@ -388,6 +396,23 @@ class Library:
         """fs_problem_flops or fs_backward_flops (2.5 x the forward's): the FlashAttention convention."""
         fn = "fs_backward_flops" if isinstance(p, FsBackwardProblem) else "fs_problem_flops"
         return self._fn(fn)(ctypes.byref(p))
+
+    def varlen_flops(self, p: FsProblem, cu_seqlens_q: list[int], cu_seqlens_k: list[int]) -> float:
+        """fs_varlen_flops: the FLOPs of a variable-length batch from host copies of its offsets (batch + 1
+        int32s each), every sequence counted on its own lengths."""
+        arrays = []
+        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            values = [integer("fs_varlen_flops", f"{name}[{i}]", x, *INT32) for i, x in enumerate(cu)]
+            if len(values) != p.batch + 1:
+                raise refuse("fs_varlen_flops", f"{name} has {len(values)} offsets; a batch of {p.batch} sequences "
+                             f"has batch + 1 = {p.batch + 1}")
+            arrays.append((_I32 * len(values))(*values))
+        return self._outs("fs_varlen_flops", [_DBL], ctypes.byref(p), *arrays)[0]
+
+    def check_offsets(self, p: FsProblem, stream: int = 0) -> None:
+        """fs_check_offsets: raises InvalidArgument naming the first device offset of p that breaks the contract
+        (they are copied to the host on `stream`, which is synchronized)."""
+        self.call("fs_check_offsets", ctypes.byref(p), ctypes.c_void_p(stream or None))
 
     def decode_kv_bytes(self, p: FsDecodeProblem, lengths: list[int] | None = None) -> float:
         """The bytes of K and V a launch must read: seqlen_k keys a sequence when lengths is None, else lengths[b]

@@ -13,7 +13,7 @@ import math
 import struct
 from collections import namedtuple
 
-from ._capi import (DTYPE_CODES, INT64, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument,
+from ._capi import (DTYPE_CODES, INT32, INT64, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument,
                     Library, check_pointers, flag, int64s, integer, library, pass_of, refuse, window_fields)
 
 TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # the name of a torch.dtype (torch.half's is float16)
@@ -22,6 +22,8 @@ PAGE_MULTIPLE = 16  # a page holds whole groups of 16 keys (kPageMultiple, commo
 
 BSHD = ("batch", "seqlen", "heads", "head_dim")  # the dimensions of Q, K, V, O, the caches and the gradients
 LSE_DIMS = ("batch", "heads_q", "seqlen_q")
+THD = ("total", "heads", "head_dim")  # a variable-length batch's packed Q, K, V, O and gradients
+VARLEN_LSE_DIMS = ("heads_q", "total_q")
 # A tensor argument as the checks read it (read); address None: a tensor flash_steps allocates, contiguous.
 Arg = namedtuple("Arg", "name shape strides dtype device address")
 
@@ -73,6 +75,11 @@ def check_tensors(function: str, tensors: list[Arg]) -> str:
             raise refuse(function, f"{t.name}'s last dimension (head_dim) has stride {t.strides[-1]}; it must be 1 "
                          "(contiguous)")
     return dtype
+
+def packed(t: Arg) -> Arg:
+    """A packed (total, heads, head_dim) tensor as the C ABI reads it: the (1, total, heads, head_dim) view of
+    batch stride 0 (the dense problem of its rows; flash_steps.h, variable-length batch)."""
+    return t._replace(shape=(1,) + t.shape, strides=(0,) + t.strides)
 
 def check_same_shape(function: str, t: Arg, like: Arg) -> None:
     if t.shape != like.shape:
@@ -283,9 +290,10 @@ def check_step(function: str, name: str, step) -> None:
 
 def _outputs(q, out, lse, p: FsProblem):
     """O and LSE of a forward or decoding launch: those given, else new ones (like Q; fp32 (batch, heads_q,
-    seqlen_q))."""
+    seqlen_q), or (heads_q, total_q) for a variable-length batch)."""
     o = out if out is not None else _empty(q.shape, q.dtype, q.device)
-    return o, lse if lse is not None else _empty((p.batch, p.heads_q, p.seqlen_q), _torch().float32, q.device)
+    shape = (p.heads_q, p.total_q) if p.cu_seqlens_q else (p.batch, p.heads_q, p.seqlen_q)
+    return o, lse if lse is not None else _empty(shape, _torch().float32, q.device)
 
 def _launch(p, step: str | None, device, tensors) -> None:
     """Runs p's pass with the step given or the default one; `tensors`: its pointers in order (None: NULL)."""
@@ -361,33 +369,41 @@ def _copy(t):
     return t.clone(memory_format=_torch().contiguous_format)
 
 def usable(t, name: str = "the tensor"):
-    """t when the C ABI can read it as it is (readable), else a contiguous copy."""
+    """t when the C ABI can read it as it is (readable), else a contiguous copy; t (batch, seqlen, heads,
+    head_dim), or (total, heads, head_dim) of a variable-length batch."""
+    if len(t.shape) == 3:
+        return t if readable(packed(read("flash_steps.varlen_attention", name, t, THD))) else _copy(t)
     return t if readable(read("flash_steps.attention", name, t, BSHD)) else _copy(t)
+
+def _strides(t) -> tuple:
+    """t's strides as the C ABI's (batch, row, head, dim): a packed (total, heads, head_dim) tensor's with batch 0."""
+    return tuple(t.stride()) if len(t.shape) == 4 else (0,) + tuple(t.stride())
 
 @functools.cache
 def _attention_function():
     """The torch.autograd.Function of attention (made on the first call: it subclasses a PyTorch class). It is
     given the forward's checked problem and builds the backward's from it, so that the backward runs under the
-    forward's causal, scale, softcap and window: only dO is new to the backward."""
+    forward's causal, scale, softcap and window (and a variable-length batch's offsets, `offsets`, the tensors
+    kept alive while p holds their addresses): only dO is new to the backward."""
     class Attention(_torch().autograd.Function):
         """O = softmax(scale·Q·Kᵀ)·V with our forward; the backward from the saved Q, K, V, O and LSE."""
         @staticmethod
-        def forward(ctx, q, k, v, p, step, backward_step, deterministic):
+        def forward(ctx, q, k, v, p, step, backward_step, deterministic, offsets=()):
             o, lse = _outputs(q, None, None, p)
             _launch(p, step, q.device, (q, k, v, o, lse))
-            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.save_for_backward(q, k, v, o, lse, *offsets)
             ctx.options = (p, backward_step, deterministic)
             return o
 
         @staticmethod
         def backward(ctx, d_o):
-            q, k, v, o, lse = ctx.saved_tensors
+            q, k, v, o, lse = ctx.saved_tensors[:5]
             p, backward_step, deterministic = ctx.options
             d_o = usable(d_o, "dO")  # autograd gives dO O's shape, dtype and device
             dq, dk, dv = (_empty(x.shape, x.dtype, x.device) for x in (q, k, v))
-            problem = backward_struct(p, deterministic, *(x.stride() for x in (d_o, dq, dk, dv)))
+            problem = backward_struct(p, deterministic, *(_strides(x) for x in (d_o, dq, dk, dv)))
             _launch(problem, backward_step, q.device, (q, k, v, o, lse, d_o, dq, dk, dv))
-            return dq, dk, dv, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None
     return Attention
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None, step: str | None = None,
@@ -409,3 +425,137 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, step: s
                                     zip(given, kept)), None, causal, scale, softcap=softcap, window=window)
     q, k, v = (t if keep else _copy(t) for t, keep in zip((q, k, v), kept))
     return _attention_function().apply(q, k, v, p, step, backward_step, deterministic)
+
+# ---- variable-length batches: FlashAttention's flash_attn_varlen_func layout ------------------------------
+
+def _offsets(function: str, cu_seqlens_q, cu_seqlens_k, q: Arg) -> tuple[Arg, Arg]:
+    """cu_seqlens_q and cu_seqlens_k read and checked: int32, contiguous, (batch + 1,) alike, on Q's device."""
+    cu = [read(function, name, t, ("batch + 1",)) for name, t in (("cu_seqlens_q", cu_seqlens_q),
+                                                                 ("cu_seqlens_k", cu_seqlens_k))]
+    for t in cu:
+        check_dtype_and_device(function, t, "int32", q)
+        if t.shape[0] < 1 or (t.shape[0] > 1 and t.strides[0] != 1):
+            raise refuse(function, f"{t.name} is {t.shape} with strides {t.strides}; it must be a contiguous "
+                         "(batch + 1,) of offsets, cu[0] = 0 ... cu[batch] = total")
+    if cu[0].shape != cu[1].shape:
+        raise refuse(function, f"cu_seqlens_k is {cu[1].shape} but cu_seqlens_q is {cu[0].shape}; both hold batch + 1 "
+                     "offsets")
+    return cu[0], cu[1]
+
+def _varlen(function: str, q: Arg, k: Arg, v: Arg, o: Arg, cu_q: Arg, cu_k: Arg, max_seqlen_q, max_seqlen_k,
+            causal: bool, scale, softcap, window) -> FsProblem:
+    """The fs_problem of a variable-length batch from its checked packed tensors (Args of THD) and offsets: the
+    dense problem of the packed rows (_forward's checks on the (1, total, heads, head_dim) views), then the
+    sequences: batch, the bounds, the totals and the offsets' addresses."""
+    p = _forward(function, packed(q), packed(k), packed(v), packed(o), causal, scale, softcap, window)
+    p.batch = cu_q.shape[0] - 1
+    p.seqlen_q = integer(function, "max_seqlen_q", max_seqlen_q, 0, INT32[1])
+    p.seqlen_k = integer(function, "max_seqlen_k", max_seqlen_k, 0, INT32[1])
+    p.total_q, p.total_k = q.shape[0], k.shape[0]
+    p.cu_seqlens_q, p.cu_seqlens_k = cu_q.address or None, cu_k.address or None
+    return p
+
+def check_varlen_lse(function: str, lse: Arg, q: Arg) -> None:
+    total, hq, _ = q.shape
+    if lse.shape != (hq, total):
+        raise refuse(function, f"LSE is {lse.shape}; a variable-length batch's is (heads_q, total_q) = {(hq, total)}")
+    check_dtype_and_device(function, lse, "float32", q)
+    if total > 1 and lse.strides[1] != 1 or hq > 1 and lse.strides[0] != total:
+        raise refuse(function, f"LSE has strides {lse.strides}; it must be contiguous, {(total, 1)}")
+
+def varlen_problem(function: str, q, k, v, o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool,
+                   scale, lse=None, softcap=0.0, window=None) -> FsProblem:
+    """The fs_problem of a variable-length batch: Q, O (total_q, heads_q, head_dim), K, V (total_k, heads_kv,
+    head_dim) with their own strides, int32 offsets (batch + 1,) on their device; every argument and pointer
+    checked (O None: one flash_steps allocates; LSE (heads_q, total_q) checked when given). The offsets' values
+    are on the device: Library.check_offsets checks them."""
+    q, k, v = (read(function, name, t, THD) for name, t in (("Q", q), ("K", k), ("V", v)))
+    o, lse = read(function, "O", o, THD, like=q), read(function, "LSE", lse, VARLEN_LSE_DIMS, optional=True)
+    cu_q, cu_k = _offsets(function, cu_seqlens_q, cu_seqlens_k, q)
+    p = _varlen(function, q, k, v, o, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, softcap, window)
+    if lse is not None:
+        check_varlen_lse(function, lse, q)
+    check_pointers(function, p, addresses(q, k, v, o, lse))
+    return p
+
+def varlen_backward_problem(function: str, q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                            max_seqlen_q, max_seqlen_k, causal: bool, scale, deterministic: bool, softcap=0.0,
+                            window=None) -> FsBackwardProblem:
+    """The fs_backward_problem of a variable-length batch: backward_problem's with varlen_problem's layout (dO,
+    dQ like Q; dK, dV like K and V; LSE (heads_q, total_q))."""
+    q, k, v, o, d_o = (read(function, name, t, THD) for name, t in zip(("Q", "K", "V", "O", "dO"), (q, k, v, o, d_o)))
+    dq, dk, dv = (read(function, name, t, THD, like) for name, t, like in (("dQ", dq, q), ("dK", dk, k),
+                                                                           ("dV", dv, v)))
+    if lse is None:
+        raise refuse(function, "lse is None; backward needs the forward's LSE, fp32 (heads_q, total_q)")
+    lse = read(function, "LSE", lse, VARLEN_LSE_DIMS)
+    check_tensors(function, [packed(t) for t in (q, k, v, o, d_o, dq, dk, dv)])
+    cu_q, cu_k = _offsets(function, cu_seqlens_q, cu_seqlens_k, q)
+    forward = _varlen(function, q, k, v, o, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, softcap, window)
+    for t, like in ((d_o, q), (dq, q), (dk, k), (dv, v)):
+        check_same_shape(function, t, like)
+    check_varlen_lse(function, lse, q)
+    p = backward_struct(forward, flag(function, "deterministic", deterministic),
+                        *(packed(t).strides for t in (d_o, dq, dk, dv)))
+    check_pointers(function, p, addresses(q, k, v, o, lse, d_o, dq, dk, dv))
+    return p
+
+def _check_offsets(p: FsProblem, device) -> None:
+    """Library.check_offsets on the current stream of `device` (it synchronizes)."""
+    torch = _torch()
+    with torch.cuda.device(device):
+        library().check_offsets(p, torch.cuda.current_stream(device).cuda_stream)
+
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                   scale: float | None = None, step: str | None = None, out=None, lse=None, softcap: float = 0.0,
+                   window: tuple[int, int] | None = None, check_offsets: bool = False):
+    """(O, LSE) of a variable-length batch, FlashAttention's varlen layout: q (total_q, heads_q, head_dim), k and
+    v (total_k, heads_kv, head_dim), sequence b rows cu_seqlens_q[b] ... cu_seqlens_q[b + 1] - 1 of q (and of k,
+    v by cu_seqlens_k): int32 CUDA tensors of batch + 1 offsets; max_seqlen_q, max_seqlen_k bound the lengths.
+    causal and window are per sequence, bottom-right on its own lengths; LSE is (heads_q, total_q). The other
+    arguments as forward's. check_offsets: check the offsets on the device first (synchronizes); unchecked
+    offsets that break the contract give a wrong output, never a read outside the tensors."""
+    function = "flash_steps.varlen_forward"
+    check_step(function, "step", step)
+    p = varlen_problem(function, q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                       lse, softcap, window)
+    if flag(function, "check_offsets", check_offsets):
+        _check_offsets(p, q.device)
+    o, lse = _outputs(q, out, lse, p)
+    _launch(p, step, q.device, (q, k, v, o, lse))
+    return o, lse
+
+def varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                    causal: bool = False, scale: float | None = None, step: str | None = None,
+                    deterministic: bool = False, dq=None, dk=None, dv=None, softcap: float = 0.0,
+                    window: tuple[int, int] | None = None):
+    """(dQ, dK, dV) of varlen_forward's (q, k, v) -> (o, lse) for d_o (like o), as backward's, in the packed
+    layout; a step without variable-length batches in its backward refuses the problem with its sentence."""
+    function = "flash_steps.varlen_backward"
+    check_step(function, "step", step)
+    p = varlen_backward_problem(function, q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, causal, scale, deterministic, softcap, window)
+    dq, dk, dv = (g if g is not None else _empty(x.shape, x.dtype, x.device) for g, x in ((dq, q), (dk, k), (dv, v)))
+    _launch(p, step, q.device, (q, k, v, o, lse, d_o, dq, dk, dv))
+    return dq, dk, dv
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                     softmax_scale: float | None = None, window: tuple[int, int] | None = None, softcap: float = 0.0,
+                     step: str | None = None, backward_step: str | None = None, deterministic: bool = False,
+                     check_offsets: bool = False):
+    """O of a variable-length batch, differentiable: FlashAttention's flash_attn_varlen_func(q, k, v,
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=..., causal=..., window_size=...,
+    softcap=...) on tensors as varlen_forward's (window: None or (left, right)); the rest as attention's."""
+    function = "flash_steps.varlen_attention"
+    for name, s in (("step", step), ("backward_step", backward_step)):
+        check_step(function, name, s)
+    deterministic = flag(function, "deterministic", deterministic)
+    given = [read(function, name, t, THD) for name, t in (("Q", q), ("K", k), ("V", v))]
+    kept = [readable(packed(t)) for t in given]  # as attention: a view the C ABI cannot read is copied
+    p = varlen_problem(function, *(t if keep else read(function, t.name, None, THD, t) for t, keep in
+                                   zip(given, kept)), None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       causal, softmax_scale, softcap=softcap, window=window)
+    if flag(function, "check_offsets", check_offsets):
+        _check_offsets(p, q.device)
+    q, k, v = (t if keep else _copy(t) for t, keep in zip((q, k, v), kept))
+    return _attention_function().apply(q, k, v, p, step, backward_step, deterministic, (cu_seqlens_q, cu_seqlens_k))

@@ -37,6 +37,7 @@
 #include "common/backward/problem.h"
 #include "common/step/dtype.cuh"
 #include "common/step/softcap.h"
+#include "common/step/varlen.h"
 #include "common/step/window.h"
 #include "steps/11_backward/traits.h"
 
@@ -137,9 +138,12 @@ __device__ __forceinline__ void copy_tile_async(T* smem, const T* gmem, int64_t 
 // ---- preprocessing: D and LSE₂, one warp per row ------------------------------------------------
 // Rows [seqlen_q, padded_rows) of each (batch, head) get D = 0 and LSE₂ = +inf: the main kernel reads
 // whole tiles and their P is then 0.
+// VARLEN (step 13c): a packed batch. The workspace keeps the padded batch's rows (seqlen_q is the bound on
+// the sequences' lengths); sequence b's row i is row q_start + i of the packed O and dO, and its LSE is
+// packed (heads_q, total_q).
 inline constexpr int kPreprocessWarps = 4;
 
-template <typename T>
+template <typename T, bool VARLEN = false>
 __global__ void __launch_bounds__(kPreprocessWarps * 32)
     preprocess_kernel(const T* __restrict__ o, const T* __restrict__ d_o, const float* __restrict__ lse,
                       float* __restrict__ lse2, float* __restrict__ d_rows, const BackwardProblem p) {
@@ -149,16 +153,21 @@ __global__ void __launch_bounds__(kPreprocessWarps * 32)
   if (row >= f.batch * f.heads_q * rows_per_head) return;
   const int lane = threadIdx.x % 32;
   const int64_t bh = row / rows_per_head, i = row % rows_per_head;
-  if (i >= f.seqlen_q) {
+  const int64_t b = bh / f.heads_q, h = bh % f.heads_q;
+  int64_t seqlen_q = f.seqlen_q, tb = b, at = i, lse_at = bh * f.seqlen_q + i;
+  if constexpr (VARLEN) {
+    const Sequence seq = load_sequence(f, b);
+    seqlen_q = seq.q_len, tb = 0, at = seq.q_start + i, lse_at = h * f.total_q + seq.q_start + i;
+  }
+  if (i >= seqlen_q) {
     if (lane == 0) {
       d_rows[row] = 0.0f;
       lse2[row] = INFINITY;
     }
     return;
   }
-  const int64_t b = bh / f.heads_q, h = bh % f.heads_q;
-  const T* o_row = o + offset_of(f.o, b, i, h);
-  const T* do_row = d_o + offset_of(p.d_o, b, i, h);
+  const T* o_row = o + offset_of(f.o, tb, at, h);
+  const T* do_row = d_o + offset_of(p.d_o, tb, at, h);
   float sum = 0.0f;
   for (int c = lane * 8; c < f.head_dim; c += 32 * 8) {  // 16 bytes of each per lane
     const uint4 ov = *reinterpret_cast<const uint4*>(o_row + c), dv = *reinterpret_cast<const uint4*>(do_row + c);
@@ -171,7 +180,7 @@ __global__ void __launch_bounds__(kPreprocessWarps * 32)
   for (int m = 16; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
   if (lane == 0) {
     d_rows[row] = sum;
-    const float l = lse[bh * f.seqlen_q + i];
+    const float l = lse[lse_at];
     lse2[row] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
   }
 }
@@ -526,8 +535,9 @@ __global__ void __launch_bounds__(kConvertThreads)
 // Block x: query head bh = x / (q_tiles · D_SLICES), then query tile (the last first) and slice. Each
 // warp owns 16 query rows and sums dQ over the K/V tiles in order, so dQ is the same on every run.
 // SOFTCAP, WINDOW: logit softcapping and a sliding window, as in backward_kernel; with a window the block
-// visits only the run of K/V tiles its rows see (kv_span).
-template <typename T, class Tr, bool SOFTCAP = false, bool WINDOW = false>
+// visits only the run of K/V tiles its rows see (kv_span). VARLEN (step 13c, with WINDOW): a packed batch,
+// the workspace in the padded batch's rows; a block whose query tile lies past its sequence's end exits.
+template <typename T, class Tr, bool SOFTCAP = false, bool WINDOW = false, bool VARLEN = false>
 __global__ void __launch_bounds__(Tr::NUM_THREADS)
     dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_o,
               T* __restrict__ dq, const float* __restrict__ lse2, const float* __restrict__ d_rows,
@@ -542,21 +552,29 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
   T* k_smem = do_smem + Tr::Q_ELEMS;            // [2][BLOCK_KV, HEAD_DIM], swizzled
   T* v_smem = k_smem + 2 * Tr::KV_ELEMS;        // [2][BLOCK_KV, HEAD_DIM], swizzled
 
-  const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim = int(f.head_dim);
+  static_assert(!VARLEN || WINDOW, "13c: a packed batch runs the band's code");
+  int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k);
+  const int head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
-  const int q_tiles = int(tiles(seqlen_q, BLOCK_Q));
-  const uint32_t per_head = uint32_t(q_tiles) * Tr::D_SLICES;
+  const uint32_t per_head = uint32_t(tiles(f.seqlen_q, BLOCK_Q)) * Tr::D_SLICES;
   const uint32_t bh = blockIdx.x / per_head;
-  const int q_tile = q_tiles - 1 - int(blockIdx.x % per_head) / Tr::D_SLICES;
-  const int slice = int(blockIdx.x % per_head) % Tr::D_SLICES;
   const uint32_t b = bh / uint32_t(f.heads_q), h = bh % uint32_t(f.heads_q);
   const uint32_t h_kv = h / uint32_t(f.heads_q / f.heads_kv);
+  int64_t tb = b, q_start = 0, k_start = 0;  // 13c: the tensors' batch index, the sequence's first rows
+  Band band = band_of(f);
+  if constexpr (VARLEN) {
+    const Sequence seq = load_sequence(f, b);
+    seqlen_q = int(seq.q_len), seqlen_k = int(seq.k_len), tb = 0, q_start = seq.q_start, k_start = seq.k_start;
+    band = band_of(one_sequence(f, seq));
+  }
+  const int q_tile = int(tiles(seqlen_q, BLOCK_Q)) - 1 - int(blockIdx.x % per_head) / Tr::D_SLICES;
+  if (VARLEN && q_tile < 0) return;  // past the sequence's end
+  const int slice = int(blockIdx.x % per_head) % Tr::D_SLICES;
   const int q0 = q_tile * BLOCK_Q, col0 = slice * Tr::SLICE;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  const T* k_head = k + offset_of(f.k, b, 0, h_kv);
-  const T* v_head = v + offset_of(f.v, b, 0, h_kv);
-  const Band band = band_of(f);
+  const T* k_head = k + offset_of(f.k, tb, k_start, h_kv);
+  const T* v_head = v + offset_of(f.v, tb, k_start, h_kv);
   const Diagonals diagonals = diagonals_of(band);
   int kv_first = 0, kv_count = kv_tiles_seen(q0, BLOCK_Q, BLOCK_KV, seqlen_q, seqlen_k, causal);
   if constexpr (WINDOW) {
@@ -569,8 +587,9 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
     copy_tile_async<Layout, BLOCK_KV, NT>(v_smem + stage * Tr::KV_ELEMS, v_head, f.v.row, j * BLOCK_KV, seqlen_k - 1,
                                           head_dim);
   };
-  copy_tile_async<Layout, BLOCK_Q, NT>(q_smem, q + offset_of(f.q, b, 0, h), f.q.row, q0, seqlen_q - 1, head_dim);
-  copy_tile_async<Layout, BLOCK_Q, NT>(do_smem, d_o + offset_of(p.d_o, b, 0, h), p.d_o.row, q0, seqlen_q - 1,
+  copy_tile_async<Layout, BLOCK_Q, NT>(q_smem, q + offset_of(f.q, tb, q_start, h), f.q.row, q0, seqlen_q - 1,
+                                       head_dim);
+  copy_tile_async<Layout, BLOCK_Q, NT>(do_smem, d_o + offset_of(p.d_o, tb, q_start, h), p.d_o.row, q0, seqlen_q - 1,
                                        head_dim);
   if (kv_count > 0) load_kv(0, kv_first);
   cp_async_commit();
@@ -666,7 +685,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS)
   cp_async_wait<0>();
 
   // ---- epilogue: dQ = scale·dq_acc, the warp's rows and the slice's columns
-  T* dq_rows = dq + offset_of(p.dq, b, 0, h);
+  T* dq_rows = dq + offset_of(p.dq, tb, q_start, h);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const frag::Coord c = frag::mma_c(lane, 2 * r);

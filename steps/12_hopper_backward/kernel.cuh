@@ -378,7 +378,9 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 // 12c's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
 // [BLOCK_Q, HEAD_DIM] floats, warpgroup wg's 64 × 64 tile the wg-th DQ_TILE² of them). One thread per
 // 8 consecutive floats, read as two float4: threads t … t + 3's pairs, one row's 8 columns.
-template <typename T, int HEAD_DIM, int BLOCK_Q>
+// VARLEN (step 13c): a packed batch, the accumulator in the padded batch's rows; row i of sequence b is
+// row q_start + i of the packed dQ.
+template <typename T, int HEAD_DIM, int BLOCK_Q, bool VARLEN = false>
 __global__ void __launch_bounds__(step11::kConvertThreads)
     convert_dq_tiles_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq, const BackwardProblem p) {
   const Problem& f = p.attention;
@@ -393,8 +395,13 @@ __global__ void __launch_bounds__(step11::kConvertThreads)
   // row-major conversion.
   const step08::frag::Coord c = dq_run_start(within % SUB);
   const int row = q0 + DQ_TILE * d.row_tile + c.row, col = DQ_TILE * d.col_block + c.col;
-  if (row >= f.seqlen_q || col >= f.head_dim) return;
-  *reinterpret_cast<uint4*>(dq + offset_of(p.dq, bh / f.heads_q, row, bh % f.heads_q) + col) =
+  int64_t seqlen_q = f.seqlen_q, b = bh / f.heads_q, at = row;
+  if constexpr (VARLEN) {
+    const Sequence seq = load_sequence(f, b);
+    seqlen_q = seq.q_len, at = seq.q_start + row, b = 0;
+  }
+  if (row >= seqlen_q || col >= f.head_dim) return;
+  *reinterpret_cast<uint4*>(dq + offset_of(p.dq, b, at, bh % f.heads_q) + col) =
       step11::scaled_pack8<T>(dq_accum + e0, f.softmax_scale);
 }
 

@@ -15,6 +15,13 @@
 //                  row's band (tile_keys); the backward's K/V tile visits only the query tiles that see it
 //                  (q_span). With WINDOW, causal masking is the band (-1, 0); without it, step 09f's
 //                  causal tile skip runs unchanged.
+//   13c kVarlen    variable-length batches (FlashAttention's varlen layout): sequences packed one after
+//                  another, cut by cu_seqlens offsets (common/step/varlen.h). The grid is the padded
+//                  batch's, a block per (tile, sequence, head), and a block whose sequence has no such
+//                  tile exits at once; inside, the tile loop is 13b's on the sequence's own lengths and
+//                  band, its rows offset in the packed tensors. The forward stores the rows of O a TMA box
+//                  would spill into the next sequence with its threads; the backward's workspace keeps
+//                  the padded batch's rows.
 //
 // Both kernels are copies of their steps' final sub-steps (notes/substeps/09f_persistent.cuh and
 // 12c_bulk_dq.cuh: diff them against this file), with SOFTCAP a template flag: false, each is the
@@ -30,6 +37,7 @@
 #include <type_traits>
 
 #include "common/step/softcap.h"
+#include "common/step/varlen.h"
 #include "common/step/window.h"
 #include "steps/09_warp_specialized/kernel.cuh"
 #include "steps/12_hopper_backward/kernel.cuh"
@@ -47,14 +55,18 @@ using namespace step09;
 // wgmma_acc(t, 2r).row of its 64: rows g and g + 8 of its warp's 16 (g = lane / 4).
 // __launch_bounds__(NUM_THREADS, 1) caps the registers at launch (168 a thread with two consumers,
 // 128 with three), which setmaxnreg needs.
-template <typename T, class Tr, bool SOFTCAP, bool WINDOW>
+// 13c VARLEN: a packed batch (common/step/varlen.h). Its tiles take the band's code (a sequence's causal
+// mask is the band (-1, 0), no mask at all (-1, -1)) and one block each; the tensor maps see one packed
+// tensor (batch 1, total rows), and `o` (used by VARLEN alone) takes the rows of O a TMA box may not write.
+template <typename T, class Tr, bool SOFTCAP, bool WINDOW, bool VARLEN = false>
 __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
                    float* __restrict__ lse, const Problem p, const float scale_log2,
-                   const Softcap cap) {
+                   const Softcap cap, T* __restrict__ o) {
   constexpr int HEAD_DIM = Tr::HEAD_DIM, BLOCK_KV = Tr::BLOCK_KV, KV_STAGES = Tr::KV_STAGES;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, CONSUMERS = Tr::CONSUMERS;
+  static_assert(!VARLEN || (WINDOW && !Tr::has(kPersistent)), "13c: a packed batch runs the band's code, a block per tile");
 
   // The swizzle repeats every 1024 bytes from an aligned address, and TMA and wgmma both assume
   // tiles that start on it: round the base up (SMEM_BYTES includes the 1024 bytes of slack).
@@ -88,22 +100,39 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   };
   // The K/V tiles of a work item are kv_first … kv_first + kv_tiles - 1, visited from the last down; the
   // first masked_tiles visits need the mask, and (13b) the last masked_bottom.
+  // 13c: rows q0 … of the tile and kv0 … of a K/V tile count from the sequence's first row, which is row
+  // q_start of the packed Q and O and row k_start of K and V; `tb` is the tensor maps' batch coordinate.
   struct Work {
     uint32_t bh;
     int h, b, h_kv, q0, q_rows, kv_first, kv_tiles, masked_tiles, masked_bottom;
+    int q_start, k_start, tb;
+    Band band;  // 13c: the sequence's band (the kernel's `band` otherwise)
   };
   auto work_of = [&](const unsigned w) {
-    const BlockTile tile = block_tile(w, q_tiles);
     Work x;
-    x.bh = tile.bh;
-    x.h = int(tile.bh % unsigned(p.heads_q)), x.b = int(tile.bh / unsigned(p.heads_q));
+    x.q_start = 0, x.k_start = 0;
+    if constexpr (VARLEN) {
+      // 13c: tile j from the end of sequence b, head h; a sequence with fewer tiles leaves q_rows <= 0.
+      const VarlenTile tile = varlen_tile(w, q_tiles, p.heads_q);
+      const Sequence seq = load_sequence(p, tile.b);
+      x.h = int(tile.h), x.b = int(tile.b), x.tb = 0, x.bh = 0;
+      x.q_start = int(seq.q_start), x.k_start = int(seq.k_start);
+      x.q0 = int(tiles_of(seq.q_len, BLOCK_Q) - 1 - tile.j) * BLOCK_Q;
+      x.q_rows = x.q0 < 0 ? 0 : min(BLOCK_Q, int(seq.q_len) - x.q0);
+      x.band = band_of(one_sequence(p, seq));
+    } else {
+      const BlockTile tile = block_tile(w, q_tiles);
+      x.bh = tile.bh;
+      x.h = int(tile.bh % unsigned(p.heads_q)), x.b = int(tile.bh / unsigned(p.heads_q)), x.tb = x.b;
+      x.q0 = tile.q_tile * BLOCK_Q;
+      x.q_rows = min(BLOCK_Q, seqlen_q - x.q0);  // real query rows in this tile
+      x.band = band;
+    }
     x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
-    x.q0 = tile.q_tile * BLOCK_Q;
-    x.q_rows = min(BLOCK_Q, seqlen_q - x.q0);  // real query rows in this tile
     x.kv_first = 0, x.masked_bottom = 0;
     if constexpr (WINDOW) {
       // 13b: the run of K/V tiles the band of these rows touches, masked at both ends.
-      const KvSpan kv = kv_span(band, x.q0, x.q_rows, BLOCK_KV);
+      const KvSpan kv = kv_span(x.band, x.q0, x.q_rows, BLOCK_KV);
       x.kv_first = kv.first, x.kv_tiles = kv.count, x.masked_tiles = kv.masked_top, x.masked_bottom = kv.masked_bottom;
     } else {
       const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, causal);
@@ -111,6 +140,11 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     }
     return x;
   };
+
+  // 13c: a block whose tile lies past its sequence's end (or whose sequence is empty) has nothing to do.
+  if constexpr (VARLEN) {
+    if (work_of(blockIdx.x).q_rows <= 0) return;
+  }
 
   // Full barriers: one arrival per phase (the producer's arrive.expect_tx), completed by the TMA's
   // bytes. Empty barriers: one arrival per consumer warp. mbarrier.init writes through the generic
@@ -150,7 +184,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         auto load_tile = [&](const CUtensorMap& map, uint32_t dst, uint32_t bar, int rows, int row0, int head) {
 #pragma unroll
           for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-            const BoxCoord c = tma_box(cb, row0, head, x.b);
+            const BoxCoord c = tma_box(cb, row0, head, x.tb);
             sm90::tma_load_4d(dst + box_offset(rows, cb), &map, bar, c.col, c.row, c.head, c.batch);
           }
         };
@@ -161,7 +195,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
           if (n > 0) sm90::mbarrier_wait(q_empty, (n - 1) & 1u);
           if (x.kv_tiles > 0) {
             sm90::mbarrier_arrive_expect_tx(q_full, Tr::Q_BYTES);
-            load_tile(q_map, q_smem, q_full, BLOCK_Q, x.q0, x.h);
+            load_tile(q_map, q_smem, q_full, BLOCK_Q, x.q_start + x.q0, x.h);
           } else {
             sm90::mbarrier_arrive(q_full);
           }
@@ -183,7 +217,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
           if (waits_for_release(visit, KV_STAGES)) sm90::mbarrier_wait(empty, release_parity(visit, KV_STAGES));
           sm90::mbarrier_arrive_expect_tx(full, Tr::KV_BYTES);
           load_tile(l.v ? v_map : k_map, (l.v ? v_smem : k_smem) + uint32_t(s * Tr::KV_BYTES), full, BLOCK_KV,
-                    (x.kv_first + x.kv_tiles - 1 - l.visit) * BLOCK_KV, x.h_kv);
+                    x.k_start + (x.kv_first + x.kv_tiles - 1 - l.visit) * BLOCK_KV, x.h_kv);
         }
         visits += x.kv_tiles;
       }
@@ -287,7 +321,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
               const int64_t row = int64_t(x.q0) + c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;
               if constexpr (WINDOW) {
                 // 13b: the keys lo … end - 1 of this tile that the row sees, counted from the thread's first column.
-                const TileKeys keys = tile_keys(band, row, kv0, BLOCK_KV);
+                const TileKeys keys = tile_keys(x.band, row, kv0, BLOCK_KV);
                 const int lo = keys.lo - wgmma_acc(t, 0).col, end = keys.end - wgmma_acc(t, 0).col;
 #pragma unroll
                 for (int i = 2 * r; i < Tr::S_REGS; i += 4)
@@ -404,8 +438,10 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         inv_sum[r] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
         const int row = c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;  // inside the tile
+        // 13c: LSE is packed (heads_q, total_q).
+        const int64_t lse_at = VARLEN ? int64_t(x.h) * p.total_q + x.q_start : int64_t(x.bh) * seqlen_q;
         if (lse && t % 4 == 0 && row < x.q_rows)
-          lse[int64_t(x.bh) * seqlen_q + x.q0 + row] = sum > 0.0f ? row_max[r] * logit_scale(p) + logf(sum) : -INFINITY;
+          lse[lse_at + x.q0 + row] = sum > 0.0f ? row_max[r] * logit_scale(p) + logf(sum) : -INFINITY;
       }
 
       // O, normalized and rounded, into this consumer's own rows of q_smem, in the layout the TMA reads
@@ -427,11 +463,28 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       // of them precede the store its first thread issues.
       sm90::fence_proxy_async_shared();
       sm90::named_barrier_sync(epilogue_barrier(c, CONSUMERS), EPILOGUE_BARRIER_THREADS);
-      // A consumer whose rows all lie past seqlen_q (a short last query tile) stores nothing.
-      if (t == 0 && c * ROWS_PER_WARPGROUP < x.q_rows) {
+      const int own_rows = x.q_rows - c * ROWS_PER_WARPGROUP;  // this consumer's real rows of the tile
+      bool by_box = own_rows > 0;  // a consumer whose rows all lie past seqlen_q stores nothing
+      if constexpr (VARLEN) {
+        // 13c: in a packed batch the rows past a sequence's end are the next sequence's, and a TMA box
+        // clips only at the tensor's end: a consumer whose rows end inside the sequence stores them with
+        // its threads, 16 bytes at a time, from the staged tile.
+        by_box = own_rows >= ROWS_PER_WARPGROUP;
+        if (own_rows > 0 && !by_box) {
+          const int chunks = int(p.head_dim) / 8;  // 16-byte pieces of a row; the tile's padding columns stay
+          for (int i = t; i < own_rows * chunks; i += 128) {
+            const int r = i / chunks, col = (i % chunks) * 8;
+            const int64_t row = int64_t(x.q_start) + x.q0 + c * ROWS_PER_WARPGROUP + r;
+            *reinterpret_cast<uint4*>(o + offset_of(p.o, 0, row, x.h) + col) = *reinterpret_cast<const uint4*>(
+                smem + Tr::Q_OFFSET + tile_offset(BLOCK_Q, c * ROWS_PER_WARPGROUP + r, col));
+          }
+        }
+      }
+      if (t == 0 && by_box) {
 #pragma unroll
         for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-          const BoxCoord e = tma_box(cb, x.q0 + c * ROWS_PER_WARPGROUP, x.h, x.b);  // past seqlen_q, head_dim: not written
+          // past seqlen_q, head_dim: not written
+          const BoxCoord e = tma_box(cb, x.q_start + x.q0 + c * ROWS_PER_WARPGROUP, x.h, x.tb);
           sm90::tma_store_4d(&o_map, q_smem + o_box_offset(c, cb, BLOCK_Q), e.col, e.row, e.head, e.batch);
         }
         sm90::tma_store_commit();
@@ -455,7 +508,9 @@ using namespace step12;
 // One block: K/V head bh_kv, keys kv0 … kv0 + 127; warpgroup wg the keys 64·wg …. In thread t of a
 // warpgroup, accumulator register i of Sᵀ, dPᵀ, dK, dV is (key, column) = wgmma_acc(t, i). ATOMIC_DQ:
 // the dQ part (off in the deterministic mode, where step 11's dq_kernel computes dQ).
-template <typename T, int HEAD_DIM, int BLOCK_Q, bool ATOMIC_DQ, bool SOFTCAP, bool WINDOW>
+// 13c VARLEN: a packed batch; the block's K/V tile is tile j of sequence b (varlen_tile over the padded
+// batch), and the workspace keeps the padded batch's layout (rows of each (sequence, head) from 0).
+template <typename T, int HEAD_DIM, int BLOCK_Q, bool ATOMIC_DQ, bool SOFTCAP, bool WINDOW, bool VARLEN = false>
 __global__ void __launch_bounds__(NUM_THREADS, 1)
     backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                     const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
@@ -478,20 +533,36 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   const uint32_t kv_full = base + Tr::BARRIER_OFFSET;
   auto q_full = [&](int s) { return kv_full + 8u * uint32_t(1 + s); };
 
-  const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim = int(f.head_dim);
+  static_assert(!VARLEN || WINDOW, "13c: a packed batch runs the band's code");
+  const int head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
-  const uint32_t kv_tiles = uint32_t(step11::tiles(seqlen_k, BLOCK_KV));
-  const uint32_t bh_kv = blockIdx.x / kv_tiles;
-  const int kv0 = int(blockIdx.x % kv_tiles) * BLOCK_KV;
-  const int b = int(bh_kv / uint32_t(f.heads_kv)), h_kv = int(bh_kv % uint32_t(f.heads_kv));
   const int group = int(f.heads_q / f.heads_kv);
   const int64_t rows_per_head = step11::padded_rows(f.seqlen_q);
+  int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), kv0, b, h_kv;
+  int q_start = 0, k_start = 0;  // 13c: the sequence's first rows in the packed tensors
+  Band band = band_of(f);
+  if constexpr (VARLEN) {
+    // 13c: K/V tile j of sequence b, counted from its first (under causal masking the first keys are
+    // seen by the most queries); a tile past the sequence's end has nothing to do.
+    const VarlenTile tile = varlen_tile(blockIdx.x, step11::tiles(f.seqlen_k, BLOCK_KV), f.heads_kv);
+    const Sequence seq = load_sequence(f, tile.b);
+    b = int(tile.b), h_kv = int(tile.h);
+    seqlen_q = int(seq.q_len), seqlen_k = int(seq.k_len), q_start = int(seq.q_start), k_start = int(seq.k_start);
+    kv0 = int(tile.j) * BLOCK_KV;
+    if (kv0 >= seqlen_k) return;
+    band = band_of(one_sequence(f, seq));
+  } else {
+    const uint32_t kv_tiles = uint32_t(step11::tiles(seqlen_k, BLOCK_KV));
+    const uint32_t bh_kv = blockIdx.x / kv_tiles;
+    kv0 = int(blockIdx.x % kv_tiles) * BLOCK_KV;
+    b = int(bh_kv / uint32_t(f.heads_kv)), h_kv = int(bh_kv % uint32_t(f.heads_kv));
+  }
+  const int tb = VARLEN ? 0 : b;  // the tensor maps' batch coordinate
 
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), t = threadIdx.x % 128;
 
   // The visits, as step 11: every query tile from the first that sees these keys, per query head
   // (13b: the run of query tiles whose band touches them).
-  const Band band = band_of(f);
   const Diagonals diagonals = diagonals_of(band);  // 13b: the per-score mask, in two registers
   int first_tile = step11::first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
   int tiles_per_head = int(step11::tiles(seqlen_q, BLOCK_Q)) - first_tile;
@@ -514,7 +585,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   auto load_tile = [&](const CUtensorMap& map, uint32_t dst, uint32_t bar, int rows, int row0, int head) {
 #pragma unroll
     for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-      const step08::BoxCoord c = step08::tma_box(cb, row0, head, b);
+      const step08::BoxCoord c = step08::tma_box(cb, row0, head, tb);
       sm90::tma_load_4d(dst + box_offset(rows, cb), &map, bar, c.col, c.row, c.head, c.batch);
     }
   };
@@ -522,15 +593,15 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     const int s = v % Q_STAGES, h = head_of(v), q0 = q0_of(v);
     const int64_t row0 = (int64_t(b) * f.heads_q + h) * rows_per_head + q0;
     sm90::mbarrier_arrive_expect_tx(q_full(s), Tr::VISIT_BYTES);
-    load_tile(q_map, q_smem(s), q_full(s), BLOCK_Q, q0, h);
-    load_tile(do_map, do_smem(s), q_full(s), BLOCK_Q, q0, h);
+    load_tile(q_map, q_smem(s), q_full(s), BLOCK_Q, q_start + q0, h);
+    load_tile(do_map, do_smem(s), q_full(s), BLOCK_Q, q_start + q0, h);
     bulk_load(base + uint32_t(Tr::LSE_OFFSET + s * Tr::ROWS_BYTES), lse2 + row0, Tr::ROWS_BYTES, q_full(s));
     bulk_load(base + uint32_t(Tr::D_OFFSET + s * Tr::ROWS_BYTES), d_rows + row0, Tr::ROWS_BYTES, q_full(s));
   };
   if (threadIdx.x == 0 && visits > 0) {
     sm90::mbarrier_arrive_expect_tx(kv_full, 2 * Tr::KV_BYTES);
-    load_tile(k_map, k_smem, kv_full, BLOCK_KV, kv0, h_kv);
-    load_tile(v_map, v_smem, kv_full, BLOCK_KV, kv0, h_kv);
+    load_tile(k_map, k_smem, kv_full, BLOCK_KV, k_start + kv0, h_kv);
+    load_tile(v_map, v_smem, kv_full, BLOCK_KV, k_start + kv0, h_kv);
     for (int v = 0; v < visits && v < Q_STAGES; ++v) load_visit(v);
   }
 
@@ -719,8 +790,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   if (ATOMIC_DQ && threadIdx.x == 0) bulk_wait_all();
 
   // ---- epilogue: dK = scale·dK_acc and dV, this warpgroup's keys, columns < head_dim
-  T* dk_rows = dk + offset_of(p.dk, b, 0, h_kv);
-  T* dv_rows = dv + offset_of(p.dv, b, 0, h_kv);
+  T* dk_rows = dk + offset_of(p.dk, tb, k_start, h_kv);  // 13c: the sequence's rows of the packed dK, dV
+  T* dv_rows = dv + offset_of(p.dv, tb, k_start, h_kv);
 #pragma unroll
   for (int i = 0; i < Tr::KV_REGS; i += 2) {
     const step08::frag::Coord c = wgmma_acc(t, i);

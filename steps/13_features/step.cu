@@ -10,6 +10,7 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -26,15 +27,25 @@ namespace {
 
 constexpr double kLog2e = 1.4426950408889634;  // exp(x) = 2^(x·log2(e))
 
+// What the tensor maps see: (batch, seqlen, heads, head_dim) tensors, or (13c) one packed tensor of all
+// the sequences' rows, batch 1.
+struct MapRows {
+  int64_t q, k, batch;
+};
+MapRows map_rows(const Problem& p) {
+  return is_varlen(p) ? MapRows{p.total_q, p.total_k, 1} : MapRows{p.seqlen_q, p.seqlen_k, p.batch};
+}
+
 // ==== the forward: step 09f's host code ==========================================================
 namespace fwd {
 using namespace forward_pass;
 
 std::string limits(const Problem& p) {
-  std::string why = check_tma_strides("Q", p.q, p.seqlen_q, p.heads_q, p.batch, kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("K", p.k, p.seqlen_k, p.heads_kv, p.batch, kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("V", p.v, p.seqlen_k, p.heads_kv, p.batch, kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("O", p.o, p.seqlen_q, p.heads_q, p.batch, kMaxTmaStrideBytes);
+  const MapRows m = map_rows(p);
+  std::string why = check_tma_strides("Q", p.q, m.q, p.heads_q, m.batch, kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("K", p.k, m.k, p.heads_kv, m.batch, kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("V", p.v, m.k, p.heads_kv, m.batch, kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("O", p.o, m.q, p.heads_q, m.batch, kMaxTmaStrideBytes);
   return why;
 }
 
@@ -46,9 +57,10 @@ constexpr int max_smem_bytes() {
 }
 
 // Step 09's row of the tile table. A window is a band like causal masking's: 13b gives it the same
-// square tiles (fewer keys masked at the band's two edges) without 09's test of causal padding.
+// square tiles (fewer keys masked at the band's two edges) without 09's test of causal padding; so does
+// 13c a packed batch, whose sequences' masks are bands.
 int forward_config(const Problem& p) {
-  return p.window ? choose_config(kForwardIdeas, p.head_dim, true) : config_for(kForwardIdeas, p);
+  return p.window || is_varlen(p) ? choose_config(kForwardIdeas, p.head_dim, true) : config_for(kForwardIdeas, p);
 }
 
 bool claims(const Problem& p, const DeviceInfo& dev) {
@@ -64,15 +76,27 @@ struct TraitsTag {
 };
 
 // 09f's traits, or with causal masking 09e's (a block per tile, no persistent loop), as step 09 picks; a
-// window too, whose first query tiles see fewer keys than the others.
+// window too, whose first query tiles see fewer keys than the others, and a packed batch (13c), whose
+// grid holds a block for every tile a sequence as long as the bound would have.
 template <class F>
 void with_traits(const Problem& p, int config, F&& f) {
   with_config<kNumConfigs>(config, [&](auto c) {
     constexpr int CONFIG = decltype(c)::value;
     if constexpr (has_config(kForwardIdeas, CONFIG)) {
-      if (p.causal || p.window) return f(TraitsTag<TraitsOf<CONFIG, kThreeConsumers>>{});
+      if (p.causal || p.window || is_varlen(p)) return f(TraitsTag<TraitsOf<CONFIG, kThreeConsumers>>{});
       f(TraitsTag<TraitsOf<CONFIG, kForwardIdeas>>{});
     }
+  });
+}
+
+// The kernel for the problem's features (a packed batch only ever comes with one block per tile).
+template <typename T, class Tr>
+auto* kernel_of(const Problem& p) {
+  using Kernel = decltype(&forward_kernel<T, Tr, false, false, false>);
+  return with_packed_features(p, [&](auto capped, auto windowed, auto packed) -> Kernel {
+    constexpr bool SOFTCAP = decltype(capped)::value, WINDOW = decltype(windowed)::value;
+    constexpr bool VARLEN = decltype(packed)::value && !Tr::has(kPersistent);
+    return &forward_kernel<T, Tr, SOFTCAP, WINDOW, VARLEN>;
   });
 }
 
@@ -100,12 +124,9 @@ Plan plan(const Problem& p, const DeviceInfo& dev) {
     using T = typename decltype(tag)::type;
     with_traits(p, pl.config, [&](auto tr) {
       using Tr = typename decltype(tr)::type;
-      with_features(p, [&](auto capped, auto windowed) {
-        const int64_t blocks = Tr::has(kPersistent) ? persistent_blocks(tiles, dev.sm_count > 0 ? dev.sm_count : 1) : tiles;
-        pl.kernels = {KernelLaunch{
-            reinterpret_cast<const void*>(&forward_kernel<T, Tr, decltype(capped)::value, decltype(windowed)::value>),
-            Tr::NUM_THREADS, size_t(Tr::SMEM_BYTES), blocks}};
-      });
+      const int64_t blocks = Tr::has(kPersistent) ? persistent_blocks(tiles, dev.sm_count > 0 ? dev.sm_count : 1) : tiles;
+      pl.kernels = {KernelLaunch{reinterpret_cast<const void*>(kernel_of<T, Tr>(p)), Tr::NUM_THREADS,
+                                 size_t(Tr::SMEM_BYTES), blocks}};
     });
   });
   return pl;
@@ -120,21 +141,20 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
         std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     with_traits(p, plan.config, [&](auto tr) {
       using Tr = typename decltype(tr)::type;
+      const MapRows m = map_rows(p);
       const CUtensorMap q_map =
-          make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, p.seqlen_q, p.heads_q, p.batch, p.head_dim, Tr::BLOCK_Q));
-      const CUtensorMap k_map = make_tensor_map(
-          "K", t.k, type, tensor_map_shape(p.k, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
-      const CUtensorMap v_map = make_tensor_map(
-          "V", t.v, type, tensor_map_shape(p.v, p.seqlen_k, p.heads_kv, p.batch, p.head_dim, Tr::BLOCK_KV));
+          make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, m.q, p.heads_q, m.batch, p.head_dim, Tr::BLOCK_Q));
+      const CUtensorMap k_map =
+          make_tensor_map("K", t.k, type, tensor_map_shape(p.k, m.k, p.heads_kv, m.batch, p.head_dim, Tr::BLOCK_KV));
+      const CUtensorMap v_map =
+          make_tensor_map("V", t.v, type, tensor_map_shape(p.v, m.k, p.heads_kv, m.batch, p.head_dim, Tr::BLOCK_KV));
       const CUtensorMap o_map = make_tensor_map(
-          "O", t.o, type, tensor_map_shape(p.o, p.seqlen_q, p.heads_q, p.batch, p.head_dim, ROWS_PER_WARPGROUP));
-      with_features(p, [&](auto capped, auto windowed) {
-        auto* kernel = forward_kernel<T, Tr, decltype(capped)::value, decltype(windowed)::value>;
-        CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
-        kernel<<<unsigned(plan.kernels.front().blocks), Tr::NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
-            q_map, k_map, v_map, o_map, t.lse, p, scale_log2, cap);
-        CHECK_LAUNCH();
-      });
+          "O", t.o, type, tensor_map_shape(p.o, m.q, p.heads_q, m.batch, p.head_dim, ROWS_PER_WARPGROUP));
+      auto* kernel = kernel_of<T, Tr>(p);
+      CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
+      kernel<<<unsigned(plan.kernels.front().blocks), Tr::NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
+          q_map, k_map, v_map, o_map, t.lse, p, scale_log2, cap, static_cast<T*>(t.o));
+      CHECK_LAUNCH();
     });
   });
 }
@@ -167,10 +187,11 @@ std::string limits(const BackwardProblem& p) {
         << "seqlens up to " << kMaxSeqlen;
       return m.str();
     }
-  std::string why = check_tma_strides("Q", f.q, f.seqlen_q, f.heads_q, f.batch, step08::kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("K", f.k, f.seqlen_k, f.heads_kv, f.batch, step08::kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("V", f.v, f.seqlen_k, f.heads_kv, f.batch, step08::kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("dO", p.d_o, f.seqlen_q, f.heads_q, f.batch, step08::kMaxTmaStrideBytes);
+  const MapRows m = map_rows(f);
+  std::string why = check_tma_strides("Q", f.q, m.q, f.heads_q, m.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("K", f.k, m.k, f.heads_kv, m.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("V", f.v, m.k, f.heads_kv, m.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("dO", p.d_o, m.q, f.heads_q, m.batch, step08::kMaxTmaStrideBytes);
   return why;
 }
 
@@ -180,23 +201,24 @@ constexpr int max_smem_bytes() {
   return most > DqTr::SMEM_BYTES ? most : DqTr::SMEM_BYTES;
 }
 
-template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW>
+template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW, bool VARLEN>
 std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& w) {
   constexpr Config c = kConfigs[CONFIG];
   using Dq = std::conditional_t<c.head_dim == 64, DqTr64, DqTr>;
   const Problem& f = p.attention;
   std::vector<KernelLaunch> k;
-  k.push_back({reinterpret_cast<const void*>(&step11::preprocess_kernel<T>), step11::kPreprocessWarps * 32, 0,
+  k.push_back({reinterpret_cast<const void*>(&step11::preprocess_kernel<T, VARLEN>), step11::kPreprocessWarps * 32, 0,
                step11::tiles(w.rows, step11::kPreprocessWarps)});
   const void* main =
-      p.deterministic ? reinterpret_cast<const void*>(&backward_kernel<T, c.head_dim, c.block_q, false, SOFTCAP, WINDOW>)
-                      : reinterpret_cast<const void*>(&backward_kernel<T, c.head_dim, c.block_q, true, SOFTCAP, WINDOW>);
+      p.deterministic
+          ? reinterpret_cast<const void*>(&backward_kernel<T, c.head_dim, c.block_q, false, SOFTCAP, WINDOW, VARLEN>)
+          : reinterpret_cast<const void*>(&backward_kernel<T, c.head_dim, c.block_q, true, SOFTCAP, WINDOW, VARLEN>);
   k.push_back({main, NUM_THREADS, size_t(smem_bytes(c, kBackwardIdeas)), grid_blocks(f)});
   if (p.deterministic)
-    k.push_back({reinterpret_cast<const void*>(&step11::dq_kernel<T, Dq, SOFTCAP, WINDOW>), Dq::NUM_THREADS,
+    k.push_back({reinterpret_cast<const void*>(&step11::dq_kernel<T, Dq, SOFTCAP, WINDOW, VARLEN>), Dq::NUM_THREADS,
                  size_t(Dq::SMEM_BYTES), step11::tiles(f.seqlen_q, Dq::BLOCK_Q) * f.batch * f.heads_q});
   else  // 12c's conversion: every padded row of the accumulator
-    k.push_back({reinterpret_cast<const void*>(&convert_dq_tiles_kernel<T, c.head_dim, c.block_q>),
+    k.push_back({reinterpret_cast<const void*>(&convert_dq_tiles_kernel<T, c.head_dim, c.block_q, VARLEN>),
                  step11::kConvertThreads, 0, step11::tiles(w.rows * (c.head_dim / 8), step11::kConvertThreads)});
   return k;
 }
@@ -224,8 +246,9 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(pl.config, [&](auto c) {
-      with_features(p.attention, [&](auto capped, auto windowed) {
-        pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value, decltype(windowed)::value>(p, *w);
+      with_packed_features(p.attention, [&](auto capped, auto windowed, auto packed) {
+        pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value, decltype(windowed)::value,
+                                decltype(packed)::value>(p, *w);
       });
     });
   });
@@ -247,7 +270,7 @@ bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
          f.batch * f.heads_kv <= INT32_MAX / 4 / step11::tiles(f.seqlen_k, 64);
 }
 
-template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW>
+template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW, bool VARLEN>
 void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, const Workspace& w,
                    char* base, cudaStream_t stream) {
   constexpr Config c = kConfigs[CONFIG];
@@ -268,21 +291,22 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
 
   const CUtensorMapDataType type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const CUtensorMap q_map = make_tensor_map(
-      "Q", q, type, step08::tensor_map_shape(f.q, f.seqlen_q, f.heads_q, f.batch, f.head_dim, c.block_q));
-  const CUtensorMap do_map = make_tensor_map(
-      "dO", d_o, type, step08::tensor_map_shape(p.d_o, f.seqlen_q, f.heads_q, f.batch, f.head_dim, c.block_q));
-  const CUtensorMap k_map = make_tensor_map(
-      "K", k, type, step08::tensor_map_shape(f.k, f.seqlen_k, f.heads_kv, f.batch, f.head_dim, BLOCK_KV));
-  const CUtensorMap v_map = make_tensor_map(
-      "V", v, type, step08::tensor_map_shape(f.v, f.seqlen_k, f.heads_kv, f.batch, f.head_dim, BLOCK_KV));
+  const MapRows m = map_rows(f);
+  const CUtensorMap q_map =
+      make_tensor_map("Q", q, type, step08::tensor_map_shape(f.q, m.q, f.heads_q, m.batch, f.head_dim, c.block_q));
+  const CUtensorMap do_map =
+      make_tensor_map("dO", d_o, type, step08::tensor_map_shape(p.d_o, m.q, f.heads_q, m.batch, f.head_dim, c.block_q));
+  const CUtensorMap k_map =
+      make_tensor_map("K", k, type, step08::tensor_map_shape(f.k, m.k, f.heads_kv, m.batch, f.head_dim, BLOCK_KV));
+  const CUtensorMap v_map =
+      make_tensor_map("V", v, type, step08::tensor_map_shape(f.v, m.k, f.heads_kv, m.batch, f.head_dim, BLOCK_KV));
 
   if (!p.deterministic) CHECK_CUDA(cudaMemsetAsync(dq_accum, 0, size_t(w.bytes - w.dq_accum), stream));
-  step11::preprocess_kernel<T><<<unsigned(pre.blocks), pre.threads, 0, stream>>>(static_cast<const T*>(t.o), d_o,
-                                                                                 t.lse, lse2, d_rows, p);
+  step11::preprocess_kernel<T, VARLEN>
+      <<<unsigned(pre.blocks), pre.threads, 0, stream>>>(static_cast<const T*>(t.o), d_o, t.lse, lse2, d_rows, p);
   CHECK_LAUNCH();
   auto run_main = [&](auto atomic) {
-    auto* kernel = backward_kernel<T, c.head_dim, c.block_q, decltype(atomic)::value, SOFTCAP, WINDOW>;
+    auto* kernel = backward_kernel<T, c.head_dim, c.block_q, decltype(atomic)::value, SOFTCAP, WINDOW, VARLEN>;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(main.smem_bytes)));
     kernel<<<unsigned(main.blocks), main.threads, main.smem_bytes, stream>>>(
         q_map, k_map, v_map, do_map, static_cast<T*>(t.dk), static_cast<T*>(t.dv), dq_accum, lse2, d_rows, p,
@@ -291,14 +315,14 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
   };
   if (p.deterministic) {
     run_main(std::false_type{});
-    auto* kernel = step11::dq_kernel<T, Dq, SOFTCAP, WINDOW>;
+    auto* kernel = step11::dq_kernel<T, Dq, SOFTCAP, WINDOW, VARLEN>;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
     kernel<<<unsigned(dq.blocks), dq.threads, dq.smem_bytes, stream>>>(q, k, v, d_o, static_cast<T*>(t.dq), lse2,
                                                                        d_rows, p, scale_log2, cap);
     CHECK_LAUNCH();
   } else {
     run_main(std::true_type{});
-    convert_dq_tiles_kernel<T, c.head_dim, c.block_q>
+    convert_dq_tiles_kernel<T, c.head_dim, c.block_q, VARLEN>
         <<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
     CHECK_LAUNCH();
   }
@@ -309,9 +333,10 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
   const Workspace w = *workspace_of(p.attention, p.deterministic, kConfigs[plan.config].head_dim);
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     with_config<kNumConfigs>(plan.config, [&](auto c) {
-      with_features(p.attention, [&](auto capped, auto windowed) {
+      with_packed_features(p.attention, [&](auto capped, auto windowed, auto packed) {
         launch_config<typename decltype(tag)::type, decltype(c)::value, decltype(capped)::value,
-                      decltype(windowed)::value>(p, t, plan, w, static_cast<char*>(workspace), stream);
+                      decltype(windowed)::value, decltype(packed)::value>(p, t, plan, w,
+                                                                          static_cast<char*>(workspace), stream);
       });
     });
   });
@@ -416,6 +441,65 @@ void explain_window(std::ostream& out) {
     }
 }
 
+// 13c: which block of the padded batch's grid takes which rows of which sequence, for the forward's
+// query tiles (head_dim 128) and the backward's K/V tiles, on five sequences of lengths 300, 0, 1, 700
+// and 129; then, for 64 lengths drawn between 128 and 8192, how many blocks find a tile.
+void explain_varlen(std::ostream& out) {
+  out << "13c variable-length batches: sequences packed one after another into one (total, heads, head_dim)\n"
+         "tensor, sequence b at rows cu_seqlens[b] ... cu_seqlens[b + 1] - 1 (causal and the window per sequence).\n"
+         "The grid is the padded batch's, tiles x batch x heads blocks (tiles = tiles_of(max_seqlen)): the\n"
+         "tiles of one (sequence, head) are neighbours, as in the dense kernels, and a block whose sequence has\n"
+         "no tile j exits at once. No tile spans two sequences; a sequence shorter than the longest costs one\n"
+         "empty block per tile it lacks. The forward counts its query tiles from each sequence's end (the last\n"
+         "tile, which sees the most keys under causal masking, starts first), the backward its K/V tiles from\n"
+         "the start.\n";
+  const std::vector<int64_t> lengths = {300, 0, 1, 700, 129};
+  const fs_problem p = window_problem(700, 128, true, -1, 0);  // a band, as a packed batch takes
+  const int64_t block_q = step09::block_q(step09::kConfigs[fwd::forward_config(p)].consumers);
+  for (const auto& [pass, block, from_end] :
+       {std::tuple{"forward, query tiles", block_q, true}, std::tuple{"backward, K/V tiles", int64_t(128), false}}) {
+    out << "\n" << pass << " of " << block << " rows (one head); a cell is the rows of the sequence the block\n"
+        << "of row j takes, '-' an empty block:\n       ";
+    int64_t max_len = 0, working = 0, launched = 0;
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      out << std::setw(13) << ("seq" + std::to_string(b) + " (" + std::to_string(lengths[b]) + ")");
+      max_len = std::max(max_len, lengths[b]);
+    }
+    out << "\n";
+    for (int64_t j = 0; j < tiles_of(max_len, block); ++j) {
+      out << "  j=" << j << "  ";
+      for (const int64_t len : lengths) {
+        const int64_t tiles = tiles_of(len, block), t = from_end ? tiles - 1 - j : j;
+        std::string cell = "-";
+        if (j < tiles) {
+          const int64_t r0 = t * block, r1 = std::min(len, r0 + block) - 1;
+          cell = std::to_string(r0) + "-" + std::to_string(r1);
+          working += 1;
+        }
+        launched += 1;
+        out << std::setw(13) << cell;
+      }
+      out << "\n";
+    }
+    out << "  " << working << " of " << launched << " blocks have a tile\n";
+  }
+  // 64 lengths from a fixed linear congruential generator, uniform in [128, 8192] (bench/varlen_bench.py
+  // draws its own with Python's random; the shares are alike).
+  uint64_t state = 1;
+  std::vector<int64_t> drawn;
+  for (int i = 0; i < 64; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    drawn.push_back(128 + int64_t((state >> 33) % (8192 - 128 + 1)));
+  }
+  const int64_t longest = *std::max_element(drawn.begin(), drawn.end());
+  int64_t tiles = 0, rows = 0;
+  for (const int64_t len : drawn) tiles += tiles_of(len, block_q), rows += len;
+  out << "\n64 lengths between 128 and 8192 (sum " << rows << ", longest " << longest << "), forward tiles of "
+      << block_q << " rows:\n  " << tiles << " of " << tiles_of(longest, block_q) * 64 << " blocks per head have a tile ("
+      << percent(double(tiles) / double(tiles_of(longest, block_q) * 64)) << "); their rows are "
+      << percent(double(rows) / double(tiles * block_q)) << " real (the rest past a sequence's end)\n";
+}
+
 }  // namespace
 }  // namespace fs::step13
 
@@ -441,6 +525,17 @@ void register_step_13_features(Registry& r) {
          .explain = explain_window,
          .softcap = true,
          .window = true});
+  r.add({.id = "13c_varlen",
+         .name = "production features: variable-length batches",
+         .lesson = "+ variable-length batches (FlashAttention's varlen): sequences packed into one tensor, cut by "
+                   "cu_seqlens offsets; a block per (tile, sequence, head) of the padded batch, and a block past its "
+                   "sequence's end exits at once, so no tile spans two sequences",
+         .forward = {fwd::limits, fwd::plan, fwd::launch, fwd::claims},
+         .backward = {bwd::limits, bwd::plan, bwd::launch, bwd::claims},
+         .explain = explain_varlen,
+         .softcap = true,
+         .window = true,
+         .varlen = true});
 }
 
 }  // namespace fs

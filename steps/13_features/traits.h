@@ -2,7 +2,7 @@
 // tiles, rings and index math (steps/09_warp_specialized/traits.h) and step 12's backward ones
 // (steps/12_hopper_backward/traits.h) as they are; what each adds is one template flag per kernel:
 // 13a the two factors of common/step/softcap.h, 13b the band of common/step/window.h (which K/V tiles a
-// query tile visits, and which of them need the mask).
+// query tile visits, and which of them need the mask), 13c the sequences of common/step/varlen.h.
 #pragma once
 
 #include "steps/09_warp_specialized/traits.h"
@@ -19,6 +19,9 @@ enum Idea : int {
   kWindow = 2,   // 13b  sliding window (Mistral, Gemma): each query tile visits only the K/V tiles its band
                  //      touches, and masks only the tiles that straddle an edge of the band; the backward's
                  //      K/V tiles visit only the query tiles that see them
+  kVarlen = 3,   // 13c  variable-length batches (FlashAttention's varlen): sequences packed into one tensor;
+                 //      a block per tile of the padded batch, exiting when its sequence has no such tile,
+                 //      and each sequence's own masks and offsets inside the tile loop
 };
 
 // The forward runs step 09f's kernel (its tile table and persistent schedule), the backward step 12c's.

@@ -376,6 +376,34 @@ class Library(unittest.TestCase):
         self.assertEqual(e.exception.function, "fs_problem_init")
         self.assertTrue(e.exception.message.startswith("window is (4294967296, 0); it must be None"))
 
+    def test_varlen_reaches_the_library(self):
+        # A variable-length batch of 3 sequences (5, 0, 7 query rows; 3, 4, 9 keys), causal: the addresses of the
+        # offsets are never read by fs_check, so any will do; the FLOPs from host copies, each sequence its own
+        p = self.lib.problem(1, 1, 1, 4, 2, 64, "fp16", True)
+        cu_q, cu_k = [0, 5, 5, 12], [0, 3, 7, 16]
+        p.batch, p.seqlen_q, p.seqlen_k, p.total_q, p.total_k = 3, 7, 9, 12, 16
+        p.q.batch = p.k.batch = p.v.batch = p.o.batch = 0
+        p.cu_seqlens_q, p.cu_seqlens_k = 0x7F0000001000, 0x7F0000002000
+        self.assertEqual(self.lib.varlen_flops(p, cu_q, cu_k), 4.0 * 4 * 64 * (5 * 3 / 2 + 0 + 7 * 9 / 2))
+        self.assertGreaterEqual(self.lib.flops(p), self.lib.varlen_flops(p, cu_q, cu_k))  # at the bounds
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.varlen_flops(p, [0, 5, 4, 12], cu_k)
+        self.assertEqual(e.exception.message, "cu_seqlens_q[2] is 4, below cu_seqlens_q[1] = 5: the offsets must not "
+                         "decrease")
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.varlen_flops(p, [0, 5, 12], cu_k)
+        self.assertEqual(e.exception.message, "cu_seqlens_q has 3 offsets; a batch of 3 sequences has batch + 1 = 4")
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.check("07g_flash_attention2", p)
+        self.assertIn("cu_seqlens_q is set (a variable-length batch of 3 sequences); step 07g_flash_attention2 has no "
+                      "variable-length batches (NULL turns it off)", e.exception.message)
+        p.q.batch = 8
+        with self.assertRaises(fs.InvalidArgument) as e:
+            self.lib.check_offsets(p)
+        self.assertEqual(e.exception.message, "with cu_seqlens the tensors are (total, heads, head_dim): q.batch is 8, "
+                         "it must be 0")
+        self.lib.check_offsets(self.lib.problem(2, 64, 64, 4, 2, 64, "fp16", False))  # dense: nothing to check
+
     def test_shared_rules(self):
         p = self.lib.problem(8, 2048, 2048, 16, 16, 128, "fp16", False)
         self.assertEqual(self.lib.flops(p), 4.0 * 8 * 16 * 2048 * 2048 * 128)
@@ -597,6 +625,43 @@ class Arguments(unittest.TestCase):
                 call()
             self.assertEqual(e.exception.function, function)
             self.assertTrue(e.exception.message.startswith("window is "), e.exception.message)
+
+    def test_varlen(self):
+        # FlashAttention's varlen layout: Q, O (total_q, heads, d), K, V (total_k, heads_kv, d), int32 offsets
+        q, kv = FakeTensor((12, 8, 128)), FakeTensor((16, 2, 128))
+        cu_q = FakeTensor((4,), "torch.int32", address=0x7F0000001000)
+        cu_k = FakeTensor((4,), "torch.int32", address=0x7F0000002000)
+        p = fs.varlen_problem("test", q, kv, kv, q, cu_q, cu_k, 7, 9, True, None)
+        self.assertEqual((p.batch, p.seqlen_q, p.seqlen_k, p.total_q, p.total_k, p.heads_q, p.heads_kv, p.head_dim,
+                          p.causal), (3, 7, 9, 12, 16, 8, 2, 128, 1))
+        self.assertEqual((p.cu_seqlens_q, p.cu_seqlens_k), (0x7F0000001000, 0x7F0000002000))
+        self.assertEqual((p.q.batch, p.q.row, p.q.head, p.k.batch, p.k.row), (0, 8 * 128, 128, 0, 2 * 128))
+        lse = FakeTensor((8, 12), "torch.float32")
+        self.assertEqual(fs.varlen_problem("test", q, kv, kv, q, cu_q, cu_k, 7, 9, True, None, lse).total_q, 12)
+        args = [q, kv, kv, q, lse, q, q, kv, kv, cu_q, cu_k, 7, 9]
+        b = fs.varlen_backward_problem("test", *args, True, None, False, window=(4, 0))
+        self.assertEqual((b.attention.total_k, b.d_o.batch, b.dk.row, b.attention.window_left), (16, 0, 256, 4))
+        refused = lambda *a: self.refused(fs.varlen_problem, *a)  # noqa: E731
+        self.assertEqual(refused(q, kv, kv, q, FakeTensor((4,), "torch.int64"), cu_k, 7, 9, False, None),
+                         "cu_seqlens_q is torch.int64; it must be torch.int32")
+        self.assertEqual(refused(q, kv, kv, q, cu_q, FakeTensor((5,), "torch.int32"), 7, 9, False, None),
+                         "cu_seqlens_k is (5,) but cu_seqlens_q is (4,); both hold batch + 1 offsets")
+        self.assertEqual(refused(q, kv, kv, q, FakeTensor((4,), "torch.int32", device="cpu"), cu_k, 7, 9, False,
+                                 None), "cu_seqlens_q is on cpu but Q is on cuda:0; they must be on one device")
+        self.assertEqual(refused(q, kv, kv, q, FakeTensor((4,), "torch.int32", strides=(2,)), cu_k, 7, 9, False, None),
+                         "cu_seqlens_q is (4,) with strides (2,); it must be a contiguous (batch + 1,) of offsets, "
+                         "cu[0] = 0 ... cu[batch] = total")
+        self.assertEqual(refused(q, kv, kv, q, cu_q, cu_k, -1, 9, False, None),
+                         "max_seqlen_q is -1; it must be an integer from 0 to 2147483647")
+        self.assertEqual(refused(q, kv, kv, q, cu_q, cu_k, 7, "9", False, None),
+                         "max_seqlen_k is '9'; it must be an integer from 0 to 2147483647")
+        self.assertEqual(refused(self.q, kv, kv, q, cu_q, cu_k, 7, 9, False, None),
+                         "Q's shape is (2, 64, 8, 128); it must have one entry per dimension (total, heads, head_dim)")
+        self.assertEqual(refused(q, kv, kv, q, cu_q, cu_k, 7, 9, False, None, FakeTensor((8, 11), "torch.float32")),
+                         "LSE is (8, 11); a variable-length batch's is (heads_q, total_q) = (8, 12)")
+        with self.assertRaises(fs.InvalidArgument) as e:  # refused before anything is allocated
+            fs.varlen_attention(q, kv, kv, cu_q, cu_k, 7, 9, window=(1,))
+        self.assertEqual(e.exception.function, "flash_steps.varlen_attention")
 
     def test_backward_arguments(self):
         lse = FakeTensor((2, 8, 64), "torch.float32")

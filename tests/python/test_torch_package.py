@@ -1,8 +1,10 @@
 """The flash_steps package on a GPU with PyTorch: forward against SDPA's math backend in fp32, attention's
 gradients against an fp32 reference by fs_backward_bound (ref_err: SDPA's error in the dtype), GQA, strided views, the deterministic mode, decode on a contiguous and a paged
 cache, softcapped attention and its gradients against a softcapped fp32 reference, sliding windows (forward,
-backward and autograd) against an fp32 reference with an explicit mask, and bench/fs_results.py's reference with a
+backward and autograd) against an fp32 reference with an explicit mask, variable-length batches against each
+sequence's explicit reference, and bench/fs_results.py's reference with a
 window. Its own ctest entry, python.torch: Skipped (77) without PyTorch or a CUDA device."""
+import itertools
 import math
 import sys
 import unittest
@@ -245,6 +247,89 @@ class Torch(unittest.TestCase):
         with self.assertRaises(fs.InvalidArgument) as e:
             fs.forward(q, k, v, step="07g_flash_attention2", window=(128, 0))
         self.assertIn("window is 1 (128, 0); step 07g_flash_attention2 has no sliding window", e.exception.message)
+
+    def test_varlen_attention_against_each_sequence(self):
+        # Packed sequences of 0, 1 and odd lengths, a query length unlike the key length in each, against explicit()
+        # on each sequence alone (its own lengths: causal and the window bottom-right on them); the backward in both
+        # modes (autograd through varlen_attention, and varlen_backward called apart) against each sequence's
+        # gradients, keys no row sees (sequence 0: 3 keys, no row) getting dK = dV = 0 and rows that see no key
+        # dQ = 0; deterministic twice, bitwise equal.
+        lq, lk = [0, 1, 7, 64, 65, 130], [3, 0, 64, 7, 65, 200]
+        cu = [torch.tensor([0] + list(itertools.accumulate(x)), dtype=torch.int32, device="cuda") for x in (lq, lk)]
+        rows = lambda c, b: slice(int(c[b]), int(c[b + 1]))  # noqa: E731
+        for causal, window, softcap in ((False, None, 0.0), (True, None, 0.0), (False, (20, 5), 0.0),
+                                        (True, (40, 0), 8.0)):
+            for dtype, dname, d, hkv in ((torch.float16, "fp16", 64, 2), (torch.bfloat16, "bf16", 128, 8)):
+                what = f"varlen causal={causal} window {window} softcap {softcap} {dname} d {d} heads_kv {hkv}"
+                q = self.draw(sum(lq), 8, d, dtype=dtype).requires_grad_()
+                k, v = (self.draw(sum(lk), hkv, d, dtype=dtype).requires_grad_() for _ in range(2))
+                d_o = self.draw(sum(lq), 8, d, dtype=dtype)
+                options = dict(causal=causal, window=window, softcap=softcap)
+                try:
+                    o = fs.varlen_attention(q, k, v, cu[0], cu[1], max(lq), max(lk), check_offsets=True, **options)
+                except fs.InvalidArgument as e:  # a GPU without a step that has them: refused, never wrong
+                    self.assertIn("cu_seqlens_q is set (a variable-length batch of 6 sequences)", e.message)
+                    continue
+                o2, lse = fs.varlen_forward(q.detach(), k.detach(), v.detach(), cu[0], cu[1], max(lq), max(lk),
+                                            **options)
+                self.assertEqual(lse.shape, (8, sum(lq)))
+                atol, rtol, lse_tol = self.lib.tolerance(dname, float(v.abs().max()))
+                refs = []
+                for b in range(len(lq)):
+                    qb, kb, vb = q[rows(cu[0], b)][None], k[rows(cu[1], b)][None], v[rows(cu[1], b)][None]
+                    got, got_lse = o[rows(cu[0], b)].float(), lse[:, rows(cu[0], b)]
+                    if lq[b] == 0:
+                        continue
+                    if lk[b] == 0:  # no key: O = 0, LSE = -inf
+                        self.assertTrue(bool((got == 0).all() and torch.isneginf(got_lse).all()), what)
+                        continue
+                    ref, ref_lse, grads = explicit(qb, kb, vb, causal, softcap, window)
+                    refs.append((b, grads, explicit(qb, kb, vb, causal, softcap, window, dtype=dtype)[2]))
+                    self.assertTrue(bool((got - ref[0]).abs().le(atol + rtol * ref[0].abs()).all()), f"{what}, seq {b}")
+                    self.assertTrue(bool((o2[rows(cu[0], b)].float() == got).all()), what)
+                    no_key = torch.isinf(ref_lse[0])
+                    self.assertTrue(bool(torch.equal(torch.isinf(got_lse), no_key)), what)
+                    self.assertTrue(bool(((got_lse - ref_lse[0]).abs() <= lse_tol * (1 + ref_lse[0].abs()))[~no_key]
+                                         .all()), f"{what}, seq {b}: LSE")
+
+                # each sequence's gradients for its rows of dO, once (autograd.grad frees the graph it runs)
+                expected = [(b, exact_grads(db), low_grads(db)) for b, exact_grads, low_grads, db in
+                            ((b, e, lo, d_o[rows(cu[0], b)][None]) for b, e, lo in refs)]
+
+                def check(grads, how):
+                    dq, dk, dv = grads
+                    self.assertEqual((dq.shape, dk.shape, dv.shape), (q.shape, k.shape, v.shape), how)
+                    for b, exact, low in expected:
+                        got = (dq[rows(cu[0], b)][None], dk[rows(cu[1], b)][None], dv[rows(cu[1], b)][None])
+                        self.check_gradients(got, exact, low, dname, f"{how}, seq {b}")
+                    for b in range(len(lq)):  # the sequences without a reference: one side empty
+                        if lk[b] == 0:
+                            self.assertTrue(bool((dq[rows(cu[0], b)] == 0).all()), f"{how}, seq {b}: dQ = 0")
+                        if lq[b] == 0:
+                            self.assertTrue(bool((dk[rows(cu[1], b)] == 0).all() and (dv[rows(cu[1], b)] == 0).all()),
+                                            f"{how}, seq {b}: dK = dV = 0")
+
+                o.backward(d_o)  # 13c's backward runs variable-length batches: no refusal where its forward ran
+                check((q.grad, k.grad, v.grad), f"{what}, autograd")
+                for deterministic in (False, True):
+                    how = f"{what}, varlen_backward deterministic={deterministic}"
+                    args = (q.detach(), k.detach(), v.detach(), o2, lse, d_o, cu[0], cu[1], max(lq), max(lk))
+                    got = fs.varlen_backward(*args, deterministic=deterministic, **options)
+                    check(got, how)
+                    if deterministic:
+                        again = fs.varlen_backward(*args, deterministic=True, **options)
+                        for g, g2 in zip(got, again):
+                            self.assertTrue(torch.equal(g, g2), f"{how}: bitwise repeatable")
+                qd, kd, vd = (x.detach().clone().requires_grad_() for x in (q, k, v))
+                fs.varlen_attention(qd, kd, vd, cu[0], cu[1], max(lq), max(lk), deterministic=True, **options) \
+                    .backward(d_o)
+                check((qd.grad, kd.grad, vd.grad), f"{what}, autograd deterministic")
+        bad = torch.tensor([0, 1, 0, 72, 136, 201, 402], dtype=torch.int32, device="cuda")
+        q, k, v = (self.draw(n, 2, 64) for n in (sum(lq), sum(lk), sum(lk)))
+        with self.assertRaises(fs.InvalidArgument) as e:  # checked offsets: the first bad one named, nothing run
+            fs.varlen_forward(q, k, v, bad, cu[1], max(lq), max(lk), check_offsets=True)
+        self.assertEqual(e.exception.message, "cu_seqlens_q[2] is 0, below cu_seqlens_q[1] = 1: the offsets must not "
+                         "decrease")
 
     def test_the_benchmarks_reference_with_a_window(self):
         # bench/fs_results.py's reference (compare_torch's check) masks the same keys as the explicit one here
