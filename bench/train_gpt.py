@@ -4,6 +4,11 @@
 mean |loss(flash_steps) - loss(sdpa_flash)| is at most --k x the spread of the other SDPA backends + --eps, the
 first gradients differ by at most max(--k x theirs, --grad-floor), and every run ends at least halfway from its
 first loss to the entropy floor of the synthetic data. Details: bench/README.md.
+
+--varlen [--sliding-window 256]: the same model, rule and language on packed documents of random lengths
+(FlashAttention's varlen layout), causal within each document and a sliding window (left, 0):
+flash_steps.varlen_attention against SDPA memory-efficient with an explicit block-diagonal, causal,
+windowed mask (the reference) and SDPA math (and cuDNN, where it takes a mask) with the same mask.
 """
 from __future__ import annotations
 
@@ -169,6 +174,41 @@ def floors(sum_logp: float, sum_markov_logp: float, counts: list[int]) -> dict:
     return {"entropy_floor": -sum_logp / n, "markov_floor": -sum_markov_logp / n, "unigram_entropy": unigram}
 
 
+# ---- packed documents (plain Python: the specification) -------------------------------------------------
+
+def document_lengths(rng: random.Random, total: int, min_len: int, max_len: int) -> list[int]:
+    """Lengths in [min_len, max_len] that add up to total exactly: drawn by rng.randint while more than
+    max_len tokens are left, from [min_len, min(max_len, left - min_len)] so that at least min_len stay
+    for the last document, which takes the rest. Needs total >= min_len >= 1 and max_len >= 2 * min_len."""
+    if not (1 <= min_len and 2 * min_len <= max_len and total >= min_len):
+        raise ValueError(f"document_lengths: need 1 <= min_len, 2 * min_len <= max_len and total >= min_len "
+                         f"(min_len {min_len}, max_len {max_len}, total {total})")
+    lengths, left = [], total
+    while left > max_len:
+        lengths.append(rng.randint(min_len, min(max_len, left - min_len)))
+        left -= lengths[-1]
+    return lengths + [left]
+
+
+def cu_seqlens(lengths: list[int]) -> list[int]:
+    """0, then the running sum of the lengths: document b is rows cu[b] .. cu[b + 1] - 1 of the stream."""
+    return [0, *itertools.accumulate(lengths)]
+
+
+def first_visible_key(cu: list[int], left: int) -> list[int]:
+    """Per row i of the stream, the first key it sees: causal within its document and a sliding window
+    (left, 0) (left < 0: none), row i sees keys first_visible_key[i] .. i, that is key j iff j is in i's
+    document, j <= i and i - j <= left. The one statement of the mask: packed_mask builds it from this."""
+    out = []
+    for start, end in zip(cu, cu[1:]):
+        out += [start if left < 0 else max(start, i - left) for i in range(start, end)]
+    return out
+
+
+def window_text(left: int) -> str:
+    return "no window" if left < 0 else f"window ({left}, 0)"
+
+
 # ---- the verdict (plain Python on lists) -------------------------------------------------------------
 
 def windows(n: int, size: int) -> list[tuple[int, int]]:
@@ -266,11 +306,53 @@ def flash_steps_attention(flash_steps, step=None, backward_step=None, determinis
     return attend
 
 
+def packed_mask(torch, cu: list[int], left: int, device):
+    """The boolean (total, total) mask of one packed step, True where row i sees key j: the keys
+    first_visible_key(cu, left)[i] .. i, block-diagonal per document, causal and windowed."""
+    first = torch.tensor(first_visible_key(cu, left), device=device)
+    j = torch.arange(cu[-1], device=device)
+    return (j[None, :] >= first[:, None]) & (j[None, :] <= j[:, None])
+
+
+def sdpa_packed_attention(torch, backend: str):
+    """Packed documents through SDPA with one backend forced, as batch 1: bind(pack) builds the step's
+    packed_mask once and returns attend(q, k, v) on [1, T, H, D] tensors, SDPA with attn_mask on the
+    [1, H, T, D] views (the mask broadcasts over the heads)."""
+    be = fs_results.Backend(torch, backend)
+
+    def bind(pack):
+        mask = packed_mask(torch, pack["cu_seqlens"], pack["left"], pack["cu"].device)
+
+        def attend(q, k, v):
+            with be.context():
+                return be.view(be.func(be.view(q), be.view(k), be.view(v), attn_mask=mask))
+        return attend
+    return bind
+
+
+def flash_steps_packed_attention(flash_steps, step=None, backward_step=None, deterministic=False):
+    """Packed documents through flash_steps.varlen_attention: bind(pack) returns attend(q, k, v) on
+    [1, T, H, D] tensors, which hands the (T, H, D) rows (contiguous) with the step's cu_seqlens (int32 on
+    the device, for Q and K alike), causal=True and window (left, 0) (None when left < 0)."""
+    def bind(pack):
+        window = None if pack["left"] < 0 else (pack["left"], 0)
+
+        def attend(q, k, v):
+            o = flash_steps.varlen_attention(q[0].contiguous(), k[0].contiguous(), v[0].contiguous(), pack["cu"],
+                                             pack["cu"], pack["max_seqlen"], pack["max_seqlen"], causal=True,
+                                             window=window, step=step, backward_step=backward_step,
+                                             deterministic=deterministic)
+            return o.unsqueeze(0)
+        return attend
+    return bind
+
+
 def build_model(torch, vocab: int, seqlen: int, layers: int, d_model: int, heads: int):
     """A pre-LayerNorm GPT: token and learned position embeddings, `layers` blocks of causal attention
     and a 4x GELU MLP, a final LayerNorm and an untied output layer; no biases, no dropout. forward
-    takes the attention function: attend(q, k, v) on [B, S, H, D] tensors. GPT-2's initialisation:
-    N(0, 0.02), the projections back into the residual stream scaled by 1/sqrt(2 * layers)."""
+    takes the attention function: attend(q, k, v) on [B, S, H, D] tensors, and the positions ([B, S],
+    below seqlen; default 0 .. S-1: packed documents give each token its place in its document). GPT-2's
+    initialisation: N(0, 0.02), the projections back into the residual stream scaled by 1/sqrt(2 * layers)."""
     nn, F = torch.nn, torch.nn.functional
 
     class Block(nn.Module):
@@ -301,8 +383,10 @@ def build_model(torch, vocab: int, seqlen: int, layers: int, d_model: int, heads
                     std = 0.02 / math.sqrt(2 * layers) if name.endswith(("proj.weight", "out.weight")) else 0.02
                     nn.init.normal_(p, 0.0, std)
 
-        def forward(self, idx, attend):
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        def forward(self, idx, attend, positions=None):
+            if positions is None:
+                positions = torch.arange(idx.shape[1], device=idx.device)
+            x = self.tok(idx) + self.pos(positions)
             for block in self.blocks:
                 x = block(x, attend)
             return self.head(self.ln_f(x))
@@ -318,12 +402,16 @@ def lr_factor(step: int, warmup: int, steps: int, final: float = 0.1) -> float:
     return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def train(torch, model, init_state: dict, attend, batches, recall, cfg: dict) -> dict:
-    """One run from init_state over batches ([steps, B, S + 1] int64 on the model's device; recall:
-    [steps, B, S] float, 1 where the target is a copied token). Returns the per-step losses and losses
-    on copied tokens (lists), the gradients of the first step (before clipping), and timings."""
+def train(torch, model, init_state: dict, attend, data: dict, cfg: dict) -> dict:
+    """One run from init_state over make_data's steps: inputs and targets ([steps, B, S] int64 on the
+    model's device), recall ([steps, B, S] float, 1 where the target is a copied token) and, for packed
+    documents, positions ([steps, 1, T]) and packs (one per step): then attend is a binder and
+    attend(packs[step]) the step's attention. Returns the per-step losses and losses on copied tokens
+    (lists), the gradients of the first step (before clipping), and timings."""
     F = torch.nn.functional
-    device = batches.device
+    inputs, targets, recall = data["inputs"], data["targets"], data["recall"]
+    positions, packs = data.get("positions"), data.get("packs")
+    device = inputs.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model.load_state_dict(init_state)
     model.zero_grad(set_to_none=True)
@@ -332,16 +420,17 @@ def train(torch, model, init_state: dict, attend, batches, recall, cfg: dict) ->
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=cfg["lr"], betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg["warmup"], cfg["steps"]))
-    steps = batches.shape[0]
+    steps = inputs.shape[0]
     losses = torch.zeros(steps, device=device)
     recall_losses = torch.zeros(steps, device=device)
     first_grads, warm = None, min(5, steps - 1)
     sync()
     t0 = t_warm = time.perf_counter()
     for step in range(steps):
-        x, y = batches[step, :, :-1], batches[step, :, 1:]
+        x, y = inputs[step], targets[step]
+        step_attend = attend if packs is None else attend(packs[step])
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-            logits = model(x, attend)
+            logits = model(x, step_attend, None if positions is None else positions[step])
         ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view_as(y)
         loss = ce.mean()
         opt.zero_grad(set_to_none=True)
@@ -382,7 +471,9 @@ def grad_differences(grads: dict, reference: dict) -> dict:
 def make_data(torch, lang: Language, cfg: dict, device) -> dict:
     """The batches of every step, generated once on the device from the seed (a CUDA generator draws
     other numbers than a CPU one: the data depend on the seed and the device type), and the floors of
-    the data."""
+    the data. With cfg["varlen"]: make_packed_data's."""
+    if cfg.get("varlen"):
+        return make_packed_data(torch, lang, cfg, device)
     t0 = time.perf_counter()
     count, length = cfg["steps"] * cfg["batch"], cfg["seqlen"] + 1
     data = generate_batch(torch, lang, count, length, cfg["seed"] + 1, device=device)
@@ -393,9 +484,41 @@ def make_data(torch, lang: Language, cfg: dict, device) -> dict:
     fl["copied_fraction"] = copied.double().mean().item()
     fl["copied_markov_cost"] = -data["markov_logp"][:, 1:][copied].mean().item()  # what a copy costs without recall
     fl["generate_s"] = round(time.perf_counter() - t0, 2)
-    shape = (cfg["steps"], cfg["batch"])
-    return {"batches": data["tokens"].view(*shape, length),
-            "recall": data["recall"][:, 1:].reshape(*shape, length - 1).float(), "floors": fl}
+    batches = data["tokens"].view(cfg["steps"], cfg["batch"], length)
+    return {"inputs": batches[:, :, :-1], "targets": batches[:, :, 1:],
+            "recall": data["recall"][:, 1:].reshape(cfg["steps"], cfg["batch"], length - 1).float(), "floors": fl}
+
+
+def make_packed_data(torch, lang: Language, cfg: dict, device) -> dict:
+    """Every step's packed stream of cfg["varlen"]["tokens"] tokens: documents of document_lengths
+    (random.Random(seed), from min_len to seqlen), each one sequence of the language of its length + 1
+    tokens (generate_batch, all documents at once, seed + 1 as make_data), whose first `length` tokens
+    are inputs and last `length` targets, at positions 0 .. length - 1; as batch 1 ([steps, 1, T]).
+    packs[step]: cu_seqlens (a list and an int32 tensor on the device), max_seqlen and the window's left.
+    The floors on the targets, as make_data's."""
+    t0 = time.perf_counter()
+    v = cfg["varlen"]
+    rng = random.Random(cfg["seed"])
+    lengths = [document_lengths(rng, v["tokens"], v["min_len"], cfg["seqlen"]) for _ in range(cfg["steps"])]
+    packs = [{"cu_seqlens": cu_seqlens(ls), "max_seqlen": max(ls), "left": v["sliding_window"]} for ls in lengths]
+    for pack in packs:
+        pack["cu"] = torch.tensor(pack["cu_seqlens"], dtype=torch.int32, device=device)
+    flat = [n for ls in lengths for n in ls]
+    data = generate_batch(torch, lang, len(flat), cfg["seqlen"] + 1, cfg["seed"] + 1, device=device)
+    # the first `length` places of each document, in order: the documents of step 0, then of step 1, ...
+    keep = torch.arange(cfg["seqlen"], device=device)[None, :] < torch.tensor(flat, device=device)[:, None]
+    shape = (cfg["steps"], 1, v["tokens"])
+    targets = data["tokens"][:, 1:][keep]
+    counts = torch.bincount(targets, minlength=lang.vocab).tolist()
+    fl = floors(data["logp"][:, 1:][keep].sum().item(), data["markov_logp"][:, 1:][keep].sum().item(), counts)
+    copied = data["recall"][:, 1:][keep]
+    fl["copied_fraction"] = copied.double().mean().item()
+    fl["copied_markov_cost"] = -data["markov_logp"][:, 1:][keep][copied].mean().item()
+    fl["documents"], fl["mean_length"] = len(flat), round(mean(flat), 1)
+    fl["generate_s"] = round(time.perf_counter() - t0, 2)
+    positions = torch.arange(cfg["seqlen"], device=device).expand(len(flat), -1)[keep]
+    return {"inputs": data["tokens"][:, :-1][keep].view(shape), "targets": targets.view(shape),
+            "positions": positions.view(shape), "recall": copied.float().view(shape), "packs": packs, "floors": fl}
 
 
 def run_experiment(torch, runs: dict, cfg: dict, device, log=print) -> dict:
@@ -405,7 +528,11 @@ def run_experiment(torch, runs: dict, cfg: dict, device, log=print) -> dict:
     lang = Language(cfg["seed"], cfg["text_tokens"], cfg["anchors"], cfg["segment"], cfg["p_anchor"])
     data = make_data(torch, lang, cfg, device)
     fl = data["floors"]
-    log(f"data: {cfg['steps']} x {cfg['batch']} sequences of {cfg['seqlen'] + 1} tokens in {fl['generate_s']} s; "
+    v = cfg.get("varlen")
+    shape = (f"{cfg['steps']} x {cfg['batch']} sequences of {cfg['seqlen'] + 1} tokens" if not v else
+             f"{cfg['steps']} steps of {v['tokens']} tokens packed from {fl['documents']} documents of {v['min_len']} "
+             f"to {cfg['seqlen']} (mean {fl['mean_length']}), {window_text(v['sliding_window'])}")
+    log(f"data: {shape} in {fl['generate_s']} s; "
         f"{100 * fl['copied_fraction']:.1f}% copied tokens; nats per token: entropy floor {fl['entropy_floor']:.4f}, "
         f"Markov floor {fl['markov_floor']:.4f}, unigram {fl['unigram_entropy']:.4f}, uniform {math.log(lang.vocab):.4f}")
     torch.manual_seed(cfg["seed"])
@@ -414,7 +541,7 @@ def run_experiment(torch, runs: dict, cfg: dict, device, log=print) -> dict:
     results, grads = {}, {}
     for i, (name, attend) in enumerate(runs.items()):
         try:
-            r = train(torch, model, init_state, attend, data["batches"], data["recall"], cfg)
+            r = train(torch, model, init_state, attend, data, cfg)
         except Exception as e:  # a backend that refuses the shape, or a failing kernel: recorded, not fatal
             results[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}".strip()}
             log(f"[{i + 1}/{len(runs)}] {name}: {results[name]['reason']}")
@@ -489,7 +616,9 @@ def plot(result: dict, path: Path) -> None:
     ax2.set_ylabel(f"|loss - loss({reference})|")
     ax2.grid(alpha=0.3, which="both")
     env = result.get("environment", {})
-    fig.suptitle(f"train_gpt: {'PASS' if v['pass'] else 'FAIL'}, {env.get('gpu', '')} {result.get('commit', '')}",
+    varlen = result["config"].get("varlen")
+    mode = f" --varlen, {window_text(varlen['sliding_window'])}" if varlen else ""
+    fig.suptitle(f"train_gpt{mode}: {'PASS' if v['pass'] else 'FAIL'}, {env.get('gpu', '')} {result.get('commit', '')}",
                  fontsize=10)
     fig.tight_layout()
     fs_results.save_figure(fig, path)
@@ -523,7 +652,9 @@ def summary(result: dict) -> str:
 # ---- the command line ---------------------------------------------------------------------------------------
 
 DEFAULTS = {"steps": (300, 120), "batch": (32, 16), "seqlen": (512, 256), "layers": (4, 2), "d_model": (512, 128),
-            "lr": (1e-3, 2e-3), "window": (50, 20)}  # (the experiment, --quick)
+            "lr": (1e-3, 2e-3), "window": (50, 20),  # (the experiment, --quick)
+            "tokens": (8192, 2048), "min_len": (32, 16), "sliding_window": (256, 64)}  # --varlen's
+VARLEN_REFERENCE = "efficient"  # SDPA's backend that is the reference with --varlen (flash takes no mask)
 
 
 def parse_args(argv=None):
@@ -533,7 +664,10 @@ def parse_args(argv=None):
     for name, kind, help_text in (("steps", int, None), ("batch", int, "sequences per step"), ("seqlen", int, None),
                                   ("layers", int, None), ("d-model", int, None),
                                   ("lr", float, "peak learning rate of AdamW"),
-                                  ("window", int, "steps per window of the criterion")):
+                                  ("window", int, "steps per window of the criterion"),
+                                  ("tokens", int, "--varlen: tokens per step, packed"),
+                                  ("min-len", int, "--varlen: the shortest document (the longest: --seqlen)"),
+                                  ("sliding-window", int, "--varlen: the window's left bound, -1 none")):
         normal, quick = DEFAULTS[name.replace("-", "_")]
         ap.add_argument(f"--{name}", type=kind, help=f"{help_text + ' ' if help_text else ''}(default {normal}; "
                         f"quick {quick})")
@@ -541,44 +675,67 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=20, help="steps of linear warm-up")
     ap.add_argument("--weight-decay", type=float, default=0.1, help="on the matrices only")
     ap.add_argument("--seed", type=int, default=1, help="the language, the data and the initial weights")
-    ap.add_argument("--spread-backends", default="cudnn,efficient",
-                    help="the other SDPA backends whose distance from SDPA flash is the allowed spread "
-                    f"(comma-separated, of {', '.join(b for b in SDPA_BACKENDS if b != 'flash')})")
+    ap.add_argument("--varlen", action="store_true",
+                    help="packed documents of random lengths, causal per document, a sliding window: "
+                    "flash_steps.varlen_attention against SDPA with an explicit mask")
+    ap.add_argument("--spread-backends",
+                    help="the other SDPA backends whose distance from the reference (SDPA flash; with --varlen "
+                    f"{VARLEN_REFERENCE}, masked) is the allowed spread (comma-separated, of "
+                    f"{', '.join(b for b in SDPA_BACKENDS if b != 'flash')}; default cudnn,efficient, with "
+                    "--varlen math,cudnn)")
     ap.add_argument("--k", type=float, default=3.0, help="allowed multiple of the spread")
     ap.add_argument("--eps", type=float, default=0.01, help="allowed mean |difference| on top (nats)")
     ap.add_argument("--grad-floor", type=float, default=0.05,
                     help="relative first-gradient difference always allowed")
-    ap.add_argument("--step", help="the forward step flash_steps.attention uses (default: its choice)")
-    ap.add_argument("--backward-step", help="the backward step flash_steps.attention uses (default: its choice)")
+    ap.add_argument("--step", help="the forward step flash_steps.attention (--varlen: varlen_attention) uses "
+                    "(default: its choice)")
+    ap.add_argument("--backward-step", help="the backward step flash_steps.attention (--varlen: varlen_attention) "
+                    "uses (default: its choice)")
     ap.add_argument("--deterministic", action="store_true", help="flash_steps.attention(deterministic=True)")
     ap.add_argument("--no-plot", action="store_true", help="write the JSON only")
     args = ap.parse_args(argv)
     for name, (normal, quick) in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else normal)
+    args.reference = VARLEN_REFERENCE if args.varlen else "flash"
+    known = [b for b in SDPA_BACKENDS if b not in ("flash", args.reference)]
+    if args.spread_backends is None:
+        args.spread_backends = "math,cudnn" if args.varlen else "cudnn,efficient"
     spread = [b.strip() for b in args.spread_backends.split(",") if b.strip()]
-    unknown = [b for b in spread if b not in SDPA_BACKENDS or b == "flash"]
+    unknown = [b for b in spread if b not in known]
     if unknown or not spread:
-        ap.error(f"--spread-backends: {', '.join(unknown) or 'none given'} (known: cudnn, efficient, math)")
+        ap.error(f"--spread-backends: {', '.join(unknown) or 'none given'} (known: {', '.join(known)})")
     args.spread = spread
     if args.d_model % args.head_dim:
         ap.error(f"--d-model {args.d_model} is not a multiple of --head-dim {args.head_dim}")
-    for name in ("steps", "batch", "seqlen", "layers", "window", "warmup"):
+    for name in ("steps", "batch", "seqlen", "layers", "window", "warmup", "tokens", "min_len"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    if args.varlen:
+        if args.seqlen < 2 * args.min_len or args.tokens < args.min_len or args.tokens >= 2 ** 31:
+            ap.error(f"--varlen: need --seqlen ({args.seqlen}) >= 2 x --min-len ({args.min_len}) and --min-len <= "
+                     f"--tokens ({args.tokens}) < 2^31")
+        if args.sliding_window < -1:
+            ap.error(f"--sliding-window {args.sliding_window}: must be -1 (none) or at least 0")
     return args
 
 
 def config_of(args) -> dict:
-    return {"steps": args.steps, "batch": args.batch, "seqlen": args.seqlen, "layers": args.layers,
+    return {"steps": args.steps, "batch": 1 if args.varlen else args.batch, "seqlen": args.seqlen,
+            "layers": args.layers,
             "d_model": args.d_model, "heads": args.d_model // args.head_dim, "head_dim": args.head_dim,
             "dtype": "bf16 autocast", "optimizer": "AdamW betas (0.9, 0.95)", "lr": args.lr, "warmup": args.warmup,
             "schedule": "linear warm-up, cosine to 0.1 x", "weight_decay": args.weight_decay, "clip": 1.0,
             "seed": args.seed, "text_tokens": 48, "anchors": 8, "segment": 32, "p_anchor": 0.08,
             "window": args.window, "k": args.k, "eps": args.eps, "grad_floor": args.grad_floor,
-            "reference": REFERENCE_RUN, "test": TEST_RUN, "spread": [f"sdpa_{b}" for b in args.spread],
+            "reference": f"sdpa_{args.reference}", "test": TEST_RUN, "spread": [f"sdpa_{b}" for b in args.spread],
             "flash_steps": {"step": args.step, "backward_step": args.backward_step,
-                            "deterministic": args.deterministic}}
+                            "deterministic": args.deterministic},
+            **({"varlen": {"tokens": args.tokens, "min_len": args.min_len, "max_len": args.seqlen,
+                           "sliding_window": args.sliding_window,
+                           "attention": "flash_steps.varlen_attention(causal=True, window=(left, 0)); SDPA with "
+                           "the (T, T) boolean mask: same document, j <= i, i - j <= left"}}
+               if args.varlen else {})}
 
 
 def main(argv=None) -> int:
@@ -592,31 +749,36 @@ def main(argv=None) -> int:
         return 1
     package = fs_results.REPO / "python"
     sys.path.insert(0, str(package))
+    used = "varlen_attention" if args.varlen else "attention"
     try:
         import flash_steps
-        flash_steps.attention  # noqa: B018  (the one function used)
+        getattr(flash_steps, used)  # the one function used
     except Exception as e:  # a missing package or library, or one that fails to load: said, not a traceback
-        print(f"train_gpt: cannot use flash_steps.attention from {package} ({type(e).__name__}: {e}); "
+        print(f"train_gpt: cannot use flash_steps.{used} from {package} ({type(e).__name__}: {e}); "
               "build the library (cmake --build build) or pass --lib", file=sys.stderr)
         return 1
     cfg = config_of(args)
-    runs = {REFERENCE_RUN: sdpa_attention(torch, "flash")}
-    runs.update({f"sdpa_{b}": sdpa_attention(torch, b) for b in args.spread})
-    runs[TEST_RUN] = flash_steps_attention(flash_steps, args.step, args.backward_step, args.deterministic)
+    sdpa = sdpa_packed_attention if args.varlen else sdpa_attention
+    runs = {f"sdpa_{b}": sdpa(torch, b) for b in [args.reference, *args.spread]}  # the reference first
+    runs[TEST_RUN] = (flash_steps_packed_attention if args.varlen else flash_steps_attention)(
+        flash_steps, args.step, args.backward_step, args.deterministic)
     date = datetime.datetime.now(datetime.timezone.utc)
-    head = fs_results.result_head("train_gpt", None, date, args.commit or fs_results.git_commit(),
+    mode = "varlen" if args.varlen else None
+    head = fs_results.result_head("train_gpt", mode, date, args.commit or fs_results.git_commit(),
                                   fs_results.environment(torch),
                                   os.environ.get("FLASH_STEPS_LIB") or str(fs_results.library_path()))
     env = head["environment"]
+    shape = (f"seqlen {cfg['seqlen']}, batch {cfg['batch']}" if not args.varlen else
+             f"{args.tokens} tokens a step, documents of {args.min_len} to {args.seqlen}, "
+             f"{window_text(args.sliding_window)}")
     print(f"train_gpt {head['commit']} on {env['gpu']} (CUDA {env['cuda']}, torch {env['torch']}, cuDNN "
           f"{env['cudnn']}): {cfg['layers']} layers, d_model {cfg['d_model']}, {cfg['heads']} heads of "
-          f"{cfg['head_dim']}, seqlen {cfg['seqlen']}, batch {cfg['batch']}, {cfg['steps']} steps; runs: "
-          f"{', '.join(runs)}", file=sys.stderr, flush=True)
+          f"{cfg['head_dim']}, {shape}, {cfg['steps']} steps; runs: {', '.join(runs)}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     result = {**head, **run_experiment(torch, runs, cfg, torch.device("cuda"),
                                        log=lambda s: print(s, file=sys.stderr, flush=True))}
     result["wall_s"] = round(time.perf_counter() - t0, 1)
-    base = fs_results.results_base(args.out_dir, "train_gpt", date)
+    base = fs_results.results_base(args.out_dir, "train_gpt_varlen" if args.varlen else "train_gpt", date)
     base.parent.mkdir(parents=True, exist_ok=True)
     result["plot"] = None
     if not args.no_plot:

@@ -1,6 +1,8 @@
-"""bench/train_gpt.py without a GPU: the synthetic language (plain Python), the verdict on made-up loss
-curves, the command line, and the plot; with PyTorch (test_train_gpt.Torch, its own ctest entry), the
-batched generator against the plain one and a tiny training on the CPU."""
+"""bench/train_gpt.py without a GPU: the synthetic language (plain Python), the packing of --varlen's
+documents and their mask (plain Python, against the definition), the verdict on made-up loss curves, the
+command line, and the plot; with PyTorch (test_train_gpt.Torch, its own ctest entry), the batched
+generator against the plain one, the torch mask and the packed data, and tiny trainings on the CPU."""
+import bisect
 import math
 import random
 import subprocess
@@ -101,6 +103,48 @@ class LanguageRules(unittest.TestCase):
     def test_bad_parameters(self):
         with self.assertRaises(ValueError):
             tg.Language(1, text_tokens=4, successors=5)
+
+
+def sees(cu, left, i, j):
+    """The definition of --varlen's mask: row i sees key j iff both are in one document, j <= i and
+    i - j <= left (left < 0: no window)."""
+    doc = lambda t: bisect.bisect_right(cu, t) - 1  # noqa: E731
+    return doc(i) == doc(j) and j <= i and (left < 0 or i - j <= left)
+
+
+class Packing(unittest.TestCase):
+    def test_document_lengths(self):
+        for total, lo, hi in ((8192, 32, 512), (2048, 16, 256), (100, 5, 10), (7, 7, 14), (500, 1, 2)):
+            for seed in range(30):
+                lengths = tg.document_lengths(random.Random(seed), total, lo, hi)
+                self.assertEqual(sum(lengths), total)
+                self.assertTrue(all(lo <= n <= hi for n in lengths), (total, lo, hi, seed, lengths))
+                self.assertEqual(lengths, tg.document_lengths(random.Random(seed), total, lo, hi), "seeded")
+                cu = tg.cu_seqlens(lengths)
+                self.assertEqual((cu[0], cu[-1], len(cu)), (0, total, len(lengths) + 1))
+                self.assertTrue(all(a < b for a, b in zip(cu, cu[1:])), "strictly increasing")
+        runs = {tuple(tg.document_lengths(random.Random(seed), 8192, 32, 512)) for seed in range(10)}
+        self.assertEqual(len(runs), 10, "other seeds, other lengths")
+        many = [n for seed in range(20) for n in tg.document_lengths(random.Random(seed), 8192, 32, 512)]
+        self.assertLess(min(many), 64)
+        self.assertGreater(max(many), 480)
+        self.assertGreater(sum(n > 256 for n in many) / len(many), 0.3, "a window of 256 matters")
+        for bad in ((10, 0, 5), (10, 4, 7), (3, 4, 8)):
+            with self.assertRaises(ValueError):
+                tg.document_lengths(random.Random(0), *bad)
+
+    def test_mask_against_the_definition(self):
+        rng = random.Random(3)
+        for total in (1, 17, 60):
+            for left in (-1, 0, 1, 4, 9, 100):
+                cu = tg.cu_seqlens(tg.document_lengths(rng, total, 1, 12))
+                first = tg.first_visible_key(cu, left)
+                self.assertEqual(len(first), total)
+                mask = [[first[i] <= j <= i for j in range(total)] for i in range(total)]  # packed_mask's rule
+                self.assertEqual(mask, [[sees(cu, left, i, j) for j in range(total)] for i in range(total)],
+                                 (cu, left))
+        self.assertEqual(tg.first_visible_key([0, 3, 8], 2), [0, 0, 0, 3, 3, 3, 4, 5])
+        self.assertEqual(tg.first_visible_key([0, 3, 8], -1), [0, 0, 0, 3, 3, 3, 3, 3])
 
 
 def curves(n=300, offset=0.0, wobble=0.004, start=4.0, end=1.2):
@@ -225,8 +269,18 @@ class CommandLine(unittest.TestCase):
         self.assertEqual(tg.config_of(tg.parse_args(["--head-dim", "128"]))["heads"], 4)
         q = tg.config_of(tg.parse_args(["--quick"]))
         self.assertEqual((q["layers"], q["d_model"], q["seqlen"], q["steps"]), (2, 128, 256, 120))
+        self.assertNotIn("varlen", cfg)
+        self.assertEqual(cfg["reference"], "sdpa_flash")
+        v = tg.config_of(tg.parse_args(["--varlen"]))
+        self.assertEqual((v["reference"], v["spread"], v["batch"]), ("sdpa_efficient", ["sdpa_math", "sdpa_cudnn"], 1))
+        self.assertEqual({k: v["varlen"][k] for k in ("tokens", "min_len", "max_len", "sliding_window")},
+                         {"tokens": 8192, "min_len": 32, "max_len": 512, "sliding_window": 256})
+        vq = tg.config_of(tg.parse_args(["--varlen", "--quick", "--sliding-window", "-1"]))["varlen"]
+        self.assertEqual((vq["tokens"], vq["min_len"], vq["max_len"], vq["sliding_window"]), (2048, 16, 256, -1))
         for bad in (["--spread-backends", "flash"], ["--spread-backends", "fast"], ["--d-model", "320",
-                    "--head-dim", "128"], ["--steps", "0"]):
+                    "--head-dim", "128"], ["--steps", "0"], ["--varlen", "--spread-backends", "efficient"],
+                    ["--varlen", "--min-len", "300"], ["--varlen", "--tokens", "8"], ["--varlen", "--sliding-window",
+                    "-2"]):
             with self.assertRaises(SystemExit):
                 with open("/dev/null", "w") as devnull:
                     saved, sys.stderr = sys.stderr, devnull
@@ -302,6 +356,76 @@ class Torch(unittest.TestCase):
         self.assertEqual(d["ln.bias"], 0.0)
         g["ln.bias"][0] = 1.0
         self.assertEqual(tg.grad_differences(g, ref)["ln.bias"], math.inf)
+
+    def test_packed_mask_against_the_definition(self):
+        for cu, left in (([0, 3, 8], 2), ([0, 1, 2, 20, 21], 4), ([0, 33], -1), ([0, 5, 30, 31], 0)):
+            mask = tg.packed_mask(torch, cu, left, "cpu")
+            want = [[sees(cu, left, i, j) for j in range(cu[-1])] for i in range(cu[-1])]
+            self.assertEqual(mask.tolist(), want, (cu, left))
+
+    def test_packed_data(self):
+        args = tg.parse_args(["--varlen", "--quick", "--steps", "3", "--tokens", "300", "--seqlen", "64",
+                              "--min-len", "8", "--sliding-window", "16"])
+        cfg = tg.config_of(args)
+        lang = tg.Language(cfg["seed"])
+        data = tg.make_data(torch, lang, cfg, "cpu")
+        for key in ("inputs", "targets", "positions", "recall"):
+            self.assertEqual(tuple(data[key].shape), (3, 1, 300), key)
+        for step, pack in enumerate(data["packs"]):
+            cu = pack["cu_seqlens"]
+            self.assertEqual(pack["cu"].tolist(), cu)
+            self.assertEqual(pack["cu"].dtype, torch.int32)
+            longest = max(b - a for a, b in zip(cu, cu[1:]))
+            self.assertEqual((cu[-1], pack["max_seqlen"], pack["left"]), (300, longest, 16))
+            x, y, pos = (data[k][step, 0].tolist() for k in ("inputs", "targets", "positions"))
+            for a, b in zip(cu, cu[1:]):
+                self.assertEqual(pos[a:b], list(range(b - a)), "positions restart in each document")
+                self.assertEqual(x[a + 1:b], y[a:b - 1], "within a document the targets are the next inputs")
+        again = tg.make_data(torch, lang, cfg, "cpu")
+        self.assertTrue(torch.equal(again["inputs"], data["inputs"]))
+        self.assertEqual(data["floors"]["documents"], sum(len(p["cu_seqlens"]) - 1 for p in data["packs"]))
+
+    def test_tiny_varlen_training_on_the_cpu(self):
+        """--varlen's runs on the CPU: SDPA math with the packed mask as the reference and the spread, and as
+        flash_steps a stand-in for varlen_attention that attends each document alone (SDPA math on its rows,
+        causal and windowed): the packing, the positions and the mask agree with it."""
+        F = torch.nn.functional
+        calls = []
+
+        class PerDocument:
+            @staticmethod
+            def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, step, backward_step,
+                                 deterministic):
+                calls.append(window)
+                self.assertTrue(causal)
+                self.assertIs(cu_q, cu_k)
+                self.assertEqual(q.dim(), 3)
+                cu = cu_q.tolist()
+                self.assertEqual((cu[-1], max_q), (q.shape[0], max(b - a for a, b in zip(cu, cu[1:]))))
+                out = []
+                for a, b in zip(cu, cu[1:]):
+                    i = torch.arange(b - a)
+                    mask = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] <= window[0])
+                    out.append(F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)),
+                                                              attn_mask=mask).transpose(0, 1))
+                return torch.cat(out)
+
+        args = tg.parse_args(["--varlen", "--quick", "--steps", "30", "--d-model", "64", "--tokens", "512",
+                              "--seqlen", "128", "--min-len", "16", "--sliding-window", "24", "--window", "10"])
+        cfg = tg.config_of(args)
+        runs = {"sdpa_efficient": tg.sdpa_packed_attention(torch, "math"),
+                "sdpa_math": tg.sdpa_packed_attention(torch, "math"),
+                "flash_steps": tg.flash_steps_packed_attention(PerDocument)}
+        result = tg.run_experiment(torch, runs, cfg, torch.device("cpu"), log=lambda s: None)
+        self.assertEqual(calls[0], (24, 0))
+        self.assertEqual(len(calls), 30 * cfg["layers"])
+        losses = {n: r["losses"] for n, r in result["runs"].items()}
+        self.assertEqual(losses["sdpa_math"], losses["sdpa_efficient"], "the same kernel: the same curve")
+        self.assertAlmostEqual(losses["flash_steps"][0], losses["sdpa_efficient"][0], delta=1e-3)
+        self.assertAlmostEqual(losses["flash_steps"][0], math.log(56), delta=0.1)
+        self.assertLess(max(result["runs"]["flash_steps"]["first_grad_rel_diff"].values()), 0.05)
+        self.assertLess(losses["flash_steps"][-1], losses["flash_steps"][0] - 0.3)
+        self.assertLess(max(abs(a - b) for a, b in zip(losses["flash_steps"], losses["sdpa_efficient"])), 0.05)
 
     def test_a_failing_run_is_recorded(self):
         args = tg.parse_args(["--quick", "--steps", "4", "--d-model", "64", "--batch", "2", "--seqlen", "64",
