@@ -8,6 +8,8 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "catch.h"
@@ -17,6 +19,7 @@
 #include "common/flash_steps.h"
 #include "common/forward/check.h"
 #include "common/forward/rules.h"
+#include "common/step/varlen.h"
 #include "mask_definition.h"
 #include "runner/cli.h"
 
@@ -152,6 +155,42 @@ TEST_CASE("varlen: a step without it refuses with a sentence naming one that has
   CHECK(fs::validate(dp) == "cu_seqlens_q or cu_seqlens_k is set; a decoding problem has no variable-length batch "
                             "(its sequences' lengths are cache_seqlens): set both to NULL, or run a forward problem "
                             "(fs_run)");
+}
+
+// The kernels' grid (common/step/varlen.h): block w of tiles · batch · heads takes (tile j, sequence b,
+// head h). Every triple exactly once, the tiles of one (sequence, head) neighbours (the order that lets the
+// blocks running at once share that head's K and V in L2), and sequence_from keeps a broken pair in bounds.
+TEST_CASE("varlen: the grid takes every (tile, sequence, head) once, one head's tiles together", "[varlen]") {
+  for (const auto& [tiles, batch, heads] : {std::tuple{1, 1, 1}, std::tuple{64, 5, 16}, std::tuple{3, 7, 2},
+                                            std::tuple{9, 64, 32}}) {
+    std::vector<int> seen(size_t(tiles * batch * heads), 0);
+    for (int64_t w = 0; w < int64_t(tiles) * batch * heads; ++w) {
+      const fs::VarlenTile t = fs::varlen_tile(w, tiles, heads);
+      REQUIRE(t.j >= 0);
+      REQUIRE(t.j < tiles);
+      REQUIRE(t.b >= 0);
+      REQUIRE(t.b < batch);
+      REQUIRE(t.h >= 0);
+      REQUIRE(t.h < heads);
+      seen[size_t((t.b * heads + t.h) * tiles + t.j)] += 1;
+      if (w % tiles != 0) {  // the previous block: the same (sequence, head), the tile before
+        const fs::VarlenTile prev = fs::varlen_tile(w - 1, tiles, heads);
+        CHECK(prev.b == t.b);
+        CHECK(prev.h == t.h);
+        CHECK(prev.j + 1 == t.j);
+      }
+    }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == int64_t(seen.size()));
+  }
+  fs_problem p{};
+  p.total_q = p.total_k = 100, p.seqlen_q = p.seqlen_k = 60;
+  const fs::Sequence ok = fs::sequence_from(p, 10, 70, 0, 50);
+  CHECK((ok.q_start == 10 && ok.q_len == 60 && ok.k_start == 0 && ok.k_len == 50));
+  for (const auto& [begin, end] : {std::pair{-1, 10}, std::pair{50, 40}, std::pair{90, 101}, std::pair{0, 61}}) {
+    const fs::Sequence bad = fs::sequence_from(p, begin, end, begin, end);
+    CHECK(bad.q_len == 0);  // decreasing, negative, past the total or longer than the bound: empty
+    CHECK(bad.k_len == 0);
+  }
 }
 
 TEST_CASE("varlen: FLOPs are every sequence's own, by brute force over the pairs", "[varlen]") {
