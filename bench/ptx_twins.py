@@ -3,11 +3,15 @@
 every kernel of NEW with its twin in OLD and compares their PTX, no GPU needed.
 
 A kernel of NEW whose demangled name ends in a `false` template argument that its OLD twin lacks (step 13b
-added `bool WINDOW` after `bool SOFTCAP`) is paired with OLD's kernel of the name without it; a kernel of
-NEW with the flag `true` has no twin and is skipped; every other kernel is paired by name. Two bodies are
-the same when they are equal once each kernel's own name and its basic-block label numbers ($L__BB<n>_,
-numbered by the kernel's place in the file) are set aside. Identical PTX gives identical SASS (ptxas is
-deterministic for the same input and flags), so a flag whose false side is identical costs nothing.
+added `bool WINDOW` after `bool SOFTCAP`, 13c `bool VARLEN` after `bool WINDOW`: one flag per step, so one
+trailing argument is dropped) is paired with OLD's kernel of the name without it; a kernel of NEW with the
+flag `true` has no twin and is skipped; every other kernel is paired by name. A NEW kernel may also take
+trailing parameters its twin lacks (13c: step 13's forward_kernel gained `T* o`, read only when VARLEN):
+its twin is then the OLD kernel whose parameter list is a prefix of its own, and when the body never reads
+those parameters their declarations are set aside before the comparison (the output says how many).
+Two bodies are the same when they are equal once each kernel's own name and its basic-block label numbers
+($L__BB<n>_, numbered by the kernel's place in the file) are set aside. Identical PTX gives identical SASS
+(ptxas is deterministic for the same input and flags), so a flag whose false side is identical costs nothing.
 
 Build the two PTX files from one translation unit, old and new source, with the same flags and the same
 struct layouts (copy the new common/forward/problem.h into the old tree when a struct only grew), and
@@ -21,16 +25,26 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from fs_results import parser
 
-ENTRY = re.compile(r"\.visible \.entry (\w+)\(.*?\n\}\n", re.S)
+ENTRY = re.compile(r"^\.visible \.entry (\w+)\(", re.M)
+# The next top-level function: a kernel's text ends at the last "}" line before it. Not at the first "}"
+# line: inline asm blocks ("{ .reg .pred p; … }") close with a "}" in column 0 too.
+NEXT = re.compile(r"^(?:\.(?:visible|weak|extern)\s+)?\.(?:entry|func)\b", re.M)
 LABEL = re.compile(r"\$L__BB\d+_")
 
 
 def kernels(ptx: str) -> dict[str, str]:
     """{mangled name: body with its own name and its label numbers set aside}."""
-    return {m[1]: LABEL.sub("$L__BB_", m[0].replace(m[1], "KERNEL")) for m in ENTRY.finditer(ptx)}
+    found = {}
+    for m in ENTRY.finditer(ptx):
+        after = NEXT.search(ptx, m.end())
+        text = ptx[m.start():after.start() if after else len(ptx)]
+        text = text[:text.rindex("\n}\n") + 3]
+        found[m[1]] = LABEL.sub("$L__BB_", text.replace(m[1], "KERNEL"))
+    return found
 
 
 def demangled(names: list[str]) -> dict[str, str]:
@@ -39,16 +53,54 @@ def demangled(names: list[str]) -> dict[str, str]:
     return dict(zip(names, out.splitlines()))
 
 
+def extends(new: str, old: str) -> bool:
+    """Whether demangled `new` is `old` with trailing function parameters: "f<…>(A, B, C*)" of "f<…>(A, B)"."""
+    if not old.endswith(")") or len(new) <= len(old):
+        return False
+    return new.startswith(old[:-1] if old.endswith("()") else old[:-1] + ", ") and new.endswith(")")
+
+
 def twin(name: str, old_names: set[str]) -> str | None:
     """The demangled name of NEW kernel `name`'s twin in OLD, or None (its trailing flag is true)."""
     if name in old_names:
         return name
     dropped = re.sub(r", (true|false)>\(", lambda m: ">(" if m[1] == "false" else m[0], name, count=1)
-    return dropped if dropped != name and dropped in old_names else None
+    if dropped != name and dropped in old_names:
+        return dropped
+    for candidate in dict.fromkeys((dropped, name)):  # with trailing parameters its twin lacks
+        found = [old for old in old_names if extends(candidate, old)]
+        if found:
+            return max(found, key=len)
+    return None
 
 
-def compare(old_ptx: str, new_ptx: str) -> tuple[list[str], list[str], list[str]]:
-    """(identical, different, without a twin): demangled names of NEW's kernels."""
+def params(body: str) -> list[str]:
+    """The parameter declaration lines of a kernel's header, as kernels() leaves it (KERNEL_param_<i>)."""
+    return re.findall(r"^\t\.param [^\n]*KERNEL_param_\d+(?:\[\d+\])?,?$", body[:body.index(")")], re.M)
+
+
+def set_aside(old_body: str, new_body: str) -> tuple[str, int]:
+    """NEW's body without the declarations of the trailing parameters its OLD twin lacks, and their count,
+    when the body never reads them; else NEW's body unchanged and 0."""
+    old_params, new_params = params(old_body), params(new_body)
+    extra = new_params[len(old_params):]
+    if not extra or [p.rstrip(",") for p in new_params[:len(old_params)]] != [p.rstrip(",") for p in old_params]:
+        return new_body, 0
+    for line in extra:
+        name = re.search(r"KERNEL_param_\d+", line)[0]
+        if len(re.findall(re.escape(name) + r"(?!\d)", new_body)) != 1:  # read somewhere past its declaration
+            return new_body, 0
+    if not old_params:  # "KERNEL()", as ptx writes a kernel without parameters
+        start = new_body.index("(")
+        return new_body[:start + 1] + new_body[new_body.index("\n)", start) + 1:], len(extra)
+    kept = new_params[len(old_params) - 1]
+    head, _, rest = new_body.partition(kept)
+    return head + kept.rstrip(",") + rest[rest.index("\n)"):], len(extra)
+
+
+def compare(old_ptx: str, new_ptx: str, aside: dict[str, int] | None = None) -> tuple[list[str], list[str], list[str]]:
+    """(identical, different, without a twin): demangled names of NEW's kernels. `aside`, if given, gets
+    {NEW kernel: count} for each pair compared with unused trailing parameters of NEW set aside."""
     old, new = kernels(old_ptx), kernels(new_ptx)
     old_by = {d: m for m, d in demangled(list(old)).items()}
     same, differ, alone = [], [], []
@@ -58,8 +110,11 @@ def compare(old_ptx: str, new_ptx: str) -> tuple[list[str], list[str], list[str]
         found = twin(name, set(old_by))
         if found is None:
             alone.append(name)
-        else:
-            (same if old[old_by[found]] == new[mangled] else differ).append(name)
+            continue
+        body, n = set_aside(old[old_by[found]], new[mangled])
+        if n and aside is not None:
+            aside[name] = n
+        (same if old[old_by[found]] == body else differ).append(name)
     return same, differ, alone
 
 
@@ -69,16 +124,22 @@ def main(argv=None) -> int:
     ap.add_argument("new", help="PTX of the new source, the same translation unit and flags")
     args = ap.parse_args(argv)
     try:
-        old_ptx, new_ptx = (open(p, encoding="utf-8").read() for p in (args.old, args.new))
+        old_ptx, new_ptx = (Path(p).read_text(encoding="utf-8") for p in (args.old, args.new))
     except OSError as e:
         print(f"ptx_twins.py: {e}", file=sys.stderr)
         return 2
-    same, differ, alone = compare(old_ptx, new_ptx)
+    aside: dict[str, int] = {}
+    same, differ, alone = compare(old_ptx, new_ptx, aside)
+    note = {name: f" ({n} unused trailing parameter{'s' * (n > 1)} set aside)" for name, n in aside.items()}
+    for name in same:
+        if name in aside:
+            print(f"identical: {name}{note[name]}")
     for name in differ:
-        print(f"different: {name}")
+        print(f"different: {name}{note.get(name, '')}")
     for name in alone:
         print(f"no twin:   {name}")
-    print(f"{len(same)} kernels identical to their twins, {len(differ)} different, {len(alone)} without a twin")
+    print(f"{len(same)} kernels identical to their twins, {len(differ)} different, {len(alone)} without a twin"
+          + (f" ({len(aside)} compared with unused trailing parameters set aside)" if aside else ""))
     return 0 if same and not differ and not alone else 1
 
 

@@ -11,8 +11,16 @@ OLD_K, NEW_K = "_Z1kILb1EEvv", "_Z1kILb1ELb0EEvv"
 NEW_K_ON, PLAIN = "_Z1kILb1ELb1EEvv", "_Z1fv"
 
 
-def entry(name: str, body: str, block: int) -> str:
-    return (f".visible .entry {name}(\n\t.param .u64 {name}_param_0\n)\n{{\n\t{body}\n"
+# With pointer parameters: k<true>(int*) (old), k<true, false>(int*, float*) and k<true, true>(int*, float*)
+# (new, a trailing parameter that only the flag's true side reads), g() and g(float*).
+OLD_KP, NEW_KP, NEW_KP_ON = "_Z1kILb1EEvPi", "_Z1kILb1ELb0EEvPiPf", "_Z1kILb1ELb1EEvPiPf"
+OLD_G, NEW_G = "_Z1gv", "_Z1gPf"
+
+
+def entry(name: str, body: str, block: int, params: int = 1) -> str:
+    decls = ",\n".join(f"\t.param .u64 {name}_param_{i}" for i in range(params))
+    header = f"{name}(\n{decls}\n)" if params else f"{name}()"  # as ptx writes a kernel without parameters
+    return (f".visible .entry {header}\n{{\n\t{body}\n"
             f"\t@%p1 bra \t$L__BB{block}_2;\n$L__BB{block}_2:\n\tret;\n}}\n")
 
 
@@ -32,6 +40,52 @@ class Twins(unittest.TestCase):
     def test_a_kernel_without_twin_is_named(self):
         self.assertEqual(ptx_twins.compare(entry(PLAIN, "ret;", 0), entry(OLD_K, "ret;", 0)),
                          ([], [], ["void k<true>()"]))
+
+    def test_a_change_past_an_inline_asm_block_is_found(self):
+        # ptx closes an inline asm block with a "}" in column 0, as it closes a kernel; the kernel runs on.
+        asm = "// begin inline asm\n\t{\n.reg .pred p;\nselp.u32 %r3, 1, 0, p;\n}\n\t// end inline asm\n\t"
+        old = entry(OLD_K, asm + "add.s32 %r1, %r2, 1;", 0) + entry(PLAIN, "ret;", 1)
+        new = entry(NEW_K, asm + "add.s32 %r1, %r2, 3;", 0) + "\t// .globl\t_Z1fv\n" + entry(PLAIN, "ret;", 1)
+        self.assertEqual(ptx_twins.compare(old, new), (["f()"], ["void k<true, false>()"], []))
+
+    def test_an_unused_trailing_parameter_is_set_aside(self):
+        body = "ld.param.u64 %rd1, [KERNEL_param_0];"
+        old = entry(OLD_KP, body.replace("KERNEL", OLD_KP), 0)
+        new = (entry(NEW_KP, body.replace("KERNEL", NEW_KP), 0, params=2)
+               + entry(NEW_KP_ON, body.replace("KERNEL", NEW_KP_ON) + "\n\tld.param.u64 %rd2, [" + NEW_KP_ON
+                       + "_param_1];", 1, params=2))
+        aside = {}
+        self.assertEqual(ptx_twins.compare(old, new, aside), (["void k<true, false>(int*, float*)"], [], []))
+        self.assertEqual(aside, {"void k<true, false>(int*, float*)": 1})
+
+    def test_a_trailing_parameter_that_is_read_is_a_difference(self):
+        read = "ld.param.u64 %rd1, [" + NEW_KP + "_param_1];"
+        aside = {}
+        self.assertEqual(ptx_twins.compare(entry(OLD_KP, "ret;", 0), entry(NEW_KP, read, 0, params=2), aside),
+                         ([], ["void k<true, false>(int*, float*)"], []))
+        self.assertEqual(aside, {})
+
+    def test_a_kernel_without_parameters_gains_one(self):
+        aside = {}
+        self.assertEqual(ptx_twins.compare(entry(OLD_G, "ret;", 0, params=0), entry(NEW_G, "ret;", 0), aside),
+                         (["g(float*)"], [], []))
+        self.assertEqual(aside, {"g(float*)": 1})
+
+    def test_the_output_names_the_parameters_set_aside(self):
+        import contextlib
+        import io
+        import tempfile
+        body = "mov.u32 %r1, 0;"
+        with tempfile.TemporaryDirectory() as d:
+            old, new = Path(d, "old.ptx"), Path(d, "new.ptx")
+            old.write_text(entry(OLD_KP, body, 0))
+            new.write_text(entry(NEW_KP, body, 0, params=2))
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rc = ptx_twins.main([str(old), str(new)])
+        self.assertEqual(rc, 0)
+        self.assertIn("identical: void k<true, false>(int*, float*) (1 unused trailing parameter set aside)",
+                      out.getvalue())
 
 
 if __name__ == "__main__":
