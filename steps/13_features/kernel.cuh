@@ -24,10 +24,11 @@
 //                  the padded batch's rows.
 //
 // Both kernels are copies of their steps' final sub-steps (notes/substeps/09f_persistent.cuh and
-// 12c_bulk_dq.cuh: diff them against this file), with SOFTCAP a template flag: false, each is the
-// kernel it copies, instruction for instruction; so is each with WINDOW false. The rest is reused: step 09's and step 12's index
-// math and instructions, step 11's preprocessing, dQ conversion and deterministic dQ kernel (with its
-// own SOFTCAP flag).
+// 12c_bulk_dq.cuh: diff them against this file), with SOFTCAP, WINDOW and VARLEN template flags. With
+// all three false the forward is the kernel it copies, instruction for instruction (SASS; it has one unused
+// parameter more), and the backward is but for a few prologue instructions (bench/results/ptx_twins-13c.txt).
+// The rest is reused: step 09's and step 12's index math and instructions, step 11's preprocessing, dQ
+// conversion and deterministic dQ kernel (with their own flags).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)
