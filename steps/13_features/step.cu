@@ -89,14 +89,18 @@ void with_traits(const Problem& p, int config, F&& f) {
   });
 }
 
-// The kernel for the problem's features (a packed batch only ever comes with one block per tile).
+// The kernel for the problem's features. A packed batch only ever comes with one block per tile
+// (with_traits); the persistent traits have no packed kernel, and reaching them with one is a bug.
 template <typename T, class Tr>
 auto* kernel_of(const Problem& p) {
   using Kernel = decltype(&forward_kernel<T, Tr, false, false, false>);
   return with_packed_features(p, [&](auto capped, auto windowed, auto packed) -> Kernel {
     constexpr bool SOFTCAP = decltype(capped)::value, WINDOW = decltype(windowed)::value;
-    constexpr bool VARLEN = decltype(packed)::value && !Tr::has(kPersistent);
-    return &forward_kernel<T, Tr, SOFTCAP, WINDOW, VARLEN>;
+    if constexpr (decltype(packed)::value && Tr::has(kPersistent)) {
+      throw Error("13c: a packed batch reached the persistent forward, which has no packed kernel (a bug)");
+    } else {
+      return &forward_kernel<T, Tr, SOFTCAP, WINDOW, decltype(packed)::value>;
+    }
   });
 }
 
