@@ -225,8 +225,10 @@ __device__ __forceinline__ void store_rows(T* dst, const float (&acc)[Tr::KEY_TI
 // Block x: K/V head bh_kv = x / (kv_tiles · D_SLICES), then K/V tile and column slice; K/V tile 0
 // first (with causal it sees the most query tiles). ATOMIC_DQ: the dQ part (off in deterministic mode).
 // SOFTCAP: logit softcapping (common/step/softcap.h; note 13), two lines where P is made. WINDOW: a sliding
-// window (common/step/window.h; note 13): the query tiles that see these keys, and its mask.
-template <typename T, class Tr, bool ATOMIC_DQ, bool SOFTCAP = false, bool WINDOW = false>
+// window (common/step/window.h; note 13): the query tiles that see these keys, and its mask. VARLEN (step
+// 13c, with WINDOW): a packed batch; x's "batch" is the sequence, a block whose K/V tile lies past its
+// sequence's end exits, and the workspace keeps the padded batch's rows (as dq_kernel).
+template <typename T, class Tr, bool ATOMIC_DQ, bool SOFTCAP = false, bool WINDOW = false, bool VARLEN = false>
 __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
     backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                     const T* __restrict__ d_o, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_accum,
@@ -247,7 +249,9 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
   float* lse_smem = reinterpret_cast<float*>(p_smem + (Tr::COL_GROUPS > 1 ? Tr::DS_ELEMS : 0));  // [Q_STAGES][BLOCK_Q]
   float* dd_smem = lse_smem + Tr::Q_STAGES * BLOCK_Q;                  // [Q_STAGES][BLOCK_Q]: D
 
-  const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim = int(f.head_dim);
+  static_assert(!VARLEN || WINDOW, "13c: a packed batch runs the band's code");
+  int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k);
+  const int head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
   const int kv_tiles = int(tiles(seqlen_k, BLOCK_KV));
   const uint32_t per_head = uint32_t(kv_tiles) * Tr::D_SLICES;
@@ -257,17 +261,26 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
   const int group = int(f.heads_q / f.heads_kv);  // the query heads that read this K/V head
   const int kv0 = kv_tile * BLOCK_KV, col0 = slice * Tr::SLICE;
   const int64_t rows_per_head = padded_rows(f.seqlen_q);
+  int64_t tb = b, q_start = 0, k_start = 0;  // 13c: the tensors' batch index, the sequence's first rows
+  Band band = band_of(f);
+  if constexpr (VARLEN) {
+    const Sequence seq = load_sequence(f, b);
+    seqlen_q = int(seq.q_len), seqlen_k = int(seq.k_len), tb = 0, q_start = seq.q_start, k_start = seq.k_start;
+    if (kv0 >= seqlen_k) return;  // past the sequence's end
+    band = band_of(one_sequence(f, seq));
+  }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   // ---- load K, V (this block's keys, every head dim: S and dP contract over all of them)
-  copy_tile_async<Layout, BLOCK_KV, NT>(k_smem, k + offset_of(f.k, b, 0, h_kv), f.k.row, kv0, seqlen_k - 1, head_dim);
-  copy_tile_async<Layout, BLOCK_KV, NT>(v_smem, v + offset_of(f.v, b, 0, h_kv), f.v.row, kv0, seqlen_k - 1, head_dim);
+  copy_tile_async<Layout, BLOCK_KV, NT>(k_smem, k + offset_of(f.k, tb, k_start, h_kv), f.k.row, kv0, seqlen_k - 1,
+                                        head_dim);
+  copy_tile_async<Layout, BLOCK_KV, NT>(v_smem, v + offset_of(f.v, tb, k_start, h_kv), f.v.row, kv0, seqlen_k - 1,
+                                        head_dim);
   cp_async_commit();
 
   // The visits: every query tile from the first that sees these keys, for each query head of the group
   // (a window: the run of query tiles that see them).
-  const Band band = band_of(f);
   const Diagonals diagonals = diagonals_of(band);  // a window's per-score mask, in two registers
   int first_tile = first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
   int tiles_per_head = int(tiles(seqlen_q, BLOCK_Q)) - first_tile;
@@ -282,10 +295,10 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
   // Q, dO rows of visit t into stage `stage`, with the rows' LSE₂ and D (16-byte chunks).
   auto load_visit = [&](int stage, int t) {
     const int h = head_of(t), q0 = q0_of(t);
-    copy_tile_async<Layout, BLOCK_Q, NT>(q_smem + stage * Tr::Q_ELEMS, q + offset_of(f.q, b, 0, h), f.q.row, q0,
-                                         seqlen_q - 1, head_dim);
-    copy_tile_async<Layout, BLOCK_Q, NT>(do_smem + stage * Tr::Q_ELEMS, d_o + offset_of(p.d_o, b, 0, h), p.d_o.row,
+    copy_tile_async<Layout, BLOCK_Q, NT>(q_smem + stage * Tr::Q_ELEMS, q + offset_of(f.q, tb, q_start, h), f.q.row,
                                          q0, seqlen_q - 1, head_dim);
+    copy_tile_async<Layout, BLOCK_Q, NT>(do_smem + stage * Tr::Q_ELEMS, d_o + offset_of(p.d_o, tb, q_start, h),
+                                         p.d_o.row, q0, seqlen_q - 1, head_dim);
     const int64_t row0 = (int64_t(b) * f.heads_q + h) * rows_per_head + q0;
     constexpr int CHUNKS = BLOCK_Q / 4;  // 16-byte chunks of one row array
     if (threadIdx.x < CHUNKS)
@@ -493,8 +506,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
 
   // ---- epilogue: dK = scale·dK_acc and dV, the warp's keys and the slice's columns
-  T* dk_rows = dk + offset_of(p.dk, b, 0, h_kv);
-  T* dv_rows = dv + offset_of(p.dv, b, 0, h_kv);
+  T* dk_rows = dk + offset_of(p.dk, tb, k_start, h_kv);
+  T* dv_rows = dv + offset_of(p.dv, tb, k_start, h_kv);
 #pragma unroll
   for (int mi = 0; mi < M; ++mi)
 #pragma unroll
@@ -517,7 +530,9 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
 // ---- dQ = scale · accumulator, one thread per 8 columns of a row --------------------------------
 inline constexpr int kConvertThreads = 256;
 
-template <typename T, int HEAD_DIM>
+// VARLEN (step 13c): a packed batch, the accumulator in the padded batch's rows; row i of sequence b is
+// row q_start + i of the packed dQ.
+template <typename T, int HEAD_DIM, bool VARLEN = false>
 __global__ void __launch_bounds__(kConvertThreads)
     convert_dq_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq, const BackwardProblem p) {
   const Problem& f = p.attention;
@@ -526,9 +541,14 @@ __global__ void __launch_bounds__(kConvertThreads)
   if (idx >= f.batch * f.heads_q * f.seqlen_q * chunks) return;
   const int64_t row = idx / chunks, c = idx % chunks;
   const int64_t bh = row / f.seqlen_q, i = row % f.seqlen_q;
+  int64_t b = bh / f.heads_q, at = i;
+  if constexpr (VARLEN) {
+    const Sequence seq = load_sequence(f, b);
+    if (i >= seq.q_len) return;
+    b = 0, at = seq.q_start + i;
+  }
   const float* src = dq_accum + (bh * padded_rows(f.seqlen_q) + i) * HEAD_DIM + 8 * c;
-  *reinterpret_cast<uint4*>(dq + offset_of(p.dq, bh / f.heads_q, i, bh % f.heads_q) + 8 * c) =
-      scaled_pack8<T>(src, f.softmax_scale);
+  *reinterpret_cast<uint4*>(dq + offset_of(p.dq, b, at, bh % f.heads_q) + 8 * c) = scaled_pack8<T>(src, f.softmax_scale);
 }
 
 // ---- deterministic mode: dQ by query rows, no atomics --------------------------------------------

@@ -32,7 +32,7 @@ std::string limits(const BackwardProblem& p) {
 
 // The kernels of one launch, in order, with their grids: preprocess, the main kernel, then convert_dq
 // (atomic dQ) or dq_kernel (deterministic).
-template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW>
+template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW, bool VARLEN>
 std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& w) {
   using Tr = TraitsOf<CONFIG>;
   using DqTr = DqTraitsOf<CONFIG>;
@@ -40,18 +40,18 @@ std::vector<KernelLaunch> kernels_of(const BackwardProblem& p, const Workspace& 
                 "the table's byte counts (choose_config) are what the kernels allocate");
   const Problem& f = p.attention;
   std::vector<KernelLaunch> k;
-  k.push_back({reinterpret_cast<const void*>(&preprocess_kernel<T>), kPreprocessWarps * 32, 0,
+  k.push_back({reinterpret_cast<const void*>(&preprocess_kernel<T, VARLEN>), kPreprocessWarps * 32, 0,
                tiles(w.rows, kPreprocessWarps)});
   const int64_t main_blocks = tiles(f.seqlen_k, Tr::BLOCK_KV) * Tr::D_SLICES * f.batch * f.heads_kv;
   if (p.deterministic) {
-    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, false, SOFTCAP, WINDOW>), Tr::NUM_THREADS,
+    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, false, SOFTCAP, WINDOW, VARLEN>), Tr::NUM_THREADS,
                  size_t(Tr::SMEM_BYTES), main_blocks});
-    k.push_back({reinterpret_cast<const void*>(&dq_kernel<T, DqTr, SOFTCAP, WINDOW>), DqTr::NUM_THREADS, size_t(DqTr::SMEM_BYTES),
+    k.push_back({reinterpret_cast<const void*>(&dq_kernel<T, DqTr, SOFTCAP, WINDOW, VARLEN>), DqTr::NUM_THREADS, size_t(DqTr::SMEM_BYTES),
                  tiles(f.seqlen_q, DqTr::BLOCK_Q) * DqTr::D_SLICES * f.batch * f.heads_q});
   } else {
-    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, true, SOFTCAP, WINDOW>), Tr::NUM_THREADS,
+    k.push_back({reinterpret_cast<const void*>(&backward_kernel<T, Tr, true, SOFTCAP, WINDOW, VARLEN>), Tr::NUM_THREADS,
                  size_t(Tr::SMEM_BYTES), main_blocks});
-    k.push_back({reinterpret_cast<const void*>(&convert_dq_kernel<T, Tr::HEAD_DIM>), kConvertThreads, 0,
+    k.push_back({reinterpret_cast<const void*>(&convert_dq_kernel<T, Tr::HEAD_DIM, VARLEN>), kConvertThreads, 0,
                  tiles(f.batch * f.heads_q * f.seqlen_q * (f.head_dim / 8), kConvertThreads)});
   }
   return k;
@@ -81,8 +81,9 @@ Plan plan(const BackwardProblem& p, const DeviceInfo& dev) {
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(pl.config, [&](auto c) {
-      with_features(p.attention, [&](auto capped, auto windowed) {
-        pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value, decltype(windowed)::value>(p, *w);
+      with_packed_features(p.attention, [&](auto capped, auto windowed, auto packed) {
+        pl.kernels = kernels_of<T, decltype(c)::value, decltype(capped)::value, decltype(windowed)::value,
+                                decltype(packed)::value>(p, *w);
       });
     });
   });
@@ -109,8 +110,8 @@ bool claims(const BackwardProblem& p, const DeviceInfo& dev) {
          f.batch * f.heads_kv <= INT32_MAX / 4 / tiles(f.seqlen_k, 64);
 }
 
-// The kernels of the plan, in its order, for dtype T, tile row CONFIG, SOFTCAP and WINDOW.
-template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW>
+// The kernels of the plan, in its order, for dtype T, tile row CONFIG, SOFTCAP, WINDOW and VARLEN.
+template <typename T, int CONFIG, bool SOFTCAP, bool WINDOW, bool VARLEN>
 void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan, const Workspace& w,
                    char* base, cudaStream_t stream) {
   using Tr = TraitsOf<CONFIG>;
@@ -128,11 +129,11 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
   const T* v = static_cast<const T*>(t.v);
   const T* d_o = static_cast<const T*>(t.d_o);
   if (!p.deterministic) CHECK_CUDA(cudaMemsetAsync(dq_accum, 0, size_t(w.bytes - w.dq_accum), stream));
-  preprocess_kernel<T><<<unsigned(pre.blocks), pre.threads, 0, stream>>>(static_cast<const T*>(t.o), d_o, t.lse,
-                                                                          lse2, d_rows, p);
+  preprocess_kernel<T, VARLEN><<<unsigned(pre.blocks), pre.threads, 0, stream>>>(static_cast<const T*>(t.o), d_o,
+                                                                                  t.lse, lse2, d_rows, p);
   CHECK_LAUNCH();
   auto run_main = [&](auto atomic) {
-    auto* kernel = backward_kernel<T, Tr, decltype(atomic)::value, SOFTCAP, WINDOW>;
+    auto* kernel = backward_kernel<T, Tr, decltype(atomic)::value, SOFTCAP, WINDOW, VARLEN>;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(main.smem_bytes)));
     kernel<<<unsigned(main.blocks), main.threads, main.smem_bytes, stream>>>(
         q, k, v, d_o, static_cast<T*>(t.dk), static_cast<T*>(t.dv), dq_accum, lse2, d_rows, p, scale_log2, cap);
@@ -140,14 +141,14 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
   };
   if (p.deterministic) {
     run_main(std::false_type{});
-    auto* kernel = dq_kernel<T, DqTr, SOFTCAP, WINDOW>;
+    auto* kernel = dq_kernel<T, DqTr, SOFTCAP, WINDOW, VARLEN>;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq.smem_bytes)));
     kernel<<<unsigned(dq.blocks), dq.threads, dq.smem_bytes, stream>>>(q, k, v, d_o, static_cast<T*>(t.dq), lse2,
                                                                        d_rows, p, scale_log2, cap);
     CHECK_LAUNCH();
   } else {
     run_main(std::true_type{});
-    convert_dq_kernel<T, Tr::HEAD_DIM><<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
+    convert_dq_kernel<T, Tr::HEAD_DIM, VARLEN><<<unsigned(dq.blocks), dq.threads, 0, stream>>>(dq_accum, static_cast<T*>(t.dq), p);
     CHECK_LAUNCH();
   }
 }
@@ -158,9 +159,9 @@ void launch(const BackwardProblem& p, const BackwardTensors& t, const Plan& plan
   dispatch_dtype(p.attention.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_config<kNumConfigs>(plan.config, [&](auto c) {
-      with_features(p.attention, [&](auto capped, auto windowed) {
-        launch_config<T, decltype(c)::value, decltype(capped)::value, decltype(windowed)::value>(
-            p, t, plan, w, static_cast<char*>(workspace), stream);
+      with_packed_features(p.attention, [&](auto capped, auto windowed, auto packed) {
+        launch_config<T, decltype(c)::value, decltype(capped)::value, decltype(windowed)::value,
+                      decltype(packed)::value>(p, t, plan, w, static_cast<char*>(workspace), stream);
       });
     });
   });
@@ -180,7 +181,8 @@ void register_step_11_backward(Registry& r) {
                    "rows)",
          .backward = {limits, plan, launch, claims},
          .softcap = true,
-         .window = true});
+         .window = true,
+         .varlen = true});
 }
 
 }  // namespace fs

@@ -181,7 +181,7 @@ std::string limits(const BackwardProblem& p) {
     std::ostringstream m;
     m << "head_dim " << f.head_dim << " is above 128: this step keeps dK and dV of 64 keys × head_dim in each "
       << "warpgroup's registers, which hold up to 128 columns (step 11_backward runs every head_dim up to 256, "
-      << "softcapping and windows too)";
+      << "softcapping, windows and packed batches too)";
     return m.str();
   }
   for (const auto& [name, len] : {std::pair{"seqlen_q", f.seqlen_q}, std::pair{"seqlen_k", f.seqlen_k}})
