@@ -153,14 +153,6 @@ std::string describe(const Problem& p) {
                   p.softcap > 0 ? sentence(" softcap ", p.softcap) : std::string());
 }
 
-Problem dense_view(const Problem& p) {
-  if (!is_varlen(p)) return p;
-  Problem d = p;
-  d.batch = 1, d.seqlen_q = p.total_q, d.seqlen_k = p.total_k;
-  d.cu_seqlens_q = d.cu_seqlens_k = nullptr, d.total_q = d.total_k = 0;
-  return d;
-}
-
 Offsets offsets_of(std::span<const int32_t> lengths_q, std::span<const int32_t> lengths_k) {
   if (lengths_k.empty()) lengths_k = lengths_q;
   if (lengths_k.size() != lengths_q.size())

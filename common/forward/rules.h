@@ -56,11 +56,7 @@ std::string describe(const Problem& p);
 // Writes O = 0 and LSE = -inf for every query row: the answer when seqlen_k == 0 (common/harness/tensors.cu).
 void fill_empty_output(const Problem& p, const Tensors& t, cudaStream_t stream);
 
-// ---- variable-length batches (fs_problem::cu_seqlens_q, _k; common/step/varlen.h) -------------------
-// The dense problem whose tensors are p's: p itself, or for a variable-length batch, batch 1 of total_q
-// query rows and total_k key rows, Q, K, V, O and LSE as they lie in memory (its masks mean nothing:
-// they are the sequences'). What sizes, allocates, fills and compares the tensors of either kind.
-Problem dense_view(const Problem& p);
+// ---- variable-length batches (fs_problem::cu_seqlens_q, _k; common/step/varlen.h: dense_view) ------
 
 // Host copies of a variable-length batch's offsets, batch + 1 each (the device arrays are the caller's).
 struct Offsets {

@@ -46,6 +46,16 @@ FS_HD constexpr fs_problem one_sequence(fs_problem p, const Sequence& s) {
   return p;
 }
 
+// The dense problem whose tensors are p's: p itself, or for a packed batch, batch 1 of total_q query rows
+// and total_k key rows, Q, K, V, O and LSE as they lie in memory (its masks mean nothing: they are the
+// sequences'). What sizes, allocates, fills and compares the tensors, and what 13c's tensor maps see.
+FS_HD constexpr fs_problem dense_view(fs_problem p) {
+  if (!is_varlen(p)) return p;
+  p.batch = 1, p.seqlen_q = p.total_q, p.seqlen_k = p.total_k;
+  p.cu_seqlens_q = p.cu_seqlens_k = nullptr, p.total_q = p.total_k = 0;
+  return p;
+}
+
 // ---- the grid: one block per (tile, sequence, head) of the padded batch ---------------------------
 // tiles · batch · heads blocks, tiles = tiles_of(the length bound, block). As in the dense kernels, the
 // tiles of one (sequence, head) are neighbours: block w takes tile j = w % tiles of sequence

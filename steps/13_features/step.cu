@@ -27,25 +27,16 @@ namespace {
 
 constexpr double kLog2e = 1.4426950408889634;  // exp(x) = 2^(x·log2(e))
 
-// What the tensor maps see: (batch, seqlen, heads, head_dim) tensors, or (13c) one packed tensor of all
-// the sequences' rows, batch 1.
-struct MapRows {
-  int64_t q, k, batch;
-};
-MapRows map_rows(const Problem& p) {
-  return is_varlen(p) ? MapRows{p.total_q, p.total_k, 1} : MapRows{p.seqlen_q, p.seqlen_k, p.batch};
-}
-
 // ==== the forward: step 09f's host code ==========================================================
 namespace fwd {
 using namespace forward_pass;
 
 std::string limits(const Problem& p) {
-  const MapRows m = map_rows(p);
-  std::string why = check_tma_strides("Q", p.q, m.q, p.heads_q, m.batch, kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("K", p.k, m.k, p.heads_kv, m.batch, kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("V", p.v, m.k, p.heads_kv, m.batch, kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("O", p.o, m.q, p.heads_q, m.batch, kMaxTmaStrideBytes);
+  const Problem m = dense_view(p);  // what the tensor maps see (13c: the packed rows)
+  std::string why = check_tma_strides("Q", p.q, m.seqlen_q, p.heads_q, m.batch, kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("K", p.k, m.seqlen_k, p.heads_kv, m.batch, kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("V", p.v, m.seqlen_k, p.heads_kv, m.batch, kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("O", p.o, m.seqlen_q, p.heads_q, m.batch, kMaxTmaStrideBytes);
   return why;
 }
 
@@ -145,15 +136,15 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
         std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     with_traits(p, plan.config, [&](auto tr) {
       using Tr = typename decltype(tr)::type;
-      const MapRows m = map_rows(p);
-      const CUtensorMap q_map =
-          make_tensor_map("Q", t.q, type, tensor_map_shape(p.q, m.q, p.heads_q, m.batch, p.head_dim, Tr::BLOCK_Q));
-      const CUtensorMap k_map =
-          make_tensor_map("K", t.k, type, tensor_map_shape(p.k, m.k, p.heads_kv, m.batch, p.head_dim, Tr::BLOCK_KV));
-      const CUtensorMap v_map =
-          make_tensor_map("V", t.v, type, tensor_map_shape(p.v, m.k, p.heads_kv, m.batch, p.head_dim, Tr::BLOCK_KV));
+      const Problem m = dense_view(p);  // what the tensor maps see (13c: the packed rows)
+      const CUtensorMap q_map = make_tensor_map(
+          "Q", t.q, type, tensor_map_shape(p.q, m.seqlen_q, p.heads_q, m.batch, p.head_dim, Tr::BLOCK_Q));
+      const CUtensorMap k_map = make_tensor_map(
+          "K", t.k, type, tensor_map_shape(p.k, m.seqlen_k, p.heads_kv, m.batch, p.head_dim, Tr::BLOCK_KV));
+      const CUtensorMap v_map = make_tensor_map(
+          "V", t.v, type, tensor_map_shape(p.v, m.seqlen_k, p.heads_kv, m.batch, p.head_dim, Tr::BLOCK_KV));
       const CUtensorMap o_map = make_tensor_map(
-          "O", t.o, type, tensor_map_shape(p.o, m.q, p.heads_q, m.batch, p.head_dim, ROWS_PER_WARPGROUP));
+          "O", t.o, type, tensor_map_shape(p.o, m.seqlen_q, p.heads_q, m.batch, p.head_dim, ROWS_PER_WARPGROUP));
       auto* kernel = kernel_of<T, Tr>(p);
       CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::SMEM_BYTES));
       kernel<<<unsigned(plan.kernels.front().blocks), Tr::NUM_THREADS, Tr::SMEM_BYTES, stream>>>(
@@ -191,11 +182,11 @@ std::string limits(const BackwardProblem& p) {
         << "seqlens up to " << kMaxSeqlen;
       return m.str();
     }
-  const MapRows m = map_rows(f);
-  std::string why = check_tma_strides("Q", f.q, m.q, f.heads_q, m.batch, step08::kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("K", f.k, m.k, f.heads_kv, m.batch, step08::kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("V", f.v, m.k, f.heads_kv, m.batch, step08::kMaxTmaStrideBytes);
-  if (why.empty()) why = check_tma_strides("dO", p.d_o, m.q, f.heads_q, m.batch, step08::kMaxTmaStrideBytes);
+  const Problem m = dense_view(f);  // what the tensor maps see (13c: the packed rows)
+  std::string why = check_tma_strides("Q", f.q, m.seqlen_q, f.heads_q, m.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("K", f.k, m.seqlen_k, f.heads_kv, m.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("V", f.v, m.seqlen_k, f.heads_kv, m.batch, step08::kMaxTmaStrideBytes);
+  if (why.empty()) why = check_tma_strides("dO", p.d_o, m.seqlen_q, f.heads_q, m.batch, step08::kMaxTmaStrideBytes);
   return why;
 }
 
@@ -295,15 +286,16 @@ void launch_config(const BackwardProblem& p, const BackwardTensors& t, const Pla
 
   const CUtensorMapDataType type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const MapRows m = map_rows(f);
+  const Problem m = dense_view(f);  // what the tensor maps see (13c: the packed rows)
+  using step08::tensor_map_shape;
   const CUtensorMap q_map =
-      make_tensor_map("Q", q, type, step08::tensor_map_shape(f.q, m.q, f.heads_q, m.batch, f.head_dim, c.block_q));
+      make_tensor_map("Q", q, type, tensor_map_shape(f.q, m.seqlen_q, f.heads_q, m.batch, f.head_dim, c.block_q));
   const CUtensorMap do_map =
-      make_tensor_map("dO", d_o, type, step08::tensor_map_shape(p.d_o, m.q, f.heads_q, m.batch, f.head_dim, c.block_q));
+      make_tensor_map("dO", d_o, type, tensor_map_shape(p.d_o, m.seqlen_q, f.heads_q, m.batch, f.head_dim, c.block_q));
   const CUtensorMap k_map =
-      make_tensor_map("K", k, type, step08::tensor_map_shape(f.k, m.k, f.heads_kv, m.batch, f.head_dim, BLOCK_KV));
+      make_tensor_map("K", k, type, tensor_map_shape(f.k, m.seqlen_k, f.heads_kv, m.batch, f.head_dim, BLOCK_KV));
   const CUtensorMap v_map =
-      make_tensor_map("V", v, type, step08::tensor_map_shape(f.v, m.k, f.heads_kv, m.batch, f.head_dim, BLOCK_KV));
+      make_tensor_map("V", v, type, tensor_map_shape(f.v, m.seqlen_k, f.heads_kv, m.batch, f.head_dim, BLOCK_KV));
 
   if (!p.deterministic) CHECK_CUDA(cudaMemsetAsync(dq_accum, 0, size_t(w.bytes - w.dq_accum), stream));
   step11::preprocess_kernel<T, VARLEN>
