@@ -262,12 +262,11 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
   const int kv0 = kv_tile * BLOCK_KV, col0 = slice * Tr::SLICE;
   const int64_t rows_per_head = padded_rows(f.seqlen_q);
   int64_t tb = b, q_start = 0, k_start = 0;  // 13c: the tensors' batch index, the sequence's first rows
-  Band band = band_of(f);
+  Sequence seq;
   if constexpr (VARLEN) {
-    const Sequence seq = load_sequence(f, b);
+    seq = load_sequence(f, b);
     seqlen_q = int(seq.q_len), seqlen_k = int(seq.k_len), tb = 0, q_start = seq.q_start, k_start = seq.k_start;
     if (kv0 >= seqlen_k) return;  // past the sequence's end
-    band = band_of(one_sequence(f, seq));
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -281,6 +280,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
 
   // The visits: every query tile from the first that sees these keys, for each query head of the group
   // (a window: the run of query tiles that see them).
+  const Band band = band_of(VARLEN ? one_sequence(f, seq) : f);
   const Diagonals diagonals = diagonals_of(band);  // a window's per-score mask, in two registers
   int first_tile = first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
   int tiles_per_head = int(tiles(seqlen_q, BLOCK_Q)) - first_tile;
@@ -541,14 +541,16 @@ __global__ void __launch_bounds__(kConvertThreads)
   if (idx >= f.batch * f.heads_q * f.seqlen_q * chunks) return;
   const int64_t row = idx / chunks, c = idx % chunks;
   const int64_t bh = row / f.seqlen_q, i = row % f.seqlen_q;
-  int64_t b = bh / f.heads_q, at = i;
-  if constexpr (VARLEN) {
-    const Sequence seq = load_sequence(f, b);
-    if (i >= seq.q_len) return;
-    b = 0, at = seq.q_start + i;
-  }
   const float* src = dq_accum + (bh * padded_rows(f.seqlen_q) + i) * HEAD_DIM + 8 * c;
-  *reinterpret_cast<uint4*>(dq + offset_of(p.dq, b, at, bh % f.heads_q) + 8 * c) = scaled_pack8<T>(src, f.softmax_scale);
+  if constexpr (VARLEN) {
+    const Sequence seq = load_sequence(f, bh / f.heads_q);
+    if (i >= seq.q_len) return;
+    *reinterpret_cast<uint4*>(dq + offset_of(p.dq, 0, seq.q_start + i, bh % f.heads_q) + 8 * c) =
+        scaled_pack8<T>(src, f.softmax_scale);
+  } else {
+    *reinterpret_cast<uint4*>(dq + offset_of(p.dq, bh / f.heads_q, i, bh % f.heads_q) + 8 * c) =
+        scaled_pack8<T>(src, f.softmax_scale);
+  }
 }
 
 // ---- deterministic mode: dQ by query rows, no atomics --------------------------------------------
