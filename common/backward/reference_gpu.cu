@@ -175,18 +175,14 @@ void GpuReference::run_varlen(const BackwardProblem& bp, const BackwardTensors& 
   const Offsets cu = download_offsets(p, stream);
   if (const std::string why = validate_offsets(p, cu.q, cu.k); !why.empty())
     throw Error("backward reference: " + why);
-  const int64_t elem = 2;  // bytes of one fp16/bf16 element
-  auto rows_of = [&](const void* base, const Strides& st, int64_t row0) {
-    return base ? static_cast<const char*>(base) + row0 * st.row * elem : nullptr;
-  };
   for_each_sequence(p, cu.q, cu.k, [&](int64_t, const Sequence& s) {
     BackwardProblem one = bp;
     one.attention = one_sequence(p, s);
     // O and LSE are not read (P is recomputed): none is given.
-    const BackwardTensors ts{rows_of(t.q, p.q, s.q_start),         rows_of(t.k, p.k, s.k_start),
-                             rows_of(t.v, p.v, s.k_start),         nullptr,
-                             nullptr,                              rows_of(t.d_o, bp.d_o, s.q_start),
-                             nullptr,                              nullptr,
+    const BackwardTensors ts{packed_row(t.q, p.q, s.q_start),  packed_row(t.k, p.k, s.k_start),
+                             packed_row(t.v, p.v, s.k_start),  nullptr,
+                             nullptr,                          packed_row(t.d_o, bp.d_o, s.q_start),
+                             nullptr,                          nullptr,
                              nullptr};
     run(one, ts, rounded, dq32 + s.q_start * p.heads_q * p.head_dim, dk32 + s.k_start * p.heads_kv * p.head_dim,
         dv32 + s.k_start * p.heads_kv * p.head_dim, stream);

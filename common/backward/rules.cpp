@@ -23,14 +23,11 @@ std::string validate(const BackwardProblem& p) {
   // dO and dQ have Q's sizes, dK and dV K's: validate(p.attention) checked them, so only the strides and
   // the extents of the views can break a rule here. A variable-length batch's are packed as Q's and K's.
   const Problem f = dense_view(p.attention);
-  const bool varlen = is_varlen(p.attention);
-  if (varlen)
-    for (const auto& [name, st] : {std::pair{"d_o", p.d_o}, std::pair{"dq", p.dq}, std::pair{"dk", p.dk},
-                                   std::pair{"dv", p.dv}})
-      if (st.batch != 0)
-        return sentence("with cu_seqlens the tensors are (total, heads, head_dim): ", name, ".batch is ", st.batch,
-                        ", it must be 0");
-  const char *rows_q = varlen ? "total_q" : "seqlen_q", *rows_k = varlen ? "total_k" : "seqlen_k";
+  if (is_varlen(p.attention))
+    if (std::string why = validate_packed_strides({{"d_o", p.d_o}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}});
+        !why.empty())
+      return why;
+  const char *rows_q = rows_q_name(p.attention), *rows_k = rows_k_name(p.attention);
   const View views[] = {{"dO", "dO and dQ", p.d_o, f.batch, f.seqlen_q, f.heads_q, f.head_dim, rows_q, "heads_q"},
                         {"dQ", "dO and dQ", p.dq, f.batch, f.seqlen_q, f.heads_q, f.head_dim, rows_q, "heads_q"},
                         {"dK", "dK and dV", p.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim, rows_k, "heads_kv"},

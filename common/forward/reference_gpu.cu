@@ -110,19 +110,17 @@ void GpuReference::run(const Problem& p, const Tensors& t, float* o32, cudaStrea
 void GpuReference::run_varlen(const Problem& p, const Tensors& t, float* o32, cudaStream_t stream) {
   const Offsets cu = download_offsets(p, stream);
   if (const std::string why = validate_offsets(p, cu.q, cu.k); !why.empty()) throw Error("reference: " + why);
-  const int64_t row = p.heads_q * p.head_dim, elem = 2;  // floats of one row of o32; bytes of one element
+  const int64_t row = p.heads_q * p.head_dim;  // floats of one row of o32
   if (!o32) {
     reserve(size_t(p.total_q * row) * sizeof(float), o32_);
     o32 = o32_.as<float>();
   }
   reserve(size_t(p.heads_q * std::max<int64_t>(p.seqlen_q, 1)) * sizeof(float), lse_);  // once: the longest
-  auto rows_of = [&](const void* base, const Strides& st, int64_t row0) {
-    return base ? static_cast<const char*>(base) + row0 * st.row * elem : nullptr;
-  };
   for_each_sequence(p, cu.q, cu.k, [&](int64_t, const Sequence& s) {
     if (s.q_len == 0) return;
-    const Tensors one{rows_of(t.q, p.q, s.q_start), rows_of(t.k, p.k, s.k_start), rows_of(t.v, p.v, s.k_start),
-                      const_cast<char*>(rows_of(t.o, p.o, s.q_start)), t.lse ? lse_.as<float>() : nullptr};
+    const Tensors one{packed_row(t.q, p.q, s.q_start), packed_row(t.k, p.k, s.k_start),
+                      packed_row(t.v, p.v, s.k_start), const_cast<char*>(packed_row(t.o, p.o, s.q_start)),
+                      t.lse ? lse_.as<float>() : nullptr};
     run(one_sequence(p, s), one, o32 + s.q_start * row, stream);
     if (t.lse)
       CHECK_CUDA(cudaMemcpy2DAsync(t.lse + s.q_start, size_t(p.total_q) * sizeof(float), lse_.get(),

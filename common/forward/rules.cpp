@@ -53,14 +53,18 @@ std::string validate_varlen(const Problem& p) {
       return sentence(s.total_name, " is ", s.total, ", more than batch * ", s.bound_name, " = ", p.batch, " * ",
                       s.bound, " = ", p.batch * s.bound, ": ", p.batch, " sequences of at most ", s.bound,
                       " rows cannot hold them (", s.bound_name, " bounds every sequence's length)");
-  for (const auto& [name, st] : {std::pair{"q", p.q}, std::pair{"k", p.k}, std::pair{"v", p.v}, std::pair{"o", p.o}})
+  return validate_packed_strides({{"q", p.q}, {"k", p.k}, {"v", p.v}, {"o", p.o}});
+}
+
+}  // namespace
+
+std::string validate_packed_strides(std::initializer_list<std::pair<const char*, Strides>> views) {
+  for (const auto& [name, st] : views)
     if (st.batch != 0)
       return sentence("with cu_seqlens the tensors are (total, heads, head_dim): ", name, ".batch is ", st.batch,
                       ", it must be 0");
   return "";
 }
-
-}  // namespace
 
 std::string validate(const Problem& p) {
   if (p.dtype != FS_FP16 && p.dtype != FS_BF16)
@@ -114,8 +118,7 @@ std::string validate(const Problem& p) {
   if (std::string why = validate_varlen(p); !why.empty()) return why;
   // The tensors as they lie in memory: a variable-length batch's are (1, total, heads, head_dim).
   const Problem d = dense_view(p);
-  const char* rows_q = is_varlen(p) ? "total_q" : "seqlen_q";
-  const char* rows_k = is_varlen(p) ? "total_k" : "seqlen_k";
+  const char *rows_q = rows_q_name(p), *rows_k = rows_k_name(p);
   const View q{"Q", "Q and O", p.q, d.batch, d.seqlen_q, p.heads_q, p.head_dim, rows_q, "heads_q"};
   const View k{"K", "K and V", p.k, d.batch, d.seqlen_k, p.heads_kv, p.head_dim, rows_k, "heads_kv"};
   const View v{"V", "K and V", p.v, d.batch, d.seqlen_k, p.heads_kv, p.head_dim, rows_k, "heads_kv"};

@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "forward/problem.h"
@@ -80,6 +82,18 @@ std::string validate_offsets(const Problem& p, std::span<const int32_t> cu_q, st
 Offsets download_offsets(const Problem& p, cudaStream_t stream);
 // validate_offsets on them (fs_check_offsets); "" for a dense problem.
 std::string validate_device_offsets(const Problem& p, cudaStream_t stream);
+
+// A packed batch's tensors are (total, heads, head_dim): "" when each of these views has batch stride 0,
+// else the sentence for the first that has not. Validation names their rows total_q and total_k.
+std::string validate_packed_strides(std::initializer_list<std::pair<const char*, Strides>> views);
+inline const char* rows_q_name(const Problem& p) { return is_varlen(p) ? "total_q" : "seqlen_q"; }
+inline const char* rows_k_name(const Problem& p) { return is_varlen(p) ? "total_k" : "seqlen_k"; }
+
+// Row `row` of a packed fp16/bf16 tensor at `base` (null stays null): where one sequence's rows begin, which
+// the references then read as a dense (1, len, heads, head_dim) tensor with the same strides.
+inline const char* packed_row(const void* base, const Strides& st, int64_t row) {
+  return base ? static_cast<const char*>(base) + row * st.row * 2 : nullptr;
+}
 
 // f(b, sequence) for every sequence of a variable-length batch, from host copies of its offsets.
 template <typename F>
