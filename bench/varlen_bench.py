@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Issue 25's variable-length speed goals, measured in one run on the same tensors: a packed batch of 64
+"""What a packed batch costs, measured in one run on the same tensors: a packed batch of 64
 sequences with lengths drawn uniformly from [128, 8192] (FlashAttention's varlen layout, step 13c_varlen) against
 an equal-length batch of 64 sequences at the mean length (the same step's dense kernels), and both against
 FlashAttention-4 (flash_attn_varlen_func, flash_attn_func) where it imports; forward and backward, TFLOP/s on the
 pairs each sequence really has. `python3 bench/varlen_bench.py [--head-dims 128] [--causal on] [--passes fwd]
 [--window 1024,0] [--softcap 30]`. How it measures, checks and writes: bench/README.md.
 
-Goals (issue 25): ours varlen >= 0.90x ours dense at the mean length (TFLOP/s); ours varlen >= 1.00x FA4 varlen
+Goals (note 13c): ours varlen >= 0.90x ours dense at the mean length (TFLOP/s); ours varlen >= 1.00x FA4 varlen
 forward, >= 0.90x backward. The exit status is 1 when one of our rows failed its check or errored.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ CAUSALS = {"off": [False], "on": [True], "both": [False, True]}
 PASSES = ("fwd", "bwd")
 ROUNDS = 4  # a shape's implementations are timed in this many interleaved rounds (compare_torch.py's rule)
 BACKWARD_FACTOR = 2.5  # fs_backward_flops: 2.5 x the forward's (common/backward/rules.cpp), compare_torch --backward's
-GOALS = {"x_dense": {"fwd": 0.90, "bwd": 0.90}, "x_fa4": {"fwd": 1.00, "bwd": 0.90}}  # issue 25
+GOALS = {"x_dense": {"fwd": 0.90, "bwd": 0.90}, "x_fa4": {"fwd": 1.00, "bwd": 0.90}}  # note 13c
 OURS, FA4 = "ours", "fa4"
 LAYOUTS = ("varlen", "dense")
 CHECK_CHUNK_ROWS = 1 << 15  # the whole-tensor comparison with FA4's output, in chunks of rows (fp32 temporaries)
@@ -214,7 +214,7 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def goals(rows: list[dict]) -> list[dict]:
-    """Issue 25's goals, one entry per (shape, pass, goal) that the rows measured: the ratio, the goal, met."""
+    """The goals, one entry per (shape, pass, goal) that the rows measured: the ratio, the goal, met."""
     out = []
     for r in rows:
         if r["impl"] != OURS or r["layout"] != "varlen":
