@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, Tr::MIN_BLOCKS)
   int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k);
   const int head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
-  const int kv_tiles = int(tiles(seqlen_k, BLOCK_KV));
+  const int kv_tiles = int(tiles(seqlen_k, BLOCK_KV));  // the grid's: read before 13c sets seqlen_k to a sequence's
   const uint32_t per_head = uint32_t(kv_tiles) * Tr::D_SLICES;
   const uint32_t bh_kv = blockIdx.x / per_head;
   const int kv_tile = int(blockIdx.x % per_head) / Tr::D_SLICES, slice = int(blockIdx.x % per_head) % Tr::D_SLICES;
