@@ -1,5 +1,8 @@
 // Step 11 — the backward pass of FlashAttention-2: dQ, dK, dV without storing P.
 //
+// Extends step 07 (07g: ldmatrix + mma.sync, swizzled tiles filled by cp.async, the forward's LSE), run
+// the other way: blocks own K/V tiles and loop over the queries.
+//
 // The forward kept only O and one number per row, LSE = log Σ_j exp(scale·q·k_j). That is enough to
 // rebuild any tile of P exactly, P_ij = exp(scale·q_i·k_j - LSE_i), so the backward recomputes S and
 // P tile by tile instead of reading an N × N matrix (notes/11_backward.md derives the gradients):

@@ -1,5 +1,6 @@
 // Step 13 — what production kernels carry beyond the dense, causal-or-not problem, one feature per
-// lettered sub-step, each entering the tile loop where it costs least:
+// lettered sub-step, each entering the tile loop where it costs least. Extends step 12 (12c's backward)
+// and step 09 (09f's forward, which this file includes):
 //
 //   13a kSoftcap   logit softcapping (Gemma 2): softcap·tanh(s / softcap) before the softmax, fused where
 //                  the scores are in registers. The forward (step 09f's kernel) turns each raw score s into
