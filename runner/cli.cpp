@@ -293,8 +293,10 @@ usage: flash-steps [run] [options]     check every step against the reference, t
                                        of every shared access and the ncu counters to expect; 06 the
                                        mma.sync fragment maps; 08 and 09 the tile table, shared-memory
                                        layout and register split; 10 the split-KV heuristic; 12 the five
-                                       products' operand views and each sub-step's wgmma schedule. The
-                                       steps without a model (01, 02, 07, 11) are named as such
+                                       products' operand views and each sub-step's wgmma schedule; 13
+                                       softcapping's factors, the window's tile maps and the packed
+                                       batch's grid. The steps without a model (01, 02, 07, 11) are
+                                       named as such
        flash-steps banks [--step ID]   the same as explain
        flash-steps ... --help          this text, whatever else is given (-h too)
        flash-steps resources [options] [--backward] [--json]
