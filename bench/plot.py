@@ -380,17 +380,20 @@ def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = No
     save_figure(fig, path)
 
 
-def label_heights(ys: list[float], gap: float) -> list[float]:
-    """Heights for labels wanted at ys (ascending), at least gap apart: labels that would overlap form a
-    run, spaced by gap and centred on the mean of their points, so that a label stays as near its point
-    as its neighbours allow."""
+def label_heights(ys: list[float], gap: float, top: float = math.inf) -> list[float]:
+    """Heights for labels wanted at ys (ascending), at least gap apart and none above top: labels that would
+    overlap form a run, spaced by gap and centred on the mean of their points, so that a label stays as near
+    its point as its neighbours allow; then the highest labels are pushed down under top, as far as needed."""
     runs: list[list[float]] = []  # each run: the wanted heights of its labels
     for y in ys:
         runs.append([y])
         while len(runs) > 1 and _run_bottom(runs[-2], gap) + gap * len(runs[-2]) > _run_bottom(runs[-1], gap):
-            top = runs.pop()
-            runs[-1] += top
-    return [_run_bottom(run, gap) + gap * i for run in runs for i in range(len(run))]
+            last = runs.pop()
+            runs[-1] += last
+    heights = [_run_bottom(run, gap) + gap * i for run in runs for i in range(len(run))]
+    for i in reversed(range(len(heights))):
+        heights[i] = min(heights[i], top if i == len(heights) - 1 else heights[i + 1] - gap)
+    return heights
 
 
 def _run_bottom(run: list[float], gap: float) -> float:
@@ -421,7 +424,8 @@ def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = 
     gap = 1.45 * 7 / decade_pt  # decades between two labels of one column: 1.45 lines of 7-point text
     for column in groups.values():
         column = sorted(column, key=lambda r: r["tflops"])
-        for r, y in zip(column, label_heights([math.log10(r["tflops"]) for r in column], gap)):
+        wanted = [math.log10(r["tflops"]) for r in column]
+        for r, y in zip(column, label_heights(wanted, gap, top=math.log10(y_lim[1]) - gap)):
             color = UNIT_COLORS.get(compute_unit(r["id"]), "black")
             x = r["intensity"]
             ax.plot([x], [r["tflops"]], marker="o", color=color, markersize=5, linestyle="none")

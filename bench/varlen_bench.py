@@ -6,7 +6,7 @@ FlashAttention-4 (flash_attn_varlen_func, flash_attn_func) where it imports; for
 pairs each sequence really has. `python3 bench/varlen_bench.py [--head-dims 128] [--causal on] [--passes fwd]
 [--window 1024,0] [--softcap 30]`. How it measures, checks and writes: bench/README.md.
 
-Goals (note 13c): ours varlen >= 0.90x ours dense at the mean length (TFLOP/s); ours varlen >= 1.00x FA4 varlen
+Goals (the ratios note 13c reports): ours varlen >= 0.90x ours dense at the mean length (TFLOP/s); ours varlen >= 1.00x FA4 varlen
 forward, >= 0.90x backward. The exit status is 1 when one of our rows failed its check or errored.
 """
 from __future__ import annotations

@@ -16,8 +16,10 @@ APPENDIX = re.compile(r"^## Appendix\b")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 RESULT_NAME = re.compile(r"bench/results/([A-Za-z0-9_.\-*]+)")
 # words of the project's bookkeeping, not of the lesson ("issue" as a GPU verb is fine)
+# nor of its scorekeeping: goals, targets (but cmake's --target), what was met or missed
 BOOKKEEPING = re.compile(r"\bmoonshots?\b|\brequirements?\b|\bissue\s*#\d+|\(issues? \d+|"
-                         r"\bissues? (says?|asks?|text)\b", re.IGNORECASE)
+                         r"\bissues? (says?|asks?|text)\b|\bgoals?\b|(?<!--)\btargets?\b|"
+                         r"\*\*(met|missed)\b", re.IGNORECASE)
 HTML_ANCHOR = re.compile(r'<a (?:id|name)="([^"]+)"')
 
 

@@ -175,6 +175,10 @@ class ComputeUnits(unittest.TestCase):
         self.assertLess(max(abs(p - y) for p, y in zip(placed, ys)), 0.7)  # and none strays far
         self.assertAlmostEqual(sum(placed[5:]) / 8, sum(ys[5:]) / 8)  # a run centred on its points
         self.assertEqual(plot.label_heights([1.0, 3.0], gap), [1.0, 3.0])
+        under = plot.label_heights(ys, gap, top=2.8)  # the top labels pushed down under the title
+        self.assertAlmostEqual(max(under), 2.8)
+        self.assertTrue(all(b - a >= gap - 1e-9 for a, b in zip(under, under[1:])))
+        self.assertEqual(under[:5], placed[:5])  # labels the push does not reach stay where they were
 
 
 class Roofline(unittest.TestCase):
