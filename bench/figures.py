@@ -857,6 +857,88 @@ def fig_10(fig, axes):
     bx.grid(alpha=0.3)
 
 
+# ---- step 10: the paged cache (steps/10_decoding/traits.h, copy_row; kernel.cuh's page lookup) -----------
+
+PAGED_LENGTHS, PAGED_PAGE_SIZE = (56, 23, 40), 16  # the figure's batch: keys per sequence, keys per page
+PAGED_TABLE = ((7, 2, 9, 4), (0, 11, -1, -1), (5, 3, 10, -1))  # its block table (-1: never read)
+DECODE_COPIES = {64: (128, 4), 128: (64, 4), 256: (64, 4)}  # head_dim: (BLOCK_KV, warps) of its first kConfigs row
+
+
+def paged_slot(b: int, j: int, table=PAGED_TABLE, page_size: int = PAGED_PAGE_SIZE) -> tuple[int, int]:
+    """(page, row): key j of sequence b is row j % page_size of page block_table[b][j / page_size]."""
+    return table[b][j // page_size], j % page_size
+
+
+def rows_per_thread(head_dim: int, block_kv: int, warps: int) -> int:
+    """traits.h's ROWS_PER_THREAD: a thread copies one 16-byte chunk of that many consecutive keys."""
+    return block_kv // (warps * 32 // (head_dim // 8))
+
+
+def thread_pages(head_dim: int, page_size: int, tile: int = 0) -> list[set[int]]:
+    """For each group of threads that copy the same keys (copy_row), the pages those keys of K/V tile `tile` lie in."""
+    block_kv, warps = DECODE_COPIES[head_dim]
+    rows = rows_per_thread(head_dim, block_kv, warps)
+    return [{(tile * block_kv + g * rows + r) // page_size for r in range(rows)} for g in range(block_kv // rows)]
+
+
+@_drawn("10_paged_cache.png", 1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [1.6, 1]})
+def fig_10_paged(fig, axes):
+    """Step 10's paged cache: the block table of three sequences and the pool it points into; the keys of a
+    head_dim 256 tile that each group of threads copies, against pages of 16, 48 and 24 keys."""
+    ax, bx = axes
+    colours = ("tab:blue", "tab:orange", "tab:green")
+    owner = {page: b for b, row in enumerate(PAGED_TABLE) for page in row if page >= 0}
+    pool = 12
+    for b, row in enumerate(PAGED_TABLE):  # (a) the block table, then the pool of pages
+        ax.text(-0.2, 2.5 - b, f"seq {b}: {PAGED_LENGTHS[b]} keys", ha="right", va="center", fontsize=8)
+        for i, page in enumerate(row):
+            used = page >= 0
+            _box(ax, i, 2 - b, ec="black", lw=0.6, fc=colours[b] if used else "0.9", alpha=0.45 if used else 1)
+            ax.text(i + 0.5, 2.5 - b, str(page), ha="center", va="center", fontsize=8, color="black" if used else "0.5")
+    ax.text(2, -0.45, f"block_table, pages of {PAGED_PAGE_SIZE} keys\n(−1: past the sequence, never read)", ha="center",
+            va="top", fontsize=8)
+    for page in range(pool):
+        x = 5.5 + page * 0.75
+        b = owner.get(page)
+        keys = 0 if b is None else min(PAGED_PAGE_SIZE, PAGED_LENGTHS[b] - PAGED_TABLE[b].index(page) * PAGED_PAGE_SIZE)
+        _box(ax, x, 0, 0.65, 3, ec="black", lw=0.6, fc="white")
+        if keys:
+            _box(ax, x, 3 - 3 * keys / PAGED_PAGE_SIZE, 0.65, 3 * keys / PAGED_PAGE_SIZE, lw=0, fc=colours[b], alpha=0.45)
+        ax.text(x + 0.325, -0.3, str(page), ha="center", fontsize=7)
+    for i, page in enumerate(PAGED_TABLE[0]):
+        ax.annotate("", (5.5 + page * 0.75 + 0.325, 3.05), (i + 0.5, 2.95),
+                    arrowprops={"arrowstyle": "->", "lw": 0.6, "color": colours[0], "connectionstyle": "arc3,rad=-0.25"})
+    ax.text(5.5 + pool * 0.375, -0.45, f"the pool: {pool} pages of ({PAGED_PAGE_SIZE}, heads_kv, head_dim),\n"
+            "each filled from the top; any page, in any order", ha="center", va="top", fontsize=8)
+    ax.set_xlim(-3.2, 5.5 + pool * 0.75 + 0.2)
+    ax.set_ylim(-1.1, 4.6)
+    ax.axis("off")
+    ax.set_title("key j of sequence b: row j % page_size of page block_table[b][j / page_size]", fontsize=9)
+    rows = rows_per_thread(256, *DECODE_COPIES[256])  # (b) one K/V tile at head_dim 256
+    block_kv = DECODE_COPIES[256][0]
+    for c, page_size in enumerate((16, 48, 24)):
+        x = c * 3
+        for key in range(block_kv):
+            _box(bx, x, key, 1, 1, lw=0, fc=("0.75", "0.92")[key // page_size % 2])
+        for g, pages in enumerate(thread_pages(256, page_size)):
+            split = len(pages) > 1
+            _box(bx, x + 1.15, g * rows + 0.5, 0.35, rows - 1, lw=0, fc="tab:red" if split else "tab:green")
+            bx.text(x + 1.65, g * rows + rows / 2, f"{len(pages)} page" + "s" * split, va="center", fontsize=7,
+                    color="tab:red" if split else "black")
+        bx.text(x + 1, block_kv + 2, f"pages of {page_size}" + ("" if page_size % 16 == 0 else "\n(refused)"), ha="center",
+                va="top", fontsize=8, color="black" if page_size % 16 == 0 else "tab:red")
+    bx.set_xlim(-0.5, 9)
+    bx.set_ylim(block_kv + 9, -1)
+    bx.set_yticks(range(0, block_kv + 1, rows))
+    bx.tick_params(labelsize=7, length=0)
+    bx.set_xticks([])
+    bx.set_ylabel("key of the 64-key tile", fontsize=8)
+    for side in ("top", "right", "bottom"):
+        bx.spines[side].set_visible(False)
+    bx.set_title(f"head_dim 256: each group of 32 threads copies {rows} consecutive keys\n(grey bands: pages; "
+                 "bars: one block-table lookup per thread if green)", fontsize=9)
+
+
 # ---- step 11: the backward's dataflow (steps/11_backward/kernel.cuh's header) ------------------------
 
 # (name, x, y, kind, text): the tensors and the computations of one K/V block's loop over query tiles.

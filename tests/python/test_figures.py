@@ -396,6 +396,32 @@ class SplitKV(unittest.TestCase):
         self.assertLess(rates["10_decoding"][-1][1], figures.hbm_read_tbs() * 1000)  # under the roof
 
 
+class PagedCache10(unittest.TestCase):
+    """The paged cache's picture: its block table, and the copy map of steps/10_decoding/traits.h."""
+
+    def test_every_key_has_a_slot_of_its_own(self):
+        slots = [figures.paged_slot(b, j) for b, n in enumerate(figures.PAGED_LENGTHS) for j in range(n)]
+        self.assertEqual(len(set(slots)), len(slots))
+        self.assertTrue(all(0 <= page < 12 and 0 <= row < figures.PAGED_PAGE_SIZE for page, row in slots))
+        for n, row in zip(figures.PAGED_LENGTHS, figures.PAGED_TABLE):  # the entries past a sequence: -1
+            used = -(-n // figures.PAGED_PAGE_SIZE)
+            self.assertTrue(all(p >= 0 for p in row[:used]) and all(p == -1 for p in row[used:]), row)
+
+    def test_rows_per_thread_as_the_note_says(self):
+        # note 10, Appendix C: 8 keys a thread at head_dim 64 and 128, 16 at 256 (both of 256's tile rows)
+        self.assertEqual([figures.rows_per_thread(d, kv, w) for d, kv, w in
+                          ((64, 128, 4), (128, 64, 4), (256, 64, 4), (256, 32, 2))], [8, 8, 16, 16])
+
+    def test_a_multiple_of_16_keeps_a_threads_keys_in_one_page(self):
+        for d in figures.DECODE_COPIES:
+            for page_size in range(16, 273, 16):
+                for tile in range(9):
+                    self.assertTrue(all(len(p) == 1 for p in figures.thread_pages(d, page_size, tile)),
+                                    (d, page_size, tile))
+        self.assertEqual([len(p) for p in figures.thread_pages(256, 24)], [1, 2, 1, 1])  # the figure's refused size
+        self.assertTrue(any(len(p) > 1 for p in figures.thread_pages(256, 8)))
+
+
 def fake_runner(directory: Path, text: str, status: int = 0) -> Path:
     """An executable that prints text (to stderr too when status is not 0) and exits with status, as
     `flash-steps explain --step 13b_window` would."""
