@@ -42,6 +42,15 @@ int main(int argc, char** argv) {
       {1, 129, 300, 2, 2, 128, fs::DType::bf16, true, 2.0f, 1, 70, 5},
   };
   int failures = 0;
+  // A problem the step's plan refuses is said and skipped: a failure only where the step claims it.
+  auto refused = [&failures](const fs::Step& s, const fs::Plan& plan, auto claims, const std::string& what) {
+    if (plan.accepted()) return false;
+    const bool claimed = claims();
+    std::cout << s.id << " " << what << ": refused (" << plan.refusal << ")"
+              << (claimed ? " although the step claims this problem: FAILED" : "") << "\n";
+    failures += claimed ? 1 : 0;
+    return true;
+  };
   try {
     const fs::DeviceInfo dev = fs::current_device();
     for (const fs::Step& s : fs::steps())
@@ -52,13 +61,7 @@ int main(int argc, char** argv) {
         p.softcap = sh.softcap;
         p.window = sh.window, p.window_left = sh.left, p.window_right = sh.right;
         const fs::Plan plan = fs::plan(s, p, dev);
-        if (!plan.accepted()) {
-          const bool claimed = s.forward.claims(p, dev);
-          std::cout << s.id << " " << fs::describe(p) << ": refused (" << plan.refusal << ")"
-                    << (claimed ? " although the step claims this problem: FAILED" : "") << "\n";
-          failures += claimed ? 1 : 0;
-          continue;
-        }
+        if (refused(s, plan, [&] { return s.forward.claims(p, dev); }, fs::describe(p))) continue;
         fs::Workload w(p, 11);
         const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
         const fs::Comparison c = fs::run_and_compare(s, w, ref, dev);
@@ -143,13 +146,8 @@ int main(int argc, char** argv) {
           p.attention.softcap = sh.softcap;
           p.attention.window = sh.window, p.attention.window_left = sh.left, p.attention.window_right = sh.right;
           const fs::Plan plan = fs::plan(s, p, dev);
-          if (!plan.accepted()) {  // the same rule as the forward's: a refusal only where the step does not claim
-            const bool claimed = s.backward.claims(p, dev);
-            std::cout << s.id << " backward " << fs::describe(p.attention) << ": refused (" << plan.refusal << ")"
-                      << (claimed ? " although the step claims this problem: FAILED" : "") << "\n";
-            failures += claimed ? 1 : 0;
+          if (refused(s, plan, [&] { return s.backward.claims(p, dev); }, "backward " + fs::describe(p.attention)))
             continue;
-          }
           fs::BackwardWorkload w(p, 13);
           const fs::BackwardHostInputs in = w.download_inputs();
           const fs::BackwardReferences ref{fs::reference_cpu(p, in, false),
@@ -183,16 +181,12 @@ int main(int argc, char** argv) {
           fs::BackwardWorkload w(fs::backward_of(fs::varlen_problem(shape, cu), deterministic), 15,
                                  fs::Layout::separate, cu);
           const fs::BackwardProblem& p = w.problem();
-          if (const fs::Plan plan = fs::plan(s, p, dev); !plan.accepted()) {  // as above
-            const bool claimed = s.backward.claims(p, dev);
-            std::cout << s.id << " backward " << fs::describe(p.attention) << ": refused (" << plan.refusal << ")"
-                      << (claimed ? " although the step claims this problem: FAILED" : "") << "\n";
-            failures += claimed ? 1 : 0;
+          const fs::Plan plan = fs::plan(s, p, dev);
+          if (refused(s, plan, [&] { return s.backward.claims(p, dev); }, "backward " + fs::describe(p.attention)))
             continue;
-          }
           const fs::BackwardHostInputs in = w.download_inputs();
           const fs::BackwardReferences ref{fs::reference_cpu(p, in, false), fs::reference_cpu(p, in, true)};
-          const fs::Prepared prepared(s, p, dev);
+          const fs::Prepared prepared(s, p, plan);
           for (const fs::GradComparison& g : fs::launch_and_compare(
                    [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
             std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.attention)
