@@ -8,13 +8,14 @@ attention and decode: a launch goes on PyTorch's current stream of the tensors' 
 workspace allocated on that stream (the caching allocator keeps it valid for the work enqueued there)."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
-import struct
 from collections import namedtuple
 
-from ._capi import (DTYPE_CODES, INT32, INT64, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument,
-                    Library, check_pointers, flag, int64s, integer, library, pass_of, refuse, window_fields)
+from ._capi import (DTYPE_CODES, INT32, INT64, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides,
+                    InvalidArgument, Library, check_pointers, flag, int64s, integer, library, pass_of, refuse,
+                    window_fields)
 
 TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # the name of a torch.dtype (torch.half's is float16)
 MAX_SPLITS = 128  # num_splits: 0 (the step's heuristic) or 1 ... 128 (kMaxSplits, common/decode/problem.h)
@@ -100,53 +101,44 @@ def check_lse(function: str, lse: Arg, q: Arg) -> None:
     if any(n > 1 and s != want for n, s, want in zip(lse.shape, lse.strides, dense)):
         raise refuse(function, f"LSE has strides {lse.strides}; it must be contiguous, {dense}")
 
+def real(function: str, name: str, value, rule: str) -> float:
+    """value as a float: an int, a float, a numpy or 0-d torch scalar, a Fraction (an int that no float holds,
+    such as 10**400, as inf); a bool, a str or what float() refuses is refused with `rule`."""
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        return float(value)
+    except OverflowError:
+        return math.inf
+    except (TypeError, ValueError):
+        raise refuse(function, f"{name} is {value!r}; it must be {rule}") from None
+
 def softmax_scale(function: str, scale, head_dim: int) -> float:
     """scale as softmax_scale, a float32: 1/sqrt(head_dim) when None (1 for a head_dim below 1, which the library
-    refuses), else a real number (an int or a float, not a bool or a str), finite and > 0, whose nearest float32
-    is too (1e-50 rounds to 0, 1e39 to inf): the rule of the C ABI and of the command line's --scale. The library
-    then applies its own bound of the dtype."""
+    refuses), else a real number (real: an int or a float, not a bool or a str), finite and > 0, whose nearest
+    float32 is too (1e-50 rounds to 0, 1e39 to inf): the rule of the C ABI and of the command line's --scale. The
+    library then applies its own bound of the dtype."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
-    try:
-        if isinstance(scale, (bool, str, bytes)):
-            raise TypeError
-        x = float(scale)  # an int, a float, a numpy or 0-d torch scalar, a Fraction
-    except OverflowError:  # an int that no float holds, such as 10**400: judged as itself below
-        x = math.inf
-    except (TypeError, ValueError):
-        raise refuse(function, f"scale is {scale!r}; it must be a real number (an int or a float) or None") from None
-    if not 0 < scale < math.inf:
+    x = real(function, "scale", scale, "a real number (an int or a float) or None")
+    if not 0 < scale < math.inf:  # scale itself: 10**400 (x inf) goes on to the float32 rule
         raise refuse(function, f"scale is {scale}; it must be finite and > 0")
-    try:
-        f32 = struct.unpack("f", struct.pack("f", x))[0]  # to nearest; OverflowError past the largest
-    except OverflowError:
-        f32 = math.inf
-    if not 0 < f32 < math.inf:
+    if not 0 < ctypes.c_float(x).value < math.inf:  # to the nearest float32, inf past the largest
         raise refuse(function, f"scale is {scale}; it must be a number from 1e-45 to 3.4028235e+38 (positive and "
                      "finite as a float32, which softmax_scale is)")
     return x
 
-def softcap_value(function: str, softcap) -> float:
-    """softcap as a float (the library judges its value: finite, >= 0, 0 off), refusing what is no real number."""
-    if isinstance(softcap, (bool, str, bytes)) or softcap is None:
-        raise refuse(function, f"softcap is {softcap!r}; it must be a real number (0: off)")
-    try:
-        return float(softcap)
-    except OverflowError:
-        return math.inf
-    except (TypeError, ValueError):
-        raise refuse(function, f"softcap is {softcap!r}; it must be a real number (0: off)") from None
-
 def attention_problem(function: str, dtype: str, q: Arg, k: Arg, v: Arg, o: Arg, seqlen_k: int, causal: bool,
                       scale, softcap=0.0, window=None) -> FsProblem:
-    """The fs_problem of checked tensors (scale: see softmax_scale; softcap: softcap_value; window:
-    window_fields)."""
+    """The fs_problem of checked tensors (scale: see softmax_scale; softcap: any real number, the library judges
+    its value; window: window_fields)."""
     b, sq, hq, d = q.shape
     return FsProblem(batch=b, seqlen_q=sq, seqlen_k=seqlen_k, heads_q=hq, heads_kv=k.shape[2], head_dim=d,
                      dtype=DTYPE_CODES[dtype], causal=flag(function, "causal", causal),
-                     softmax_scale=softmax_scale(function, scale, d), softcap=softcap_value(function, softcap),
-                     q=FsStrides(*q.strides), k=FsStrides(*k.strides),
-                     v=FsStrides(*v.strides), o=FsStrides(*o.strides), **window_fields(function, window))
+                     softmax_scale=softmax_scale(function, scale, d),
+                     softcap=real(function, "softcap", softcap, "a real number (0: off)"), q=FsStrides(*q.strides),
+                     k=FsStrides(*k.strides), v=FsStrides(*v.strides), o=FsStrides(*o.strides),
+                     **window_fields(function, window))
 
 def _forward(function: str, q: Arg, k: Arg, v: Arg, o: Arg, causal: bool, scale, softcap, window) -> FsProblem:
     dtype = check_tensors(function, [q, k, v, o])
