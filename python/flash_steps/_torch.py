@@ -280,12 +280,16 @@ def check_step(function: str, name: str, step) -> None:
     if step is not None and not isinstance(step, str):
         raise refuse(function, f"{name} is {step!r}; it must be a step's id (a str) or None")
 
-def _outputs(q, out, lse, p: FsProblem):
-    """O and LSE of a forward or decoding launch: those given, else new ones (like Q; fp32 (batch, heads_q,
-    seqlen_q), or (heads_q, total_q) for a variable-length batch)."""
+def _run_forward(p, step: str | None, inputs: tuple, out=None, lse=None):
+    """Runs a forward or decoding pass (_launch) on `inputs`, its pointers before O and LSE (Q first), and returns
+    O and LSE: those given, else new ones (like Q; fp32 (batch, heads_q, seqlen_q), or (heads_q, total_q) for a
+    variable-length batch)."""
+    q, fp = inputs[0], getattr(p, "attention", p)  # fp: the fs_problem (a decoding problem's attention)
     o = out if out is not None else _empty(q.shape, q.dtype, q.device)
-    shape = (p.heads_q, p.total_q) if p.cu_seqlens_q else (p.batch, p.heads_q, p.seqlen_q)
-    return o, lse if lse is not None else _empty(shape, _torch().float32, q.device)
+    shape = (fp.heads_q, fp.total_q) if fp.cu_seqlens_q else (fp.batch, fp.heads_q, fp.seqlen_q)
+    lse = lse if lse is not None else _empty(shape, _torch().float32, q.device)
+    _launch(p, step, q.device, (*inputs, o, lse))
+    return o, lse
 
 def _launch(p, step: str | None, device, tensors) -> None:
     """Runs p's pass with the step given or the default one; `tensors`: its pointers in order (None: NULL)."""
@@ -314,9 +318,7 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, step: str
     check_step("flash_steps.forward", "step", step)
     # every argument checked before any allocation
     p = forward_problem("flash_steps.forward", q, k, v, out, causal, scale, lse, softcap, window)
-    o, lse = _outputs(q, out, lse, p)
-    _launch(p, step, q.device, (q, k, v, o, lse))
-    return o, lse
+    return _run_forward(p, step, (q, k, v), out, lse)
 
 def backward(q, k, v, o, lse, d_o, causal: bool = False, scale: float | None = None, step: str | None = None,
              deterministic: bool = False, dq=None, dk=None, dv=None, softcap: float = 0.0,
@@ -344,9 +346,7 @@ def decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal: bo
     check_step("flash_steps.decode", "step", step)
     p = decode_problem("flash_steps.decode", q, k_cache, v_cache, out, cache_seqlens, block_table, causal, scale,
                        max_seqlen_k, num_splits, checked, lse)
-    o, lse = _outputs(q, out, lse, p.attention)
-    _launch(p, step, q.device, (q, k_cache, v_cache, block_table, cache_seqlens, o, lse))
-    return o, lse
+    return _run_forward(p, step, (q, k_cache, v_cache, block_table, cache_seqlens), out, lse)
 
 def readable(t: Arg) -> bool:
     """Whether the C ABI reads t, a (batch, seqlen, heads, head_dim) view, as it is: the rules of validate_strides
@@ -381,8 +381,7 @@ def _attention_function():
         """O = softmax(scale·Q·Kᵀ)·V with our forward; the backward from the saved Q, K, V, O and LSE."""
         @staticmethod
         def forward(ctx, q, k, v, p, step, backward_step, deterministic, offsets=()):
-            o, lse = _outputs(q, None, None, p)
-            _launch(p, step, q.device, (q, k, v, o, lse))
+            o, lse = _run_forward(p, step, (q, k, v))
             ctx.save_for_backward(q, k, v, o, lse, *offsets)
             ctx.options = (p, backward_step, deterministic)
             return o
@@ -513,9 +512,7 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_s
                        lse, softcap, window)
     if flag(function, "check_offsets", check_offsets):
         _check_offsets(p, q.device)
-    o, lse = _outputs(q, out, lse, p)
-    _launch(p, step, q.device, (q, k, v, o, lse))
-    return o, lse
+    return _run_forward(p, step, (q, k, v), out, lse)
 
 def varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                     causal: bool = False, scale: float | None = None, step: str | None = None,
