@@ -47,9 +47,8 @@ def read(function: str, name: str, t, dims: tuple, like: Arg | None = None, opti
             raise refuse(function, f"{name} is {t!r}; it must be a tensor (with shape, stride(), dtype, device and "
                          "data_ptr())") from None
         address = integer(function, f"{name}'s data_ptr()", address, 0, 2 ** 64 - 1)
-    shape, strides = int64s(function, f"{name}'s shape", shape, dims), int64s(function, f"{name}'s stride()", strides,
-                                                                            dims)
-    return Arg(name, shape, strides, dtype, device, address)
+    shape = int64s(function, f"{name}'s shape", shape, dims)
+    return Arg(name, shape, int64s(function, f"{name}'s stride()", strides, dims), dtype, device, address)
 
 def addresses(*tensors: Arg | None) -> list[int | None]:
     """The tensors' data_ptr()s for check_pointers (None: not given, or allocated by flash_steps)."""
