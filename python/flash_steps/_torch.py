@@ -336,12 +336,11 @@ def backward(q, k, v, o, lse, d_o, causal: bool = False, scale: float | None = N
 def decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal: bool = False,
            scale: float | None = None, step: str | None = None, max_seqlen_k: int | None = None, num_splits: int = 0,
            checked: bool = False, out=None, lse=None):
-    """(O, LSE) of q (batch, seqlen_q new tokens, heads_q, head_dim) against a KV cache, contiguous (batch,
-    capacity, heads_kv, head_dim) or, with block_table (int32 (batch, max_pages_per_seq)), paged (num_pages,
-    page_size, heads_kv, head_dim). cache_seqlens: int32 (batch,), the keys of each sequence (None:
-    max_seqlen_k each). max_seqlen_k: the most keys a sequence has (default the cache's capacity; a tighter
-    bound helps the split). num_splits: 0 for the step's heuristic. checked: check cache_seqlens and
-    block_table on the device first (synchronizes)."""
+    """(O, LSE) of q (batch, seqlen_q new tokens, heads_q, head_dim) against a KV cache, contiguous (batch, capacity,
+    heads_kv, head_dim) or, with block_table (int32 (batch, max_pages_per_seq)), paged (num_pages, page_size, heads_kv,
+    head_dim). cache_seqlens: int32 (batch,), the keys of each sequence (None: max_seqlen_k each). max_seqlen_k: the
+    most keys a sequence has (default the cache's capacity; a tighter bound helps the split). num_splits: 0 for the
+    step's heuristic. checked: check cache_seqlens and block_table on the device first (synchronizes)."""
     check_step("flash_steps.decode", "step", step)
     p = decode_problem("flash_steps.decode", q, k_cache, v_cache, out, cache_seqlens, block_table, causal, scale,
                        max_seqlen_k, num_splits, checked, lse)
@@ -400,10 +399,9 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, step: s
               backward_step: str | None = None, deterministic: bool = False, softcap: float = 0.0,
               window: tuple[int, int] | None = None):
     """O of softmax attention, differentiable, on tensors as forward's (softcap and window too, which the backward
-    keeps); a view the C ABI cannot read (see usable) is copied first. step / backward_step: the forward's and
-    the backward's step (default default_step's); deterministic: the backward's bitwise repeatable mode. The
-    gradients are contiguous. The arguments are checked once, here; the backward checks only the dO it is
-    given."""
+    keeps); a view the C ABI cannot read (see usable) is copied first. step / backward_step: the forward's and the
+    backward's step (default default_step's); deterministic: the backward's bitwise repeatable mode. The gradients are
+    contiguous. The arguments are checked once, here; the backward checks only the dO it is given."""
     function = "flash_steps.attention"
     for name, s in (("step", step), ("backward_step", backward_step)):
         check_step(function, name, s)
@@ -474,8 +472,7 @@ def varlen_backward_problem(function: str, q, k, v, o, lse, d_o, dq, dk, dv, cu_
     """The fs_backward_problem of a variable-length batch: backward_problem's with varlen_problem's layout (dO,
     dQ like Q; dK, dV like K and V; LSE (heads_q, total_q))."""
     q, k, v, o, d_o = (read(function, name, t, THD) for name, t in zip(("Q", "K", "V", "O", "dO"), (q, k, v, o, d_o)))
-    dq, dk, dv = (read(function, name, t, THD, like) for name, t, like in (("dQ", dq, q), ("dK", dk, k),
-                                                                           ("dV", dv, v)))
+    dq, dk, dv = (read(function, name, t, THD, like) for name, t, like in (("dQ", dq, q), ("dK", dk, k), ("dV", dv, v)))
     if lse is None:
         raise refuse(function, "lse is None; backward needs the forward's LSE, fp32 (heads_q, total_q)")
     lse = read(function, "LSE", lse, VARLEN_LSE_DIMS)
