@@ -122,8 +122,7 @@ class FsStrides(ctypes.Structure):
 
 class FsProblem(ctypes.Structure):
     _fields_ = ([(name, _I64) for name in SIZES]
-                + [("dtype", _I32), ("causal", _I32), ("softmax_scale", ctypes.c_float),
-                   ("softcap", ctypes.c_float)]
+                + [("dtype", _I32), ("causal", _I32), ("softmax_scale", ctypes.c_float), ("softcap", ctypes.c_float)]
                 + [(name, FsStrides) for name in ("q", "k", "v", "o")]
                 + [(name, _I32) for name in WINDOW_FIELDS]
                 + [(name, _PTR) for name in VARLEN_POINTERS]
@@ -243,9 +242,8 @@ def find_library(explicit: str | os.PathLike | None = None) -> list[Path]:
     return found
 
 def elf_problem(path: Path) -> str:
-    """Why dlopen must not be given path ("" when it may): no such file, not a regular file, not a 64-bit ELF
-    file, or shorter than its headers say: a copy cut short, which dlopen would map past its end (SIGBUS: the
-    process killed)."""
+    """Why dlopen must not be given path ("" when it may): no such file, not a regular file, not a 64-bit ELF file, or
+    shorter than its headers say: a copy cut short, which dlopen would map past its end (SIGBUS: the process killed)."""
     if not path.is_file():
         return "not a regular file" if path.exists() else "no such file"
     size = path.stat().st_size

@@ -8,13 +8,14 @@ attention and decode: a launch goes on PyTorch's current stream of the tensors' 
 workspace allocated on that stream (the caching allocator keeps it valid for the work enqueued there)."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
-import struct
 from collections import namedtuple
 
-from ._capi import (DTYPE_CODES, INT32, INT64, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides, InvalidArgument,
-                    Library, check_pointers, flag, int64s, integer, library, pass_of, refuse, window_fields)
+from ._capi import (DTYPE_CODES, INT32, INT64, FsBackwardProblem, FsDecodeProblem, FsProblem, FsStrides,
+                    InvalidArgument, Library, check_pointers, flag, int64s, integer, library, pass_of, refuse,
+                    window_fields)
 
 TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # the name of a torch.dtype (torch.half's is float16)
 MAX_SPLITS = 128  # num_splits: 0 (the step's heuristic) or 1 ... 128 (kMaxSplits, common/decode/problem.h)
@@ -46,9 +47,8 @@ def read(function: str, name: str, t, dims: tuple, like: Arg | None = None, opti
             raise refuse(function, f"{name} is {t!r}; it must be a tensor (with shape, stride(), dtype, device and "
                          "data_ptr())") from None
         address = integer(function, f"{name}'s data_ptr()", address, 0, 2 ** 64 - 1)
-    shape, strides = int64s(function, f"{name}'s shape", shape, dims), int64s(function, f"{name}'s stride()", strides,
-                                                                            dims)
-    return Arg(name, shape, strides, dtype, device, address)
+    shape = int64s(function, f"{name}'s shape", shape, dims)
+    return Arg(name, shape, int64s(function, f"{name}'s stride()", strides, dims), dtype, device, address)
 
 def addresses(*tensors: Arg | None) -> list[int | None]:
     """The tensors' data_ptr()s for check_pointers (None: not given, or allocated by flash_steps)."""
@@ -100,53 +100,44 @@ def check_lse(function: str, lse: Arg, q: Arg) -> None:
     if any(n > 1 and s != want for n, s, want in zip(lse.shape, lse.strides, dense)):
         raise refuse(function, f"LSE has strides {lse.strides}; it must be contiguous, {dense}")
 
+def real(function: str, name: str, value, rule: str) -> float:
+    """value as a float: an int, a float, a numpy or 0-d torch scalar, a Fraction (an int that no float holds,
+    such as 10**400, as inf); a bool, a str or what float() refuses is refused with `rule`."""
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        return float(value)
+    except OverflowError:
+        return math.inf
+    except (TypeError, ValueError):
+        raise refuse(function, f"{name} is {value!r}; it must be {rule}") from None
+
 def softmax_scale(function: str, scale, head_dim: int) -> float:
     """scale as softmax_scale, a float32: 1/sqrt(head_dim) when None (1 for a head_dim below 1, which the library
-    refuses), else a real number (an int or a float, not a bool or a str), finite and > 0, whose nearest float32
-    is too (1e-50 rounds to 0, 1e39 to inf): the rule of the C ABI and of the command line's --scale. The library
-    then applies its own bound of the dtype."""
+    refuses), else a real number (real: an int or a float, not a bool or a str), finite and > 0, whose nearest
+    float32 is too (1e-50 rounds to 0, 1e39 to inf): the rule of the C ABI and of the command line's --scale. The
+    library then applies its own bound of the dtype."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
-    try:
-        if isinstance(scale, (bool, str, bytes)):
-            raise TypeError
-        x = float(scale)  # an int, a float, a numpy or 0-d torch scalar, a Fraction
-    except OverflowError:  # an int that no float holds, such as 10**400: judged as itself below
-        x = math.inf
-    except (TypeError, ValueError):
-        raise refuse(function, f"scale is {scale!r}; it must be a real number (an int or a float) or None") from None
-    if not 0 < scale < math.inf:
+    x = real(function, "scale", scale, "a real number (an int or a float) or None")
+    if not 0 < scale < math.inf:  # scale itself: 10**400 (x inf) goes on to the float32 rule
         raise refuse(function, f"scale is {scale}; it must be finite and > 0")
-    try:
-        f32 = struct.unpack("f", struct.pack("f", x))[0]  # to nearest; OverflowError past the largest
-    except OverflowError:
-        f32 = math.inf
-    if not 0 < f32 < math.inf:
+    if not 0 < ctypes.c_float(x).value < math.inf:  # to the nearest float32, inf past the largest
         raise refuse(function, f"scale is {scale}; it must be a number from 1e-45 to 3.4028235e+38 (positive and "
                      "finite as a float32, which softmax_scale is)")
     return x
 
-def softcap_value(function: str, softcap) -> float:
-    """softcap as a float (the library judges its value: finite, >= 0, 0 off), refusing what is no real number."""
-    if isinstance(softcap, (bool, str, bytes)) or softcap is None:
-        raise refuse(function, f"softcap is {softcap!r}; it must be a real number (0: off)")
-    try:
-        return float(softcap)
-    except OverflowError:
-        return math.inf
-    except (TypeError, ValueError):
-        raise refuse(function, f"softcap is {softcap!r}; it must be a real number (0: off)") from None
-
 def attention_problem(function: str, dtype: str, q: Arg, k: Arg, v: Arg, o: Arg, seqlen_k: int, causal: bool,
                       scale, softcap=0.0, window=None) -> FsProblem:
-    """The fs_problem of checked tensors (scale: see softmax_scale; softcap: softcap_value; window:
-    window_fields)."""
+    """The fs_problem of checked tensors (scale: see softmax_scale; softcap: any real number, the library judges
+    its value; window: window_fields)."""
     b, sq, hq, d = q.shape
     return FsProblem(batch=b, seqlen_q=sq, seqlen_k=seqlen_k, heads_q=hq, heads_kv=k.shape[2], head_dim=d,
                      dtype=DTYPE_CODES[dtype], causal=flag(function, "causal", causal),
-                     softmax_scale=softmax_scale(function, scale, d), softcap=softcap_value(function, softcap),
-                     q=FsStrides(*q.strides), k=FsStrides(*k.strides),
-                     v=FsStrides(*v.strides), o=FsStrides(*o.strides), **window_fields(function, window))
+                     softmax_scale=softmax_scale(function, scale, d),
+                     softcap=real(function, "softcap", softcap, "a real number (0: off)"), q=FsStrides(*q.strides),
+                     k=FsStrides(*k.strides), v=FsStrides(*v.strides), o=FsStrides(*o.strides),
+                     **window_fields(function, window))
 
 def _forward(function: str, q: Arg, k: Arg, v: Arg, o: Arg, causal: bool, scale, softcap, window) -> FsProblem:
     dtype = check_tensors(function, [q, k, v, o])
@@ -288,12 +279,16 @@ def check_step(function: str, name: str, step) -> None:
     if step is not None and not isinstance(step, str):
         raise refuse(function, f"{name} is {step!r}; it must be a step's id (a str) or None")
 
-def _outputs(q, out, lse, p: FsProblem):
-    """O and LSE of a forward or decoding launch: those given, else new ones (like Q; fp32 (batch, heads_q,
-    seqlen_q), or (heads_q, total_q) for a variable-length batch)."""
+def _run_forward(p, step: str | None, inputs: tuple, out=None, lse=None):
+    """Runs a forward or decoding pass (_launch) on `inputs`, its pointers before O and LSE (Q first), and returns
+    O and LSE: those given, else new ones (like Q; fp32 (batch, heads_q, seqlen_q), or (heads_q, total_q) for a
+    variable-length batch)."""
+    q, fp = inputs[0], getattr(p, "attention", p)  # fp: the fs_problem (a decoding problem's attention)
     o = out if out is not None else _empty(q.shape, q.dtype, q.device)
-    shape = (p.heads_q, p.total_q) if p.cu_seqlens_q else (p.batch, p.heads_q, p.seqlen_q)
-    return o, lse if lse is not None else _empty(shape, _torch().float32, q.device)
+    shape = (fp.heads_q, fp.total_q) if fp.cu_seqlens_q else (fp.batch, fp.heads_q, fp.seqlen_q)
+    lse = lse if lse is not None else _empty(shape, _torch().float32, q.device)
+    _launch(p, step, q.device, (*inputs, o, lse))
+    return o, lse
 
 def _launch(p, step: str | None, device, tensors) -> None:
     """Runs p's pass with the step given or the default one; `tensors`: its pointers in order (None: NULL)."""
@@ -322,9 +317,7 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, step: str
     check_step("flash_steps.forward", "step", step)
     # every argument checked before any allocation
     p = forward_problem("flash_steps.forward", q, k, v, out, causal, scale, lse, softcap, window)
-    o, lse = _outputs(q, out, lse, p)
-    _launch(p, step, q.device, (q, k, v, o, lse))
-    return o, lse
+    return _run_forward(p, step, (q, k, v), out, lse)
 
 def backward(q, k, v, o, lse, d_o, causal: bool = False, scale: float | None = None, step: str | None = None,
              deterministic: bool = False, dq=None, dk=None, dv=None, softcap: float = 0.0,
@@ -343,18 +336,15 @@ def backward(q, k, v, o, lse, d_o, causal: bool = False, scale: float | None = N
 def decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal: bool = False,
            scale: float | None = None, step: str | None = None, max_seqlen_k: int | None = None, num_splits: int = 0,
            checked: bool = False, out=None, lse=None):
-    """(O, LSE) of q (batch, seqlen_q new tokens, heads_q, head_dim) against a KV cache, contiguous (batch,
-    capacity, heads_kv, head_dim) or, with block_table (int32 (batch, max_pages_per_seq)), paged (num_pages,
-    page_size, heads_kv, head_dim). cache_seqlens: int32 (batch,), the keys of each sequence (None:
-    max_seqlen_k each). max_seqlen_k: the most keys a sequence has (default the cache's capacity; a tighter
-    bound helps the split). num_splits: 0 for the step's heuristic. checked: check cache_seqlens and
-    block_table on the device first (synchronizes)."""
+    """(O, LSE) of q (batch, seqlen_q new tokens, heads_q, head_dim) against a KV cache, contiguous (batch, capacity,
+    heads_kv, head_dim) or, with block_table (int32 (batch, max_pages_per_seq)), paged (num_pages, page_size, heads_kv,
+    head_dim). cache_seqlens: int32 (batch,), the keys of each sequence (None: max_seqlen_k each). max_seqlen_k: the
+    most keys a sequence has (default the cache's capacity; a tighter bound helps the split). num_splits: 0 for the
+    step's heuristic. checked: check cache_seqlens and block_table on the device first (synchronizes)."""
     check_step("flash_steps.decode", "step", step)
     p = decode_problem("flash_steps.decode", q, k_cache, v_cache, out, cache_seqlens, block_table, causal, scale,
                        max_seqlen_k, num_splits, checked, lse)
-    o, lse = _outputs(q, out, lse, p.attention)
-    _launch(p, step, q.device, (q, k_cache, v_cache, block_table, cache_seqlens, o, lse))
-    return o, lse
+    return _run_forward(p, step, (q, k_cache, v_cache, block_table, cache_seqlens), out, lse)
 
 def readable(t: Arg) -> bool:
     """Whether the C ABI reads t, a (batch, seqlen, heads, head_dim) view, as it is: the rules of validate_strides
@@ -389,8 +379,7 @@ def _attention_function():
         """O = softmax(scale·Q·Kᵀ)·V with our forward; the backward from the saved Q, K, V, O and LSE."""
         @staticmethod
         def forward(ctx, q, k, v, p, step, backward_step, deterministic, offsets=()):
-            o, lse = _outputs(q, None, None, p)
-            _launch(p, step, q.device, (q, k, v, o, lse))
+            o, lse = _run_forward(p, step, (q, k, v))
             ctx.save_for_backward(q, k, v, o, lse, *offsets)
             ctx.options = (p, backward_step, deterministic)
             return o
@@ -410,10 +399,9 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, step: s
               backward_step: str | None = None, deterministic: bool = False, softcap: float = 0.0,
               window: tuple[int, int] | None = None):
     """O of softmax attention, differentiable, on tensors as forward's (softcap and window too, which the backward
-    keeps); a view the C ABI cannot read (see usable) is copied first. step / backward_step: the forward's and
-    the backward's step (default default_step's); deterministic: the backward's bitwise repeatable mode. The
-    gradients are contiguous. The arguments are checked once, here; the backward checks only the dO it is
-    given."""
+    keeps); a view the C ABI cannot read (see usable) is copied first. step / backward_step: the forward's and the
+    backward's step (default default_step's); deterministic: the backward's bitwise repeatable mode. The gradients are
+    contiguous. The arguments are checked once, here; the backward checks only the dO it is given."""
     function = "flash_steps.attention"
     for name, s in (("step", step), ("backward_step", backward_step)):
         check_step(function, name, s)
@@ -484,8 +472,7 @@ def varlen_backward_problem(function: str, q, k, v, o, lse, d_o, dq, dk, dv, cu_
     """The fs_backward_problem of a variable-length batch: backward_problem's with varlen_problem's layout (dO,
     dQ like Q; dK, dV like K and V; LSE (heads_q, total_q))."""
     q, k, v, o, d_o = (read(function, name, t, THD) for name, t in zip(("Q", "K", "V", "O", "dO"), (q, k, v, o, d_o)))
-    dq, dk, dv = (read(function, name, t, THD, like) for name, t, like in (("dQ", dq, q), ("dK", dk, k),
-                                                                           ("dV", dv, v)))
+    dq, dk, dv = (read(function, name, t, THD, like) for name, t, like in (("dQ", dq, q), ("dK", dk, k), ("dV", dv, v)))
     if lse is None:
         raise refuse(function, "lse is None; backward needs the forward's LSE, fp32 (heads_q, total_q)")
     lse = read(function, "LSE", lse, VARLEN_LSE_DIMS)
@@ -521,9 +508,7 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_s
                        lse, softcap, window)
     if flag(function, "check_offsets", check_offsets):
         _check_offsets(p, q.device)
-    o, lse = _outputs(q, out, lse, p)
-    _launch(p, step, q.device, (q, k, v, o, lse))
-    return o, lse
+    return _run_forward(p, step, (q, k, v), out, lse)
 
 def varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                     causal: bool = False, scale: float | None = None, step: str | None = None,
