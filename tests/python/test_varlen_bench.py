@@ -102,7 +102,7 @@ class Arguments(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("--sequences", out.stdout)
         self.assertIn("13c_varlen", out.stdout)
-        self.assertIn("Goals (note 13c)", out.stdout)
+        self.assertIn("Goals (the ratios note 13c reports)", out.stdout)
 
 
 class Problem(unittest.TestCase):
