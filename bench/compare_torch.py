@@ -7,7 +7,6 @@ our steps). How it times and checks, and what it writes: bench/README.md.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -34,7 +33,6 @@ BACKWARD_TENSORS = ("q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv")  # fs_ru
 # --training's first shape: the attention of bench/train_gpt.py's defaults (batch 32, seqlen 512, d_model 512,
 # head_dim 64, causal, bf16 autocast).
 TRAIN_GPT_SHAPE = {"batch": 32, "seqlen": 512, "heads": 8, "head_dim": 64, "causal": True, "dtype": "bf16"}
-CAUSALS = {"off": [False], "on": [True], "both": [False, True]}
 RATIOS = (("x_flash", "torch_flash"), ("x_cudnn", "torch_cudnn"), ("x_fa4", "fa4"))
 
 
@@ -56,19 +54,6 @@ def problem_for_tensors(q, k, v, o, causal: bool, softcap: float = 0.0, window=N
 
 
 # ---- shapes ------------------------------------------------------------------------------------------
-
-def window_arg(text: str) -> tuple[int, int]:
-    """--window's "L,R" as (L, R): FlashAttention's window_size, each bound an int32 of at least -1 (-1: unbounded
-    on that side); the runner's --window rule and sentence."""
-    try:
-        left, right = (int(x) for x in text.split(","))
-    except ValueError:  # not two parts, or one not an integer
-        left = right = -2
-    if not all(-1 <= x <= 2 ** 31 - 1 for x in (left, right)):
-        raise argparse.ArgumentTypeError(f"--window expects L,R: two integers from -1 to 2147483647 (-1: unbounded on "
-                                         f"that side), got '{text}'")
-    return left, right
-
 
 def with_window(s: dict, window: tuple[int, int] | None) -> dict:
     """The shape with --window's sliding window (window_left, window_right: its rows record it too), or as it is."""
@@ -94,7 +79,7 @@ def sweep_shapes(args, lib, min_seqlen: int = 0) -> list[dict]:
         args.seqlens = [n for n in sweep["seqlens"] if n >= min_seqlen]
     args.head_dims, args.dtypes = args.head_dims or sweep["head_dims"], args.dtypes or sweep["dtypes"]
     args.tokens = args.tokens or lib.sweep_tokens()
-    return [sweep_shape(lib, n, d, c, t, args.tokens) for d in args.head_dims for c in CAUSALS[args.causal]
+    return [sweep_shape(lib, n, d, c, t, args.tokens) for d in args.head_dims for c in fr.CAUSALS[args.causal]
             for t in args.dtypes for n in sorted(args.seqlens)]
 
 
@@ -834,7 +819,7 @@ def parse_args(argv=None):
     add("--seqlens", type=int, nargs="+", help="default: the library's sweep, 512 ... 16384")
     add("--head-dims", type=int, nargs="+", help="default: the library's sweep, 128 and 64")
     add("--dtypes", nargs="+", choices=["fp16", "bf16"], help="default: the library's sweep, fp16 and bf16")
-    add("--causal", choices=["off", "on", "both"], default="both")
+    add("--causal", choices=list(fr.CAUSALS), default="both")
     add("--tokens", type=int, help="B*N of every shape (default: the library's, 16384)")
     add("--steps", default="", help="only the steps whose id starts with one of these (comma-separated)")
     add("--backends", help="beside our steps: SDPA's flash, cudnn, efficient, math, and fa4 (FlashAttention-4) "
@@ -872,7 +857,7 @@ def parse_args(argv=None):
         "start from (default: the newest step that accepts the shape)")
     add("--softcap", type=float, default=0.0, help="logit softcapping, softcap*tanh(s/softcap), for every shape "
         "(forward and --backward; default 0: off). SDPA has none: the backends are fa4 alone (--backends: fa4 only)")
-    add("--window", type=window_arg, metavar="L,R", help="a sliding window for every shape (forward, --backward, "
+    add("--window", type=fr.window_arg, metavar="L,R", help="a sliding window for every shape (forward, --backward, "
         "--training; default: none): query i sees key j iff i+d-L <= j <= i+d+R, d = seqlen_k - seqlen_q, -1 "
         "unbounded on that side, R 0 when causal (FlashAttention's window_size). SDPA has none: the backends are "
         "fa4 alone (--backends: fa4 only). A negative L goes after '=': --window=-1,32")

@@ -48,6 +48,22 @@ def add_run_arguments(ap: argparse.ArgumentParser, outputs: str) -> None:
     ap.add_argument("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
 
 
+CAUSALS = {"off": [False], "on": [True], "both": [False, True]}  # --causal's choices: the causal flags each runs
+
+
+def window_arg(text: str) -> tuple[int, int]:
+    """--window's "L,R" as (L, R): FlashAttention's window_size, each bound an int32 of at least -1 (-1: unbounded
+    on that side); the runner's --window rule and sentence."""
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:  # not two parts, or one not an integer
+        left = right = -2
+    if not all(-1 <= x <= 2 ** 31 - 1 for x in (left, right)):
+        raise argparse.ArgumentTypeError(f"--window expects L,R: two integers from -1 to 2147483647 (-1: unbounded on "
+                                         f"that side), got '{text}'")
+    return left, right
+
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend; imported only where something is drawn."""
     import matplotlib

@@ -27,7 +27,6 @@ import flash_steps  # noqa: E402  (needs neither PyTorch nor a GPU to import)
 TOOL = "varlen_bench"
 STEP = "13c_varlen"  # the sub-step with variable-length batches; dense problems run its dense kernels
 INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # Q, K, V, dO drawn as 0.25 + N(0, 1), as compare_torch.py (common/workload.h)
-CAUSALS = {"off": [False], "on": [True], "both": [False, True]}
 PASSES = ("fwd", "bwd")
 ROUNDS = 4  # a shape's implementations are timed in this many interleaved rounds (compare_torch.py's rule)
 BACKWARD_FACTOR = 2.5  # fs_backward_flops: 2.5 x the forward's (common/backward/rules.cpp), compare_torch --backward's
@@ -112,19 +111,6 @@ def dense_flops(lib, batch: int, seqlen: int, heads_q: int, heads_kv: int, head_
 
 # ---- the command line ---------------------------------------------------------------------------------
 
-def window_arg(text: str) -> tuple[int, int]:
-    """--window's "L,R": FlashAttention's window_size, each bound an int32 of at least -1 (-1: unbounded on that
-    side); the rule and sentence of compare_torch.py's --window."""
-    try:
-        left, right = (int(x) for x in text.split(","))
-    except ValueError:
-        left = right = -2
-    if not all(-1 <= x <= 2 ** 31 - 1 for x in (left, right)):
-        raise argparse.ArgumentTypeError(f"--window expects L,R: two integers from -1 to 2147483647 (-1: unbounded on "
-                                         f"that side), got '{text}'")
-    return left, right
-
-
 def passes_arg(text: str) -> tuple[str, ...]:
     chosen = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
     if not chosen or any(p not in PASSES for p in chosen):
@@ -154,8 +140,8 @@ def parse_args(argv=None):
     add("--head-dims", type=int, nargs="+", default=[128, 64])
     add("--heads", type=int, help="query heads (default 2048 // head_dim)")
     add("--kv-heads", type=int, help="K/V heads (default: as many as query heads; fewer: GQA)")
-    add("--causal", choices=list(CAUSALS), default="both", help="bottom-right per sequence (default both)")
-    add("--window", type=window_arg, metavar="L,R", help="a sliding window for every shape, FlashAttention's "
+    add("--causal", choices=list(fr.CAUSALS), default="both", help="bottom-right per sequence (default both)")
+    add("--window", type=fr.window_arg, metavar="L,R", help="a sliding window for every shape, FlashAttention's "
         "window_size (-1: unbounded on that side; a negative L goes after '=': --window=-1,32)")
     add("--softcap", type=float, default=0.0, help="logit softcapping softcap*tanh(s/softcap) (default 0: off)")
     add("--passes", type=passes_arg, default=PASSES, help="fwd, bwd or fwd,bwd (default both)")
@@ -684,7 +670,7 @@ def run(args) -> int:
     try:
         for hi, d in enumerate(args.head_dims):
             t = bench.tensors(hi, d)
-            for causal in CAUSALS[args.causal]:
+            for causal in fr.CAUSALS[args.causal]:
                 for ps in args.passes:
                     rows = bench.shape(t, ps, causal)
                     result["rows"] += rows
