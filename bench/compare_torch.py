@@ -22,7 +22,6 @@ import flash_steps  # noqa: E402  (the one ctypes layer of common/flash_steps.h)
 
 INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # as common/workload.h
 TORCH_BACKENDS = tuple(fr.SDPA_BACKENDS)
-ROUNDS = 4  # timed(): a shape's implementations are timed in this many interleaved rounds
 OPTIONAL_KINDS = ("fa4",)  # an optional baseline's exception is its cell's error, not the run's
 DETERMINISTIC_SUFFIX = ":det"  # the impl of a step's deterministic row: "11_backward:det"
 # The decoding shapes (batch, seqlen_k, heads_q, heads_kv): one long sequence, a few medium, many short,
@@ -361,32 +360,13 @@ class Sweep:
         prev[group] = prev["any"] = (row[self.work], ms)
 
     def timed(self, ready: list) -> None:
-        """The timed launches of a shape's implementations (prepare()'s rows), interleaved: ROUNDS rounds,
-        each a share of every implementation's launches, in the list's order, then reversed, and so on. A
-        GPU timed the same kernel slower at the end of a shape's list than alone (its clock, not recorded,
-        is the likely cause: a GPU slows as it heats), so alternating the order gives each implementation
-        the same mean position. The median, min and max over all of an implementation's launches."""
-        samples: dict[int, list[float]] = {id(row): [] for row, *_ in ready}
-        for r in range(ROUNDS):
-            for row, context, (fn, n, warmup, _) in ready if r % 2 == 0 else reversed(ready):
-                if row.get("status"):  # failed() in an earlier round: error, or unsupported
-                    continue
-                share = n // ROUNDS + (r < n % ROUNDS)
-                try:
-                    with context():
-                        if r == 0 and warmup:
-                            self.timer.times(fn, warmup)
-                        samples[id(row)] += self.timer.times(fn, share) if share else []
-                except Exception as e:  # as in shape(): this implementation's error, not the sweep's
-                    self.failed(row, e)
-        for row, _, (fn, n, warmup, (passed, why)) in ready:
-            ts = samples[id(row)]
-            if row.get("status") or not ts:
-                continue
-            ms = fr.median(ts)
-            self.remember(row, ms)
-            row.update(status="ok" if passed else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=len(ts),
-                       **self.rate_of(row, ms), **({} if passed else {"reason": why}))
+        """The timed launches of a shape's implementations (prepare()'s rows), interleaved (fs_results'
+        time_interleaved): the median, min and max over all of an implementation's launches."""
+        fr.time_interleaved(self.timer, [(row, fn, n, warmup, context, verdict)
+                                         for row, context, (fn, n, warmup, verdict) in ready], self.failed, self.rate_of)
+        for row, *_ in ready:
+            if row["status"] in ("ok", "fail"):
+                self.remember(row, row["ms"])
 
     # ---- our launch ----
 
@@ -797,7 +777,7 @@ def run(args) -> int:
     timing = {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
               "budget_ms": args.budget_ms, "max_launch_ms": args.max_launch_ms, **head.pop("timing", {}),
               "l2_flush": True, "sleep_us": args.sleep_us, "events": "one pair per launch",
-              "order": f"a shape's implementations interleaved, {ROUNDS} rounds, in order then reversed"
+              "order": f"a shape's implementations interleaved, {fr.ROUNDS} rounds, in order then reversed"
                        if cls.interleaved else "each implementation's launches together"}
     result = {**fr.result_head("compare_torch", cls.mode, date, commit, env, lib.path), "timing": timing, **head,
               "softcap": args.softcap, "window": args.window,

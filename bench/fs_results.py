@@ -275,12 +275,42 @@ class Timer:
         return [start.elapsed_time(stop) for start, stop in events]
 
 
+median = statistics.median
+ROUNDS = 4  # a shape's implementations are timed in this many interleaved rounds (time_interleaved)
+
+
+def time_interleaved(timer, launches: list, failed, rate, rounds: int = ROUNDS) -> None:
+    """The timed launches of a shape's implementations, interleaved: launches holds (row, fn, n, warmup, context,
+    (passed, why)) of each; each round times a share of every row's n launches (round 0 its warm-up first), in
+    the list's order, then reversed, and so on. A GPU timed the same kernel slower at the end of a shape's list
+    than alone (it slows as it heats, the likely cause), so alternating gives each the same mean position. An
+    exception is its row's, failed(row, e), not the run's; a row with a status is passed over. A row timed gets
+    status "ok", or "fail" with why as its reason, ms (the median), min_ms, max_ms, iters and rate(row, ms)'s."""
+    samples: dict[int, list[float]] = {id(row): [] for row, *_ in launches}
+    for r in range(rounds):
+        for row, fn, n, warmup, context, _ in launches if r % 2 == 0 else reversed(launches):
+            if row.get("status"):
+                continue
+            share = n // rounds + (r < n % rounds)
+            try:
+                with context():
+                    if r == 0 and warmup:
+                        timer.times(fn, warmup)
+                    samples[id(row)] += timer.times(fn, share) if share else []
+            except Exception as e:  # this implementation's error, not the run's
+                failed(row, e)
+    for row, *_, (passed, why) in launches:
+        ts = samples[id(row)]
+        if row.get("status") or not ts:
+            continue
+        ms = median(ts)
+        row.update(status="ok" if passed else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=len(ts),
+                   **rate(row, ms), **({} if passed else {"reason": why}))
+
+
 def timed(row: dict | None) -> bool:
     """Whether a results row has a time: run, checked (passed or not) and measured."""
     return bool(row) and row.get("status") in ("ok", "fail") and bool(row.get("ms"))
-
-
-median = statistics.median
 
 
 # ---- the implementations beside ours -----------------------------------------------------------

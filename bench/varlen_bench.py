@@ -12,6 +12,7 @@ forward, >= 0.90x backward. The exit status is 1 when one of our rows failed its
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import math
 import random
@@ -28,7 +29,6 @@ TOOL = "varlen_bench"
 STEP = "13c_varlen"  # the sub-step with variable-length batches; dense problems run its dense kernels
 INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # Q, K, V, dO drawn as 0.25 + N(0, 1), as compare_torch.py (common/workload.h)
 PASSES = ("fwd", "bwd")
-ROUNDS = 4  # a shape's implementations are timed in this many interleaved rounds (compare_torch.py's rule)
 BACKWARD_FACTOR = 2.5  # fs_backward_flops: 2.5 x the forward's (common/backward/rules.cpp), compare_torch --backward's
 GOALS = {"x_dense": {"fwd": 0.90, "bwd": 0.90}, "x_fa4": {"fwd": 1.00, "bwd": 0.90}}  # note 13c
 OURS, FA4 = "ours", "fa4"
@@ -574,34 +574,22 @@ class Bench:
             except flash_steps.InvalidArgument as e:
                 row.update(status="refused", reason=e.message)
             except Exception as e:  # one implementation's failure must not end the run
-                row.update(status="error", reason=fr.first_line(e))
+                failed(row, e)
         self.timed(ready)
         add_ratios(rows)
         return rows
 
     def timed(self, ready: list) -> None:
-        """Warm-up, then --iters launches of each implementation in ROUNDS interleaved rounds (in order, reversed,
-        in order, reversed: the same mean position for each); the median, min and max of its launches."""
-        samples = {id(row): [] for row, *_ in ready}
-        n = self.args.iters
-        for r in range(ROUNDS):
-            for row, fn, _, _ in ready if r % 2 == 0 else reversed(ready):
-                if row["status"]:
-                    continue
-                share = n // ROUNDS + (r < n % ROUNDS)
-                try:
-                    if r == 0 and self.args.warmup:
-                        self.timer.times(fn, self.args.warmup)
-                    samples[id(row)] += self.timer.times(fn, share) if share else []
-                except Exception as e:
-                    row.update(status="error", reason=fr.first_line(e))
-        for row, fn, passed, why in ready:
-            ts = samples[id(row)]
-            if row["status"] or not ts:
-                continue
-            ms = fr.median(ts)
-            row.update(status="ok" if passed else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=len(ts),
-                       tflops=row["flops"] / (ms * 1e-3) / 1e12, **({} if passed else {"reason": why}))
+        """Warm-up, then --iters launches of each implementation, interleaved (fs_results' time_interleaved): the
+        median, min and max of its launches."""
+        launches = [(row, fn, self.args.iters, self.args.warmup, contextlib.nullcontext, (passed, why))
+                    for row, fn, passed, why in ready]
+        fr.time_interleaved(self.timer, launches, failed, lambda row, ms: {"tflops": row["flops"] / (ms * 1e-3) / 1e12})
+
+
+def failed(row: dict, e: Exception) -> None:
+    """One implementation's error, not the run's: its row's status and reason."""
+    row.update(status="error", reason=fr.first_line(e))
 
 
 def fa4_varlen_function(notes: list[str], wanted: bool):
@@ -648,7 +636,7 @@ def run(args) -> int:
                         "seed * 1000 + the head_dim's index; the dense batch drawn after the packed one",
               "timing": {"statistic": "median", "iters": args.iters, "warmup": args.warmup, "l2_flush": True,
                          "sleep_us": args.sleep_us, "events": "one pair per launch",
-                         "order": f"a shape's implementations interleaved, {ROUNDS} rounds, in order then reversed",
+                         "order": f"a shape's implementations interleaved, {fr.ROUNDS} rounds, in order then reversed",
                          "fwd": "ours: one fs_run (ctypes arguments converted once); FA4: flash_attn_varlen_func / "
                                 "flash_attn_func",
                          "bwd": "ours: one fs_run_backward from our forward's O and LSE, deterministic 0 (its "
