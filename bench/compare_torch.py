@@ -20,7 +20,6 @@ sys.path.insert(0, str(fr.REPO / "python"))  # the flash_steps package, also wit
 
 import flash_steps  # noqa: E402  (the one ctypes layer of common/flash_steps.h)
 
-INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # as common/workload.h
 TORCH_BACKENDS = tuple(fr.SDPA_BACKENDS)
 OPTIONAL_KINDS = ("fa4",)  # an optional baseline's exception is its cell's error, not the run's
 DETERMINISTIC_SUFFIX = ":det"  # the impl of a step's deterministic row: "11_backward:det"
@@ -226,7 +225,7 @@ class Sweep:
         """Q, K, V, O, LSE, the fp64 reference of batch 0, query heads 0-1 and the tolerance; `fields`: the rows'."""
         torch = self.torch
         b, sq, sk, hq, hkv, d = self.sizes(shape)
-        draw = self.drawer(si, shape["dtype"])
+        draw = fr.drawer(torch, self.args.seed + si, shape["dtype"])  # a fresh draw for every shape
         t = {"q": draw(b, sq, hq, d), "k": draw(b, sk, hkv, d), "v": draw(b, sk, hkv, d), "o_flash": None,
              "scale": 1.0 / math.sqrt(d), "fields": fields, "si": si}
         t["o"] = torch.empty_like(t["q"])
@@ -237,16 +236,6 @@ class Sweep:
         t["ref"] = fr.reference(torch, t["q"], k0, v0, shape["causal"], t["scale"], heads, **self.features(shape))
         t["tol"] = self.lib.tolerance(shape["dtype"], float(t["v"].abs().max()))
         return t
-
-    def drawer(self, si: int, dtype: str):
-        """draw(*size): 0.25 + N(0, 1), rounded to the dtype, from a generator seeded for this shape."""
-        torch, gen = self.torch, self.torch.Generator(device="cuda")
-        gen.manual_seed(self.args.seed + si)  # a fresh draw for every shape
-
-        def draw(*size):
-            x = torch.randn(*size, device="cuda", dtype=torch.float32, generator=gen)
-            return (x * INPUT_SIGMA + INPUT_OFFSET).to(torch.float16 if dtype == "fp16" else torch.bfloat16)
-        return draw
 
     def step(self, row: dict, step_id: str, t: dict):
         prob = problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"], **self.features(row))
@@ -541,7 +530,7 @@ class BackwardSweep(Sweep):
     def tensors(self, si, shape):
         self.ref_err, self.ref_impl = None, ""  # per shape: the first backend's errors, and its name
         b, n, _, h, _, d = self.sizes(shape)
-        draw = self.drawer(si, shape["dtype"])
+        draw = fr.drawer(self.torch, self.args.seed + si, shape["dtype"])
         t = {x: draw(b, n, h, d) for x in ("q", "k", "v", "d_o")}
         t.update(scale=1.0 / math.sqrt(d), fields={"flops": shape_flops(self.lib, shape, backward=True)})
         t["exact"] = fr.reference(self.torch, t["q"], t["k"], t["v"], shape["causal"], t["scale"], min(h, 2),

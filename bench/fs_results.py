@@ -248,7 +248,22 @@ def environment(torch) -> dict:
     return env
 
 
-# ---- timing ------------------------------------------------------------------------------------
+# ---- the inputs and the timing -------------------------------------------------------------------
+
+INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # Q, K, V, dO drawn as 0.25 + N(0, 1), as common/workload.h
+
+
+def drawer(torch, seed: int, dtype: str):
+    """draw(*size): INPUT_OFFSET + INPUT_SIGMA·N(0, 1) on the GPU, rounded to the dtype (fp16 or bf16), from a
+    CUDA generator seeded with seed (each call draws on from where the last one stopped)."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+
+    def draw(*size):
+        x = torch.randn(*size, device="cuda", dtype=torch.float32, generator=gen)
+        return (x * INPUT_SIGMA + INPUT_OFFSET).to(torch.float16 if dtype == "fp16" else torch.bfloat16)
+    return draw
+
 
 class Timer:
     """CUDA events around each launch; the L2 flushed (a buffer twice its size written) and a short GPU

@@ -27,7 +27,6 @@ import flash_steps  # noqa: E402  (needs neither PyTorch nor a GPU to import)
 
 TOOL = "varlen_bench"
 STEP = "13c_varlen"  # the sub-step with variable-length batches; dense problems run its dense kernels
-INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # Q, K, V, dO drawn as 0.25 + N(0, 1), as compare_torch.py (common/workload.h)
 PASSES = ("fwd", "bwd")
 BACKWARD_FACTOR = 2.5  # fs_backward_flops: 2.5 x the forward's (common/backward/rules.cpp), compare_torch --backward's
 GOALS = {"x_dense": {"fwd": 0.90, "bwd": 0.90}, "x_fa4": {"fwd": 1.00, "bwd": 0.90}}  # note 13c
@@ -283,12 +282,7 @@ class Bench:
     def tensors(self, hi: int, head_dim: int) -> dict:
         torch, args = self.torch, self.args
         hq, hkv = heads_of(args, head_dim)
-        gen = torch.Generator(device="cuda")
-        gen.manual_seed(args.seed * 1000 + hi)
-        dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
-
-        def draw(*size):
-            return (torch.randn(*size, device="cuda", generator=gen) * INPUT_SIGMA + INPUT_OFFSET).to(dt)
+        draw = fr.drawer(torch, args.seed * 1000 + hi, args.dtype)
         total, b, n = self.cu[-1], len(self.lengths), self.mean
         t = {"head_dim": head_dim, "heads_q": hq, "heads_kv": hkv, "scale": 1.0 / math.sqrt(head_dim),
              "varlen": {"q": draw(total, hq, head_dim), "k": draw(total, hkv, head_dim),
@@ -632,7 +626,7 @@ def run(args) -> int:
               "max_len": args.max_len, "seed": args.seed, "lengths": lengths, "total_tokens": sum(lengths),
               "mean_len": bench.mean, "longest": bench.max, "checked_sequences": bench.checked,
               "dtype": args.dtype, "window": args.window, "softcap": args.softcap,
-              "inputs": f"Q, K, V, dO: {INPUT_OFFSET} + N(0, {INPUT_SIGMA}), torch.Generator(cuda) seeded "
+              "inputs": f"Q, K, V, dO: {fr.INPUT_OFFSET} + N(0, {fr.INPUT_SIGMA}), torch.Generator(cuda) seeded "
                         "seed * 1000 + the head_dim's index; the dense batch drawn after the packed one",
               "timing": {"statistic": "median", "iters": args.iters, "warmup": args.warmup, "l2_flush": True,
                          "sleep_us": args.sleep_us, "events": "one pair per launch",
