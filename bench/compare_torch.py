@@ -7,7 +7,6 @@ our steps). How it times and checks, and what it writes: bench/README.md.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -21,9 +20,7 @@ sys.path.insert(0, str(fr.REPO / "python"))  # the flash_steps package, also wit
 
 import flash_steps  # noqa: E402  (the one ctypes layer of common/flash_steps.h)
 
-INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # as common/workload.h
 TORCH_BACKENDS = tuple(fr.SDPA_BACKENDS)
-ROUNDS = 4  # timed(): a shape's implementations are timed in this many interleaved rounds
 OPTIONAL_KINDS = ("fa4",)  # an optional baseline's exception is its cell's error, not the run's
 DETERMINISTIC_SUFFIX = ":det"  # the impl of a step's deterministic row: "11_backward:det"
 # The decoding shapes (batch, seqlen_k, heads_q, heads_kv): one long sequence, a few medium, many short,
@@ -34,7 +31,6 @@ BACKWARD_TENSORS = ("q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv")  # fs_ru
 # --training's first shape: the attention of bench/train_gpt.py's defaults (batch 32, seqlen 512, d_model 512,
 # head_dim 64, causal, bf16 autocast).
 TRAIN_GPT_SHAPE = {"batch": 32, "seqlen": 512, "heads": 8, "head_dim": 64, "causal": True, "dtype": "bf16"}
-CAUSALS = {"off": [False], "on": [True], "both": [False, True]}
 RATIOS = (("x_flash", "torch_flash"), ("x_cudnn", "torch_cudnn"), ("x_fa4", "fa4"))
 
 
@@ -56,19 +52,6 @@ def problem_for_tensors(q, k, v, o, causal: bool, softcap: float = 0.0, window=N
 
 
 # ---- shapes ------------------------------------------------------------------------------------------
-
-def window_arg(text: str) -> tuple[int, int]:
-    """--window's "L,R" as (L, R): FlashAttention's window_size, each bound an int32 of at least -1 (-1: unbounded
-    on that side); the runner's --window rule and sentence."""
-    try:
-        left, right = (int(x) for x in text.split(","))
-    except ValueError:  # not two parts, or one not an integer
-        left = right = -2
-    if not all(-1 <= x <= 2 ** 31 - 1 for x in (left, right)):
-        raise argparse.ArgumentTypeError(f"--window expects L,R: two integers from -1 to 2147483647 (-1: unbounded on "
-                                         f"that side), got '{text}'")
-    return left, right
-
 
 def with_window(s: dict, window: tuple[int, int] | None) -> dict:
     """The shape with --window's sliding window (window_left, window_right: its rows record it too), or as it is."""
@@ -94,7 +77,7 @@ def sweep_shapes(args, lib, min_seqlen: int = 0) -> list[dict]:
         args.seqlens = [n for n in sweep["seqlens"] if n >= min_seqlen]
     args.head_dims, args.dtypes = args.head_dims or sweep["head_dims"], args.dtypes or sweep["dtypes"]
     args.tokens = args.tokens or lib.sweep_tokens()
-    return [sweep_shape(lib, n, d, c, t, args.tokens) for d in args.head_dims for c in CAUSALS[args.causal]
+    return [sweep_shape(lib, n, d, c, t, args.tokens) for d in args.head_dims for c in fr.CAUSALS[args.causal]
             for t in args.dtypes for n in sorted(args.seqlens)]
 
 
@@ -242,7 +225,7 @@ class Sweep:
         """Q, K, V, O, LSE, the fp64 reference of batch 0, query heads 0-1 and the tolerance; `fields`: the rows'."""
         torch = self.torch
         b, sq, sk, hq, hkv, d = self.sizes(shape)
-        draw = self.drawer(si, shape["dtype"])
+        draw = fr.drawer(torch, self.args.seed + si, shape["dtype"])  # a fresh draw for every shape
         t = {"q": draw(b, sq, hq, d), "k": draw(b, sk, hkv, d), "v": draw(b, sk, hkv, d), "o_flash": None,
              "scale": 1.0 / math.sqrt(d), "fields": fields, "si": si}
         t["o"] = torch.empty_like(t["q"])
@@ -253,16 +236,6 @@ class Sweep:
         t["ref"] = fr.reference(torch, t["q"], k0, v0, shape["causal"], t["scale"], heads, **self.features(shape))
         t["tol"] = self.lib.tolerance(shape["dtype"], float(t["v"].abs().max()))
         return t
-
-    def drawer(self, si: int, dtype: str):
-        """draw(*size): 0.25 + N(0, 1), rounded to the dtype, from a generator seeded for this shape."""
-        torch, gen = self.torch, self.torch.Generator(device="cuda")
-        gen.manual_seed(self.args.seed + si)  # a fresh draw for every shape
-
-        def draw(*size):
-            x = torch.randn(*size, device="cuda", dtype=torch.float32, generator=gen)
-            return (x * INPUT_SIGMA + INPUT_OFFSET).to(torch.float16 if dtype == "fp16" else torch.bfloat16)
-        return draw
 
     def step(self, row: dict, step_id: str, t: dict):
         prob = problem_for_tensors(t["q"], t["k"], t["v"], t["o"], row["causal"], **self.features(row))
@@ -376,32 +349,13 @@ class Sweep:
         prev[group] = prev["any"] = (row[self.work], ms)
 
     def timed(self, ready: list) -> None:
-        """The timed launches of a shape's implementations (prepare()'s rows), interleaved: ROUNDS rounds,
-        each a share of every implementation's launches, in the list's order, then reversed, and so on. A
-        GPU timed the same kernel slower at the end of a shape's list than alone (its clock, not recorded,
-        is the likely cause: a GPU slows as it heats), so alternating the order gives each implementation
-        the same mean position. The median, min and max over all of an implementation's launches."""
-        samples: dict[int, list[float]] = {id(row): [] for row, *_ in ready}
-        for r in range(ROUNDS):
-            for row, context, (fn, n, warmup, _) in ready if r % 2 == 0 else reversed(ready):
-                if row.get("status"):  # failed() in an earlier round: error, or unsupported
-                    continue
-                share = n // ROUNDS + (r < n % ROUNDS)
-                try:
-                    with context():
-                        if r == 0 and warmup:
-                            self.timer.times(fn, warmup)
-                        samples[id(row)] += self.timer.times(fn, share) if share else []
-                except Exception as e:  # as in shape(): this implementation's error, not the sweep's
-                    self.failed(row, e)
-        for row, _, (fn, n, warmup, (passed, why)) in ready:
-            ts = samples[id(row)]
-            if row.get("status") or not ts:
-                continue
-            ms = fr.median(ts)
-            self.remember(row, ms)
-            row.update(status="ok" if passed else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=len(ts),
-                       **self.rate_of(row, ms), **({} if passed else {"reason": why}))
+        """The timed launches of a shape's implementations (prepare()'s rows), interleaved (fs_results'
+        time_interleaved): the median, min and max over all of an implementation's launches."""
+        fr.time_interleaved(self.timer, [(row, fn, n, warmup, context, verdict)
+                                         for row, context, (fn, n, warmup, verdict) in ready], self.failed, self.rate_of)
+        for row, *_ in ready:
+            if row["status"] in ("ok", "fail"):
+                self.remember(row, row["ms"])
 
     # ---- our launch ----
 
@@ -576,7 +530,7 @@ class BackwardSweep(Sweep):
     def tensors(self, si, shape):
         self.ref_err, self.ref_impl = None, ""  # per shape: the first backend's errors, and its name
         b, n, _, h, _, d = self.sizes(shape)
-        draw = self.drawer(si, shape["dtype"])
+        draw = fr.drawer(self.torch, self.args.seed + si, shape["dtype"])
         t = {x: draw(b, n, h, d) for x in ("q", "k", "v", "d_o")}
         t.update(scale=1.0 / math.sqrt(d), fields={"flops": shape_flops(self.lib, shape, backward=True)})
         t["exact"] = fr.reference(self.torch, t["q"], t["k"], t["v"], shape["causal"], t["scale"], min(h, 2),
@@ -812,7 +766,7 @@ def run(args) -> int:
     timing = {"statistic": "median", "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
               "budget_ms": args.budget_ms, "max_launch_ms": args.max_launch_ms, **head.pop("timing", {}),
               "l2_flush": True, "sleep_us": args.sleep_us, "events": "one pair per launch",
-              "order": f"a shape's implementations interleaved, {ROUNDS} rounds, in order then reversed"
+              "order": f"a shape's implementations interleaved, {fr.ROUNDS} rounds, in order then reversed"
                        if cls.interleaved else "each implementation's launches together"}
     result = {**fr.result_head("compare_torch", cls.mode, date, commit, env, lib.path), "timing": timing, **head,
               "softcap": args.softcap, "window": args.window,
@@ -834,7 +788,7 @@ def parse_args(argv=None):
     add("--seqlens", type=int, nargs="+", help="default: the library's sweep, 512 ... 16384")
     add("--head-dims", type=int, nargs="+", help="default: the library's sweep, 128 and 64")
     add("--dtypes", nargs="+", choices=["fp16", "bf16"], help="default: the library's sweep, fp16 and bf16")
-    add("--causal", choices=["off", "on", "both"], default="both")
+    add("--causal", choices=list(fr.CAUSALS), default="both")
     add("--tokens", type=int, help="B*N of every shape (default: the library's, 16384)")
     add("--steps", default="", help="only the steps whose id starts with one of these (comma-separated)")
     add("--backends", help="beside our steps: SDPA's flash, cudnn, efficient, math, and fa4 (FlashAttention-4) "
@@ -872,7 +826,7 @@ def parse_args(argv=None):
         "start from (default: the newest step that accepts the shape)")
     add("--softcap", type=float, default=0.0, help="logit softcapping, softcap*tanh(s/softcap), for every shape "
         "(forward and --backward; default 0: off). SDPA has none: the backends are fa4 alone (--backends: fa4 only)")
-    add("--window", type=window_arg, metavar="L,R", help="a sliding window for every shape (forward, --backward, "
+    add("--window", type=fr.window_arg, metavar="L,R", help="a sliding window for every shape (forward, --backward, "
         "--training; default: none): query i sees key j iff i+d-L <= j <= i+d+R, d = seqlen_k - seqlen_q, -1 "
         "unbounded on that side, R 0 when causal (FlashAttention's window_size). SDPA has none: the backends are "
         "fa4 alone (--backends: fa4 only). A negative L goes after '=': --window=-1,32")

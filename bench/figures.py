@@ -255,6 +255,14 @@ def _shade(ax, values, colors):
               interpolation="nearest")
 
 
+def _canvas(ax, xlim, ylim):
+    """A drawing area without axes, x over xlim and y over ylim (a descending ylim puts its first value at the
+    bottom: y grows downwards)."""
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.axis("off")
+
+
 def _grid_axes(ax, rows, cols, xlabel, ylabel, step_x=1, step_y=1, ylabels=None, aspect="equal"):
     """Axes over rows x cols unit cells, row 0 on top, every step_x-th column and step_y-th row numbered."""
     ax.set_xlim(0, cols)
@@ -546,10 +554,8 @@ def fig_07(fig, axes):
             fontsize=7.5)
     ax.text(104, -17, "V tile t\nread by P·V", ha="center", va="center", fontsize=7)
     _box(ax, 84, -30, 40, 26, facecolor="0.85", edgecolor="black")
-    ax.set_xlim(-2, 126)
-    ax.set_ylim(block_q + 26, -34)
+    _canvas(ax, (-2, 126), (block_q + 26, -34))
     ax.set_aspect("equal")
-    ax.axis("off")
     ax.set_title("07g at head_dim 128 (kD128_S2): one block = 128 query rows,\n4 warps × 32 rows; K/V tiles of 48 keys "
                  "stream past", fontsize=8.5)
 
@@ -834,9 +840,7 @@ def fig_10(fig, axes):
     ax.text(tiles * 0.6, -1.1, "…", ha="center", fontsize=9)
     ax.text(tiles / 2, -2.3, "combine: LSE = log Σₛ exp(LSE_s),   O = Σₛ exp(LSE_s − LSE) · O_s", ha="center",
             fontsize=9, bbox={"boxstyle": "round", "fc": "whitesmoke", "ec": "gray"})
-    ax.set_xlim(-tiles * 0.02, tiles * 1.02)
-    ax.set_ylim(-2.9, 1.8)
-    ax.axis("off")
+    _canvas(ax, (-tiles * 0.02, tiles * 1.02), (-2.9, 1.8))
     ax.set_title(f"split-KV (b1 h32/8, the heuristic's {splits} splits: steps/10_decoding/traits.h)", fontsize=9)
     # (b) GB/s of K and V read against seqlen_k, b8 h32/8, from the runs
     rates = decode_rates()
@@ -910,9 +914,7 @@ def fig_10_paged(fig, axes):
                     arrowprops={"arrowstyle": "->", "lw": 0.6, "color": colours[0], "connectionstyle": "arc3,rad=-0.25"})
     ax.text(5.5 + pool * 0.375, -0.45, f"the pool: {pool} pages of ({PAGED_PAGE_SIZE}, heads_kv, head_dim),\n"
             "each filled from the top; any page, in any order", ha="center", va="top", fontsize=8)
-    ax.set_xlim(-3.2, 5.5 + pool * 0.75 + 0.2)
-    ax.set_ylim(-1.1, 4.6)
-    ax.axis("off")
+    _canvas(ax, (-3.2, 5.5 + pool * 0.75 + 0.2), (-1.1, 4.6))
     ax.set_title("key j of sequence b: row j % page_size of page block_table[b][j / page_size]", fontsize=9)
     rows = rows_per_thread(256, *DECODE_COPIES[256])  # (b) one K/V tile at head_dim 256
     block_kv = DECODE_COPIES[256][0]
@@ -973,9 +975,7 @@ def fig_11(fig, ax):
         ax.annotate("", xy=end, xycoords=boxes[b], xytext=start, textcoords=boxes[a],
                     arrowprops={"arrowstyle": "->", "lw": 0.7, "color": "0.45", "shrinkA": 2, "shrinkB": 2,
                                 "connectionstyle": "arc3,rad=0.0"})
-    ax.set_xlim(-0.7, 6.3)
-    ax.set_ylim(-1.3, 5.3)
-    ax.axis("off")
+    _canvas(ax, (-0.7, 6.3), (-1.3, 5.3))
     ax.set_title("Step 11: a block owns BLOCK_KV keys of one K/V head and loops over the query tiles that read "
                  "them; P is rebuilt from the LSE, never stored", fontsize=9)
 
@@ -1016,9 +1016,7 @@ def fig_12(fig, ax):
     ax.text(6.45, 0.55, "dSᵀ stored [key][query]\n(4-byte stores)", fontsize=7, color="tab:purple")
     ax.legend(handles=[Patch(fc=f, ec="0.5", label=l) for f, l in HOPPER_OPERAND_STYLE.values()], loc="lower center",
               bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=7, frameon=False)
-    ax.set_xlim(-0.2, 9.8)
-    ax.set_ylim(-0.6, n)
-    ax.axis("off")
+    _canvas(ax, (-0.2, 9.8), (-0.6, n))
     ax.set_title("Step 12: keys are the rows of every product but dQ, so Pᵀ and dSᵀ leave their accumulators as "
                  "wgmma's register A operand", fontsize=9)
 
@@ -1045,10 +1043,8 @@ def fig_12_ownership(fig, axes):
                 fontsize=8)
     ax.text(1.15, 64, "rows of Sᵀ, dPᵀ\n(its accumulators),\ndK and dV\n(in its registers\nall the loop)",
             va="center", fontsize=7.5)
-    ax.set_xlim(-0.1, 1.9)
-    ax.set_ylim(HOPPER_BACKWARD_BLOCK_KV + 4, -14)
+    _canvas(ax, (-0.1, 1.9), (HOPPER_BACKWARD_BLOCK_KV + 4, -14))
     ax.set_title(f"a block: {HOPPER_BACKWARD_BLOCK_KV} keys of one K/V head", fontsize=9)
-    ax.axis("off")
     for ax, (head_dim, block_q) in zip(axes[1:], HOPPER_BACKWARD_CONFIGS):
         for wg in range(2):
             row, col = hopper_dq_tile(wg, block_q)

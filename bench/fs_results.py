@@ -48,6 +48,22 @@ def add_run_arguments(ap: argparse.ArgumentParser, outputs: str) -> None:
     ap.add_argument("--commit", default="", help="the commit measured (default: git describe, when .git exists)")
 
 
+CAUSALS = {"off": [False], "on": [True], "both": [False, True]}  # --causal's choices: the causal flags each runs
+
+
+def window_arg(text: str) -> tuple[int, int]:
+    """--window's "L,R" as (L, R): FlashAttention's window_size, each bound an int32 of at least -1 (-1: unbounded
+    on that side); the runner's --window rule and sentence."""
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:  # not two parts, or one not an integer
+        left = right = -2
+    if not all(-1 <= x <= 2 ** 31 - 1 for x in (left, right)):
+        raise argparse.ArgumentTypeError(f"--window expects L,R: two integers from -1 to 2147483647 (-1: unbounded on "
+                                         f"that side), got '{text}'")
+    return left, right
+
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend; imported only where something is drawn."""
     import matplotlib
@@ -232,7 +248,22 @@ def environment(torch) -> dict:
     return env
 
 
-# ---- timing ------------------------------------------------------------------------------------
+# ---- the inputs and the timing -------------------------------------------------------------------
+
+INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # Q, K, V, dO drawn as 0.25 + N(0, 1), as common/workload.h
+
+
+def drawer(torch, seed: int, dtype: str):
+    """draw(*size): INPUT_OFFSET + INPUT_SIGMA·N(0, 1) on the GPU, rounded to the dtype (fp16 or bf16), from a
+    CUDA generator seeded with seed (each call draws on from where the last one stopped)."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+
+    def draw(*size):
+        x = torch.randn(*size, device="cuda", dtype=torch.float32, generator=gen)
+        return (x * INPUT_SIGMA + INPUT_OFFSET).to(torch.float16 if dtype == "fp16" else torch.bfloat16)
+    return draw
+
 
 class Timer:
     """CUDA events around each launch; the L2 flushed (a buffer twice its size written) and a short GPU
@@ -259,12 +290,42 @@ class Timer:
         return [start.elapsed_time(stop) for start, stop in events]
 
 
+median = statistics.median
+ROUNDS = 4  # a shape's implementations are timed in this many interleaved rounds (time_interleaved)
+
+
+def time_interleaved(timer, launches: list, failed, rate, rounds: int = ROUNDS) -> None:
+    """The timed launches of a shape's implementations, interleaved: launches holds (row, fn, n, warmup, context,
+    (passed, why)) of each; each round times a share of every row's n launches (round 0 its warm-up first), in
+    the list's order, then reversed, and so on. A GPU timed the same kernel slower at the end of a shape's list
+    than alone (it slows as it heats, the likely cause), so alternating gives each the same mean position. An
+    exception is its row's, failed(row, e), not the run's; a row with a status is passed over. A row timed gets
+    status "ok", or "fail" with why as its reason, ms (the median), min_ms, max_ms, iters and rate(row, ms)'s."""
+    samples: dict[int, list[float]] = {id(row): [] for row, *_ in launches}
+    for r in range(rounds):
+        for row, fn, n, warmup, context, _ in launches if r % 2 == 0 else reversed(launches):
+            if row.get("status"):
+                continue
+            share = n // rounds + (r < n % rounds)
+            try:
+                with context():
+                    if r == 0 and warmup:
+                        timer.times(fn, warmup)
+                    samples[id(row)] += timer.times(fn, share) if share else []
+            except Exception as e:  # this implementation's error, not the run's
+                failed(row, e)
+    for row, *_, (passed, why) in launches:
+        ts = samples[id(row)]
+        if row.get("status") or not ts:
+            continue
+        ms = median(ts)
+        row.update(status="ok" if passed else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=len(ts),
+                   **rate(row, ms), **({} if passed else {"reason": why}))
+
+
 def timed(row: dict | None) -> bool:
     """Whether a results row has a time: run, checked (passed or not) and measured."""
     return bool(row) and row.get("status") in ("ok", "fail") and bool(row.get("ms"))
-
-
-median = statistics.median
 
 
 # ---- the implementations beside ours -----------------------------------------------------------

@@ -12,6 +12,7 @@ forward, >= 0.90x backward. The exit status is 1 when one of our rows failed its
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import math
 import random
@@ -26,10 +27,7 @@ import flash_steps  # noqa: E402  (needs neither PyTorch nor a GPU to import)
 
 TOOL = "varlen_bench"
 STEP = "13c_varlen"  # the sub-step with variable-length batches; dense problems run its dense kernels
-INPUT_OFFSET, INPUT_SIGMA = 0.25, 1.0  # Q, K, V, dO drawn as 0.25 + N(0, 1), as compare_torch.py (common/workload.h)
-CAUSALS = {"off": [False], "on": [True], "both": [False, True]}
 PASSES = ("fwd", "bwd")
-ROUNDS = 4  # a shape's implementations are timed in this many interleaved rounds (compare_torch.py's rule)
 BACKWARD_FACTOR = 2.5  # fs_backward_flops: 2.5 x the forward's (common/backward/rules.cpp), compare_torch --backward's
 GOALS = {"x_dense": {"fwd": 0.90, "bwd": 0.90}, "x_fa4": {"fwd": 1.00, "bwd": 0.90}}  # note 13c
 OURS, FA4 = "ours", "fa4"
@@ -112,19 +110,6 @@ def dense_flops(lib, batch: int, seqlen: int, heads_q: int, heads_kv: int, head_
 
 # ---- the command line ---------------------------------------------------------------------------------
 
-def window_arg(text: str) -> tuple[int, int]:
-    """--window's "L,R": FlashAttention's window_size, each bound an int32 of at least -1 (-1: unbounded on that
-    side); the rule and sentence of compare_torch.py's --window."""
-    try:
-        left, right = (int(x) for x in text.split(","))
-    except ValueError:
-        left = right = -2
-    if not all(-1 <= x <= 2 ** 31 - 1 for x in (left, right)):
-        raise argparse.ArgumentTypeError(f"--window expects L,R: two integers from -1 to 2147483647 (-1: unbounded on "
-                                         f"that side), got '{text}'")
-    return left, right
-
-
 def passes_arg(text: str) -> tuple[str, ...]:
     chosen = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
     if not chosen or any(p not in PASSES for p in chosen):
@@ -154,8 +139,8 @@ def parse_args(argv=None):
     add("--head-dims", type=int, nargs="+", default=[128, 64])
     add("--heads", type=int, help="query heads (default 2048 // head_dim)")
     add("--kv-heads", type=int, help="K/V heads (default: as many as query heads; fewer: GQA)")
-    add("--causal", choices=list(CAUSALS), default="both", help="bottom-right per sequence (default both)")
-    add("--window", type=window_arg, metavar="L,R", help="a sliding window for every shape, FlashAttention's "
+    add("--causal", choices=list(fr.CAUSALS), default="both", help="bottom-right per sequence (default both)")
+    add("--window", type=fr.window_arg, metavar="L,R", help="a sliding window for every shape, FlashAttention's "
         "window_size (-1: unbounded on that side; a negative L goes after '=': --window=-1,32)")
     add("--softcap", type=float, default=0.0, help="logit softcapping softcap*tanh(s/softcap) (default 0: off)")
     add("--passes", type=passes_arg, default=PASSES, help="fwd, bwd or fwd,bwd (default both)")
@@ -297,12 +282,7 @@ class Bench:
     def tensors(self, hi: int, head_dim: int) -> dict:
         torch, args = self.torch, self.args
         hq, hkv = heads_of(args, head_dim)
-        gen = torch.Generator(device="cuda")
-        gen.manual_seed(args.seed * 1000 + hi)
-        dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
-
-        def draw(*size):
-            return (torch.randn(*size, device="cuda", generator=gen) * INPUT_SIGMA + INPUT_OFFSET).to(dt)
+        draw = fr.drawer(torch, args.seed * 1000 + hi, args.dtype)
         total, b, n = self.cu[-1], len(self.lengths), self.mean
         t = {"head_dim": head_dim, "heads_q": hq, "heads_kv": hkv, "scale": 1.0 / math.sqrt(head_dim),
              "varlen": {"q": draw(total, hq, head_dim), "k": draw(total, hkv, head_dim),
@@ -588,34 +568,22 @@ class Bench:
             except flash_steps.InvalidArgument as e:
                 row.update(status="refused", reason=e.message)
             except Exception as e:  # one implementation's failure must not end the run
-                row.update(status="error", reason=fr.first_line(e))
+                failed(row, e)
         self.timed(ready)
         add_ratios(rows)
         return rows
 
     def timed(self, ready: list) -> None:
-        """Warm-up, then --iters launches of each implementation in ROUNDS interleaved rounds (in order, reversed,
-        in order, reversed: the same mean position for each); the median, min and max of its launches."""
-        samples = {id(row): [] for row, *_ in ready}
-        n = self.args.iters
-        for r in range(ROUNDS):
-            for row, fn, _, _ in ready if r % 2 == 0 else reversed(ready):
-                if row["status"]:
-                    continue
-                share = n // ROUNDS + (r < n % ROUNDS)
-                try:
-                    if r == 0 and self.args.warmup:
-                        self.timer.times(fn, self.args.warmup)
-                    samples[id(row)] += self.timer.times(fn, share) if share else []
-                except Exception as e:
-                    row.update(status="error", reason=fr.first_line(e))
-        for row, fn, passed, why in ready:
-            ts = samples[id(row)]
-            if row["status"] or not ts:
-                continue
-            ms = fr.median(ts)
-            row.update(status="ok" if passed else "fail", ms=ms, min_ms=min(ts), max_ms=max(ts), iters=len(ts),
-                       tflops=row["flops"] / (ms * 1e-3) / 1e12, **({} if passed else {"reason": why}))
+        """Warm-up, then --iters launches of each implementation, interleaved (fs_results' time_interleaved): the
+        median, min and max of its launches."""
+        launches = [(row, fn, self.args.iters, self.args.warmup, contextlib.nullcontext, (passed, why))
+                    for row, fn, passed, why in ready]
+        fr.time_interleaved(self.timer, launches, failed, lambda row, ms: {"tflops": row["flops"] / (ms * 1e-3) / 1e12})
+
+
+def failed(row: dict, e: Exception) -> None:
+    """One implementation's error, not the run's: its row's status and reason."""
+    row.update(status="error", reason=fr.first_line(e))
 
 
 def fa4_varlen_function(notes: list[str], wanted: bool):
@@ -658,11 +626,11 @@ def run(args) -> int:
               "max_len": args.max_len, "seed": args.seed, "lengths": lengths, "total_tokens": sum(lengths),
               "mean_len": bench.mean, "longest": bench.max, "checked_sequences": bench.checked,
               "dtype": args.dtype, "window": args.window, "softcap": args.softcap,
-              "inputs": f"Q, K, V, dO: {INPUT_OFFSET} + N(0, {INPUT_SIGMA}), torch.Generator(cuda) seeded "
+              "inputs": f"Q, K, V, dO: {fr.INPUT_OFFSET} + N(0, {fr.INPUT_SIGMA}), torch.Generator(cuda) seeded "
                         "seed * 1000 + the head_dim's index; the dense batch drawn after the packed one",
               "timing": {"statistic": "median", "iters": args.iters, "warmup": args.warmup, "l2_flush": True,
                          "sleep_us": args.sleep_us, "events": "one pair per launch",
-                         "order": f"a shape's implementations interleaved, {ROUNDS} rounds, in order then reversed",
+                         "order": f"a shape's implementations interleaved, {fr.ROUNDS} rounds, in order then reversed",
                          "fwd": "ours: one fs_run (ctypes arguments converted once); FA4: flash_attn_varlen_func / "
                                 "flash_attn_func",
                          "bwd": "ours: one fs_run_backward from our forward's O and LSE, deterministic 0 (its "
@@ -684,7 +652,7 @@ def run(args) -> int:
     try:
         for hi, d in enumerate(args.head_dims):
             t = bench.tensors(hi, d)
-            for causal in CAUSALS[args.causal]:
+            for causal in fr.CAUSALS[args.causal]:
                 for ps in args.passes:
                     rows = bench.shape(t, ps, causal)
                     result["rows"] += rows
