@@ -108,6 +108,15 @@ class Shape(unittest.TestCase):
                     self.assertTrue((NOTES / sol).is_file(), f"{sol} is missing")
                     self.assertIn(f"]({sol})", text)
 
+    def test_every_figure_is_shown_and_listed(self):
+        # each picture in notes/figures/ is in a note and in notes/README.md's table of figures
+        readme = (NOTES / "README.md").read_text()
+        shown = "\n".join(note.read_text() for note in step_notes())
+        for png in sorted((NOTES / "figures").glob("*.png")):
+            with self.subTest(figure=png.name):
+                self.assertIn(f"](figures/{png.name})", shown)
+                self.assertIn(f"| [`{png.name}`](figures/{png.name}) |", readme)
+
     def test_no_bookkeeping_words(self):
         for note in pages():
             with self.subTest(note=note.name):
