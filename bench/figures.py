@@ -865,6 +865,7 @@ def fig_10(fig, axes):
 
 PAGED_LENGTHS, PAGED_PAGE_SIZE = (56, 23, 40), 16  # the figure's batch: keys per sequence, keys per page
 PAGED_TABLE = ((7, 2, 9, 4), (0, 11, -1, -1), (5, 3, 10, -1))  # its block table (-1: never read)
+PAGED_POOL = 12  # pages in the figure's cache
 DECODE_COPIES = {64: (128, 4), 128: (64, 4), 256: (64, 4)}  # head_dim: (BLOCK_KV, warps) of its first kConfigs row
 
 
@@ -892,29 +893,30 @@ def fig_10_paged(fig, axes):
     ax, bx = axes
     colours = ("tab:blue", "tab:orange", "tab:green")
     owner = {page: b for b, row in enumerate(PAGED_TABLE) for page in row if page >= 0}
-    pool = 12
     for b, row in enumerate(PAGED_TABLE):  # (a) the block table, then the pool of pages
         ax.text(-0.2, 2.5 - b, f"seq {b}: {PAGED_LENGTHS[b]} keys", ha="right", va="center", fontsize=8)
         for i, page in enumerate(row):
             used = page >= 0
             _box(ax, i, 2 - b, ec="black", lw=0.6, fc=colours[b] if used else "0.9", alpha=0.45 if used else 1)
             ax.text(i + 0.5, 2.5 - b, str(page), ha="center", va="center", fontsize=8, color="black" if used else "0.5")
-    ax.text(2, -0.45, f"block_table, pages of {PAGED_PAGE_SIZE} keys\n(−1: past the sequence, never read)", ha="center",
-            va="top", fontsize=8)
-    for page in range(pool):
+    ax.text(2, -0.45, f"block_table, pages of {PAGED_PAGE_SIZE} keys\n(−1: past the sequence, never read)",
+            ha="center", va="top", fontsize=8)
+    for page in range(PAGED_POOL):
         x = 5.5 + page * 0.75
         b = owner.get(page)
         keys = 0 if b is None else min(PAGED_PAGE_SIZE, PAGED_LENGTHS[b] - PAGED_TABLE[b].index(page) * PAGED_PAGE_SIZE)
         _box(ax, x, 0, 0.65, 3, ec="black", lw=0.6, fc="white")
         if keys:
-            _box(ax, x, 3 - 3 * keys / PAGED_PAGE_SIZE, 0.65, 3 * keys / PAGED_PAGE_SIZE, lw=0, fc=colours[b], alpha=0.45)
+            filled = 3 * keys / PAGED_PAGE_SIZE
+            _box(ax, x, 3 - filled, 0.65, filled, lw=0, fc=colours[b], alpha=0.45)
         ax.text(x + 0.325, -0.3, str(page), ha="center", fontsize=7)
     for i, page in enumerate(PAGED_TABLE[0]):
         ax.annotate("", (5.5 + page * 0.75 + 0.325, 3.05), (i + 0.5, 2.95),
-                    arrowprops={"arrowstyle": "->", "lw": 0.6, "color": colours[0], "connectionstyle": "arc3,rad=-0.25"})
-    ax.text(5.5 + pool * 0.375, -0.45, f"the pool: {pool} pages of ({PAGED_PAGE_SIZE}, heads_kv, head_dim),\n"
+                    arrowprops={"arrowstyle": "->", "lw": 0.6, "color": colours[0],
+                                "connectionstyle": "arc3,rad=-0.25"})
+    ax.text(5.5 + PAGED_POOL * 0.375, -0.45, f"the pool: {PAGED_POOL} pages of ({PAGED_PAGE_SIZE}, heads_kv, head_dim),\n"
             "each filled from the top; any page, in any order", ha="center", va="top", fontsize=8)
-    _canvas(ax, (-3.2, 5.5 + pool * 0.75 + 0.2), (-1.1, 4.6))
+    _canvas(ax, (-3.2, 5.5 + PAGED_POOL * 0.75 + 0.2), (-1.1, 4.6))
     ax.set_title("key j of sequence b: row j % page_size of page block_table[b][j / page_size]", fontsize=9)
     rows = rows_per_thread(256, *DECODE_COPIES[256])  # (b) one K/V tile at head_dim 256
     block_kv = DECODE_COPIES[256][0]
@@ -927,8 +929,9 @@ def fig_10_paged(fig, axes):
             _box(bx, x + 1.15, g * rows + 0.5, 0.35, rows - 1, lw=0, fc="tab:red" if split else "tab:green")
             bx.text(x + 1.65, g * rows + rows / 2, f"{len(pages)} page" + "s" * split, va="center", fontsize=7,
                     color="tab:red" if split else "black")
-        bx.text(x + 1, block_kv + 2, f"pages of {page_size}" + ("" if page_size % 16 == 0 else "\n(refused)"), ha="center",
-                va="top", fontsize=8, color="black" if page_size % 16 == 0 else "tab:red")
+        refused = page_size % 16 != 0
+        bx.text(x + 1, block_kv + 2, f"pages of {page_size}" + ("\n(refused)" if refused else ""), ha="center",
+                va="top", fontsize=8, color="tab:red" if refused else "black")
     bx.set_xlim(-0.5, 9)
     bx.set_ylim(block_kv + 9, -1)
     bx.set_yticks(range(0, block_kv + 1, rows))
@@ -937,8 +940,8 @@ def fig_10_paged(fig, axes):
     bx.set_ylabel("key of the 64-key tile", fontsize=8)
     for side in ("top", "right", "bottom"):
         bx.spines[side].set_visible(False)
-    bx.set_title(f"head_dim 256: each group of 32 threads copies {rows} consecutive keys\n(grey bands: pages; "
-                 "bars: one block-table lookup per thread if green)", fontsize=9)
+    bx.set_title(f"head_dim 256: each group of 32 threads copies {rows} consecutive keys after one block-table\n"
+                 "lookup (grey bands: pages; a bar: a group's keys, green in one page, red in two)", fontsize=9)
 
 
 # ---- step 11: the backward's dataflow (steps/11_backward/kernel.cuh's header) ------------------------

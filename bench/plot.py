@@ -408,7 +408,7 @@ def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = 
         raise ValueError("no hbm_read ceiling or no timed step: nothing to draw a roofline with")
     hbm = ceilings["values"]["hbm_read"]["value"]
     fig, ax = plt.subplots(figsize=(11, 6.5))
-    xs = [2.0 ** (k / 8) for k in range(0, 8 * 14 + 1)]  # 1 ... 16384 FLOP/byte
+    xs = [2.0 ** (k / 8) for k in range(0, 8 * 15 + 1)]  # 1 ... 32768 FLOP/byte
     for unit, color in UNIT_COLORS.items():
         cid = ceiling_id(unit, ladder["shape"]["dtype"])
         c = ceilings["values"].get(cid)
@@ -419,7 +419,7 @@ def plot_roofline(ladder: dict, meta: dict, path: Path, ceilings: dict | None = 
     groups: dict[float, list[dict]] = {}
     for r in rows:
         groups.setdefault(round(r["intensity"], 6), []).append(r)
-    y_lim = (0.3, 2000)
+    y_lim = (0.3, 4000)
     decade_pt = ax.get_position().height * fig.get_figheight() * 72 / math.log10(y_lim[1] / y_lim[0])
     gap = 1.45 * 7 / decade_pt  # decades between two labels of one column: 1.45 lines of 7-point text
     for column in groups.values():

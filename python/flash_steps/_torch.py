@@ -100,9 +100,10 @@ def check_lse(function: str, lse: Arg, q: Arg) -> None:
     if any(n > 1 and s != want for n, s, want in zip(lse.shape, lse.strides, dense)):
         raise refuse(function, f"LSE has strides {lse.strides}; it must be contiguous, {dense}")
 
+
 def real(function: str, name: str, value, rule: str) -> float:
-    """value as a float: an int, a float, a numpy or 0-d torch scalar, a Fraction (an int that no float holds,
-    such as 10**400, as inf); a bool, a str or what float() refuses is refused with `rule`."""
+    """value as a float: an int, a float, a numpy or 0-d torch scalar, a Fraction; a value too large for a float
+    (10**400) as inf; a bool, a str or what float() refuses is refused with `rule`."""
     try:
         if isinstance(value, (bool, str, bytes)):
             raise TypeError

@@ -402,15 +402,23 @@ class PagedCache10(unittest.TestCase):
     def test_every_key_has_a_slot_of_its_own(self):
         slots = [figures.paged_slot(b, j) for b, n in enumerate(figures.PAGED_LENGTHS) for j in range(n)]
         self.assertEqual(len(set(slots)), len(slots))
-        self.assertTrue(all(0 <= page < 12 and 0 <= row < figures.PAGED_PAGE_SIZE for page, row in slots))
+        self.assertTrue(all(0 <= page < figures.PAGED_POOL and 0 <= row < figures.PAGED_PAGE_SIZE for page, row in slots))
         for n, row in zip(figures.PAGED_LENGTHS, figures.PAGED_TABLE):  # the entries past a sequence: -1
             used = -(-n // figures.PAGED_PAGE_SIZE)
             self.assertTrue(all(p >= 0 for p in row[:used]) and all(p == -1 for p in row[used:]), row)
 
-    def test_rows_per_thread_as_the_note_says(self):
-        # note 10, Appendix C: 8 keys a thread at head_dim 64 and 128, 16 at 256 (both of 256's tile rows)
-        self.assertEqual([figures.rows_per_thread(d, kv, w) for d, kv, w in
-                          ((64, 128, 4), (128, 64, 4), (256, 64, 4), (256, 32, 2))], [8, 8, 16, 16])
+    def test_the_copies_are_traits_h_table(self):
+        # kConfigs of steps/10_decoding/traits.h, read as text: {HEAD_DIM, BLOCK_KV, WARPS, STAGES}, // kD...
+        text = (REPO / "steps" / "10_decoding" / "traits.h").read_text()
+        rows = [tuple(map(int, r)) for r in re.findall(r"^\s*\{(\d+), (\d+), (\d+), (\d+)\},\s*// kD", text, re.M)]
+        self.assertEqual(len(rows), 5)
+        first = {}
+        for d, kv, warps, _ in rows:
+            first.setdefault(d, (kv, warps))
+        self.assertEqual(figures.DECODE_COPIES, first)  # the figure's tile at each head_dim is the table's first
+        # note 10, Appendix C: 8 keys a thread at head_dim 64 and 128, 16 at 256 (every row of the table)
+        self.assertEqual(sorted({(d, figures.rows_per_thread(d, kv, w)) for d, kv, w, _ in rows}),
+                         [(64, 8), (128, 8), (256, 16)])
 
     def test_a_multiple_of_16_keeps_a_threads_keys_in_one_page(self):
         for d in figures.DECODE_COPIES:

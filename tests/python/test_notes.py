@@ -16,9 +16,9 @@ APPENDIX = re.compile(r"^## Appendix\b")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 RESULT_NAME = re.compile(r"bench/results/([A-Za-z0-9_.\-*]+)")
 # words of the project's bookkeeping, not of the lesson ("issue" as a GPU verb is fine)
-# nor of its scorekeeping: goals, targets (but cmake's --target), what was met or missed
+# nor of its scorekeeping: goals, targets (not cmake's --target or PTX's .target), what was met or missed
 BOOKKEEPING = re.compile(r"\bmoonshots?\b|\brequirements?\b|\bissue\s*#\d+|\(issues? \d+|"
-                         r"\bissues? (says?|asks?|text)\b|\bgoals?\b|(?<!--)\btargets?\b|"
+                         r"\bissues? (says?|asks?|text)\b|\bgoals?\b|(?<![-.])\btargets?\b|"
                          r"\*\*(met|missed)\b", re.IGNORECASE)
 HTML_ANCHOR = re.compile(r'<a (?:id|name)="([^"]+)"')
 
@@ -116,6 +116,14 @@ class Shape(unittest.TestCase):
             with self.subTest(figure=png.name):
                 self.assertIn(f"](figures/{png.name})", shown)
                 self.assertIn(f"| [`{png.name}`](figures/{png.name}) |", readme)
+
+    def test_the_bookkeeping_words(self):
+        for line in ("The goals: 0.90x", "**Met**: the first", "**Missed**: FA4", "the target was 1.00x",
+                     "a moonshot", "(issue 22)", "the requirement"):
+            self.assertIsNotNone(BOOKKEEPING.search(line), line)
+        for line in ("cmake --build build --target resource_report", "the PTX's .target sm_90a", "a metric",
+                     "the warp issues an mma", "goalkeeper"):
+            self.assertIsNone(BOOKKEEPING.search(line), line)
 
     def test_no_bookkeeping_words(self):
         for note in pages():

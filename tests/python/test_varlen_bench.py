@@ -102,7 +102,7 @@ class Arguments(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("--sequences", out.stdout)
         self.assertIn("13c_varlen", out.stdout)
-        self.assertIn("Goals (the ratios note 13c reports)", out.stdout)
+        self.assertIn("Goals (this script's thresholds", out.stdout)
 
 
 class Problem(unittest.TestCase):
