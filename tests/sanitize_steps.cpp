@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
         if (refused(s, plan, [&] { return s.forward.claims(p, dev); }, fs::describe(p))) continue;
         fs::Workload w(p, 11);
         const fs::Reference ref = fs::reference_cpu(p, w.download_inputs());
-        const fs::Comparison c = fs::run_and_compare(s, w, ref, dev);
+        const fs::Comparison c = fs::run_and_compare(s, w, ref, plan);
         std::cout << s.id << " " << fs::describe(p) << ": " << c.summary() << "\n";
         failures += c.pass() ? 0 : 1;
       }
@@ -152,9 +152,7 @@ int main(int argc, char** argv) {
           const fs::BackwardHostInputs in = w.download_inputs();
           const fs::BackwardReferences ref{fs::reference_cpu(p, in, false),
                                            fs::reference_cpu(p, in, true)};
-          const fs::Prepared prepared(s, p, plan);
-          for (const fs::GradComparison& g : fs::launch_and_compare(
-                   [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
+          for (const fs::GradComparison& g : fs::run_and_compare(s, w, ref, plan)) {
             std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.attention)
                       << ": " << g.summary() << "\n";
             failures += g.pass() ? 0 : 1;
@@ -186,9 +184,7 @@ int main(int argc, char** argv) {
             continue;
           const fs::BackwardHostInputs in = w.download_inputs();
           const fs::BackwardReferences ref{fs::reference_cpu(p, in, false), fs::reference_cpu(p, in, true)};
-          const fs::Prepared prepared(s, p, plan);
-          for (const fs::GradComparison& g : fs::launch_and_compare(
-                   [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
+          for (const fs::GradComparison& g : fs::run_and_compare(s, w, ref, plan)) {
             std::cout << s.id << " backward" << (deterministic ? " deterministic " : " ") << fs::describe(p.attention)
                       << ": " << g.summary() << "\n";
             failures += g.pass() ? 0 : 1;

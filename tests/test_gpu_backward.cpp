@@ -464,9 +464,7 @@ TEST_CASE("the backward's plans for a GPU with 99 KiB of shared memory per block
         fs::BackwardWorkload w(p, 21);
         fs::GpuReference gpu;
         const fs::BackwardReferences ref = fs::make_reference(w, gpu);
-        const fs::Prepared prepared(s, p, plan);
-        for (const fs::GradComparison& g : fs::launch_and_compare(
-                 [&](cudaStream_t st) { prepared.launch(w.tensors(), st); }, w, ref)) {
+        for (const fs::GradComparison& g : fs::run_and_compare(s, w, ref, plan)) {
           INFO(g.summary());
           CHECK(g.pass());
         }

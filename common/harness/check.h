@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <utility>
 
 #include "forward/problem.h"
 #include "harness/chain.h"
@@ -81,13 +82,18 @@ auto launch_and_compare(const std::function<void(cudaStream_t)>& launch, Workloa
   return w.compare(ref);
 }
 
-// The same for a step: plans it for the workload's problem (throws fs::Error when it refuses), gives it
-// the workspace it asks for, then launch_and_compare.
+// The same for a step's plan for the workload's problem (fs::Error if the plan is a refusal): gives it the
+// workspace it asks for, then launch_and_compare.
 template <typename Workload, typename Reference>
-auto run_and_compare(const Step& step, Workload& w, const Reference& ref, const DeviceInfo& dev) {
-  const Prepared prepared(step, w.problem(), dev);
+auto run_and_compare(const Step& step, Workload& w, const Reference& ref, Plan plan) {
+  const Prepared prepared(step, w.problem(), std::move(plan));
   const auto t = w.tensors();
   return launch_and_compare([&](cudaStream_t s) { prepared.launch(t, s); }, w, ref);
+}
+// ... planning it first.
+template <typename Workload, typename Reference>
+auto run_and_compare(const Step& step, Workload& w, const Reference& ref, const DeviceInfo& dev) {
+  return run_and_compare(step, w, ref, plan(step, w.problem(), dev));
 }
 
 }  // namespace fs
