@@ -354,7 +354,7 @@ class Sweep:
         fr.time_interleaved(self.timer, [(row, fn, n, warmup, context, verdict)
                                          for row, context, (fn, n, warmup, verdict) in ready], self.failed, self.rate_of)
         for row, *_ in ready:
-            if row["status"] in ("ok", "fail"):
+            if fr.timed(row):
                 self.remember(row, row["ms"])
 
     # ---- our launch ----
