@@ -5,6 +5,7 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/generators/catch_generators_range.hpp>
+#include <catch2/matchers/catch_matchers.hpp>  // CHECK_THROWS_WITH (v2 has it in catch.hpp)
 #define FS_CATCH_MAJOR 3
 #else
 #include <catch2/catch.hpp>

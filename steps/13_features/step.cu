@@ -366,7 +366,7 @@ struct Visits {
 Visits visits_of(const fs_problem& p) {
   const Band band = band_of(p);
   const step09::Config c = step09::kConfigs[fwd::forward_config(p)];
-  Visits v{step09::block_q(c.consumers), c.block_kv, 0, 0};
+  Visits v{.block_q = step09::block_q(c.consumers), .block_kv = c.block_kv};
   v.q_tiles = int((p.seqlen_q + v.block_q - 1) / v.block_q), v.kv_tiles = int((p.seqlen_k + v.block_kv - 1) / v.block_kv);
   for (int qt = 0; qt < v.q_tiles; ++qt) {
     const int64_t q0 = int64_t(qt) * v.block_q;
