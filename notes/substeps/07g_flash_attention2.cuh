@@ -128,9 +128,9 @@ __device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// 2^x. Step 06 calls exp2f, IEEE-accurate to 2 ulp: MUFU.EX2 plus instructions that scale arguments
-// whose result would be subnormal. With kFastExp2, ex2.approx.ftz: MUFU.EX2 alone (relative error
-// about 2^-22, subnormal results flushed to 0, 2^-inf = 0), which is all a softmax needs.
+// 2^x. Step 06 calls exp2f, accurate to 2 ulp over the full range: MUFU.EX2 plus instructions that
+// scale arguments whose result would be subnormal. With kFastExp2, ex2.approx.ftz: MUFU.EX2 alone
+// (relative error about 2^-22, subnormal results flushed to 0, 2^-inf = 0), all a softmax needs.
 template <class Tr>
 __device__ __forceinline__ float exp2_(float x) {
   float y;

@@ -126,8 +126,8 @@ static_assert(valid_reallocation(2) && valid_reallocation(3),
 //     HEAD_DIM 128: BLOCK_KV 128   registers 64 + 64 + 32    smem  32 + 128     = 160 KiB
 //     HEAD_DIM 192: BLOCK_KV  96   registers 96 + 48 + 24    smem  48 + 144     = 192 KiB
 //     HEAD_DIM 256: BLOCK_KV  64   registers 128 + 32 + 16   smem  64 + 128     = 192 KiB
-// 09d takes the widest K/V tiles that fit both budgets (FlashAttention-3's BLOCK_KV; at HEAD_DIM 64
-// FlashAttention-3 also takes 192 query rows, three consumer warpgroups, where this step keeps two):
+// 09d takes FlashAttention-3's BLOCK_KV, within both budgets: at HEAD_DIM 192 and 256 the widest shared memory
+// allows; at 64 and 128 both budgets would also admit wider tiles (up to 224 and 192 keys), not measured:
 //     HEAD_DIM  64: BLOCK_KV 192   registers 32 + 96 + 48    smem  16 + 96 KiB  = 112 KiB
 //     HEAD_DIM 128: BLOCK_KV 176   registers 64 + 88 + 44    smem  32 + 176     = 208 KiB
 //     HEAD_DIM 192: BLOCK_KV 112   registers 96 + 56 + 28    smem  48 + 168     = 216 KiB
