@@ -4,7 +4,8 @@
 Steps 07, 09, 12 and 13 build their lettered sub-steps (07a ... 07g, 09a ... 09f, 12a ... 12c, 13a ... 13c) from one
 kernel.cuh, where `if constexpr (Tr::has(kIdea))` (step 13: its template flags) marks each idea's code, so `diff` of two sub-steps is impossible on the
 files themselves. This script writes notes/substeps/<id>.cuh for every sub-step: the kernel with the
-branches of the ideas it does not have pruned and those of the ideas it has kept, so that
+branches of the ideas it does not have pruned and those of the ideas it has kept, and the helpers a later
+idea brings folded to what they are without it (07e's vote goes, 07f's exp2_ is exp2f), so that
 
     diff notes/substeps/07b_work_order.cuh notes/substeps/07c_ldmatrix_pipeline.cuh
 
@@ -14,9 +15,12 @@ is stale. An idea is on in sub-step IDEAS when IDEAS >= its value in traits.h's 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import ptx_twins
 from fs_results import REPO, parser
 
 OUT = REPO / "notes" / "substeps"
@@ -28,10 +32,14 @@ STEPS = {
     "07_flash_attention2": {
         r"Tr::KV_STAGES == 2": lambda on: "Tr::KV_STAGES == 2" if on["kHeadDimTable"] else "true",
         r"Tr::KV_STAGES == 1": lambda on: "Tr::KV_STAGES == 1" if on["kHeadDimTable"] else "false",
+        # Before 07e no warp votes on its maxima; before 07f exp2_ is exp2f.
+        r"\n *bool max_grew = false;|\n *max_grew \|= [^\n]*": lambda on: r"\g<0>" if on["kRescaleSkip"] else "",
+        r"\n// 2\^x\. (?:[^\n]*\n)*?\}\n(?=\n)": lambda on: r"\g<0>" if on["kFastExp2"] else "",
+        r"exp2_<Tr>\(": lambda on: r"\g<0>" if on["kFastExp2"] else "exp2f(",
     },
     "09_warp_specialized": {
         r"softmax_under_pv\(Tr::IDEAS, HAS_S, HAS_PV\)": lambda on: "HAS_S && HAS_PV" if on["kIntraOverlap"] else "false",
-        r"q_load_position\(Tr::IDEAS, x\.kv_tiles, n\)": lambda on: "n > 0 && x.kv_tiles > 0 ? 1 : 0" if on["kPersistent"] else "0",
+        r"q_load_position\(Tr::IDEAS, x\.kv_tiles, n\)": lambda on: r"\g<0>" if on["kPersistent"] else "0",
     },
     "12_hopper_backward": {},
     # Step 13's features are template flags (SOFTCAP, WINDOW, VARLEN) that the host picks per problem, not
@@ -48,6 +56,48 @@ STEPS = {
         r"if constexpr \(WINDOW\)": lambda on: "if constexpr (WINDOW)" if on["kWindow"] else "if constexpr (false)",
     },
 }
+
+
+# `--ptx` compiles each view with its step's own step.cu in place of kernel.cuh and compares the PTX of its
+# sub-step's kernels (those whose demangled names carry its IDEAS here, and those that carry none) with the
+# PTX of the kernel itself: a view is the code its sub-step runs, not a paraphrase. Step 13's views drop
+# template flags that its step.cu passes, so they do not compile there; their folds are checked by the tests.
+IDEAS_IN_NAME = {
+    "07_flash_attention2": r"Traits<[^<>]*, (\d+)> >",
+    "09_warp_specialized": r"Traits<[^<>]*, (\d+)> >",
+    "12_hopper_backward": r"hopper_backward_kernel<[^,]+, \d+, \d+, (\d+), ",
+}
+
+
+def step_ptx(step: str, nvcc: str, kernel: str | None = None) -> dict[str, str]:
+    """ptx_twins.kernels() of steps/<step>/step.cu compiled to PTX (sm_90a), with `kernel` (a view's text) found
+    in place of its kernel.cuh when given."""
+    with tempfile.TemporaryDirectory() as tree:
+        if kernel is not None:
+            (Path(tree) / "steps" / step).mkdir(parents=True)
+            (Path(tree) / "steps" / step / "kernel.cuh").write_text(kernel)
+        out = Path(tree) / "step.ptx"
+        subprocess.run([nvcc, f"-I{tree}", f"-I{REPO}", f"-I{REPO / 'common'}", "-O3", "-DNDEBUG", "-arch=compute_90a",
+                        "--expt-relaxed-constexpr", "-std=c++20", "-x", "cu", "-ptx", str(REPO / "steps" / step / "step.cu"),
+                        "-o", str(out)], check=True, capture_output=True, text=True)
+        return ptx_twins.kernels(out.read_text())
+
+
+def compare_ptx(nvcc: str, all_views: dict[str, str]) -> list[tuple[str, int, list[str]]]:
+    """(sub-step, kernels compared, the demangled names of those whose PTX differs from the step's own) for every
+    view of IDEAS_IN_NAME's steps."""
+    out = []
+    for step, pattern in IDEAS_IN_NAME.items():
+        own = step_ptx(step, nvcc)
+        names = ptx_twins.demangled(list(own))
+        for sid, text in all_views.items():
+            if f"from steps/{step}/kernel.cuh" not in text.split("\n", 1)[0]:
+                continue
+            ideas = int(re.search(r"\(IDEAS = (\d+)\)", text)[1])
+            mine = [m for m, d in names.items() if (n := re.search(pattern, d)) is None or int(n[1]) == ideas]
+            compiled = step_ptx(step, nvcc, text)
+            out.append((sid, len(mine), [names[m] for m in mine if compiled.get(m) != own[m]]))
+    return out
 
 
 def ideas_of(step: Path) -> list[tuple[str, int, str]]:
@@ -110,13 +160,15 @@ def _drop_later_entries(source: str, on: dict[str, bool]) -> str:
     return "\n".join(out)
 
 
-def prune(source: str, on: dict[str, bool], folds: dict) -> str:
+def prune(source: str, on: dict[str, bool], folds: dict, matched: set | None = None) -> str:
     """The source with every Tr::has(kX) outside comments and each fold replaced by its value, then every
     `if constexpr (true) A [else B]` (or `(false)`) replaced by A or B (or nothing), as is a plain
     `if (true) A` left by a condition the constants decide."""
     source = _drop_later_entries(source, on)
     for regex, value in folds.items():
-        source = re.sub(regex, value(on), source)
+        source, n = re.subn(regex, value(on), source)
+        if n and matched is not None:
+            matched.add(regex)
     source = "\n".join(line if line.lstrip().startswith("//") else  # comments keep naming the idea
                        re.sub(r"Tr::has\((k\w+)\)", lambda m: m.group(0) if m.group(1) not in on  # another step's
                               else "true" if on[m.group(1)] else "false", line)
@@ -161,16 +213,19 @@ def views(steps: Path = REPO / "steps") -> dict[str, str]:
         step = steps / step_name
         ideas = ideas_of(step)
         kernel = (step / "kernel.cuh").read_text()
-        previous = None
+        previous, matched = None, set()
         for _, value, sid in ideas:
-            pruned = prune(kernel, {name: value >= v for name, v, _ in ideas}, folds)
+            pruned = prune(kernel, {name: value >= v for name, v, _ in ideas}, folds, matched)
             banner = (f"// Generated by bench/substeps.py from steps/{step_name}/kernel.cuh for {sid} (IDEAS = {value}):\n"
-                      f"// the branches of the ideas after it pruned. Do not edit; diff it against the sub-step before.\n")
+                      "// the branches of the ideas after it pruned, their helpers folded. Do not edit; diff it "
+                      "against the sub-step before.\n")
             code = pruned.split("#pragma once", 1)[-1]  # below the header, whose list grows with every idea
             if code == previous:  # the idea is in traits.h or step.cu (a tile table), not in the kernel
                 banner += (f"// {sid}'s idea changes no line of the kernel: it is in steps/{step_name}/traits.h and "
                            "step.cu (the tile table its plan chooses from).\n")
             out[sid], previous = banner + pruned, code
+        if set(folds) - matched:  # a fold written for text the kernel no longer has folds nothing, silently
+            raise ValueError(f"substeps.py: no sub-step of {step_name} matches {sorted(set(folds) - matched)}")
     return out
 
 
@@ -179,9 +234,18 @@ def main(argv=None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="write notes/substeps/<id>.cuh")
     mode.add_argument("--check", action="store_true", help="exit 1 when a view in notes/substeps/ is stale")
+    mode.add_argument("--ptx", metavar="NVCC", help="compile each view of steps 07, 09 and 12 with NVCC in place of "
+                      "its kernel and exit 1 when one sub-step's kernels differ from the kernel's own PTX")
     ap.add_argument("--out-dir", default=str(OUT), help="where the views are (default: notes/substeps)")
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
+    if args.ptx:
+        results = compare_ptx(args.ptx, views())
+        for sid, count, differ in results:
+            print(f"{sid}: {count - len(differ)} of {count} kernels compile to the kernel's own PTX")
+            for name in differ:
+                print(f"    different: {name}")
+        return 1 if any(differ for _, _, differ in results) or not results else 0
     stale = []
     for sid, text in views().items():
         path = out / f"{sid}.cuh"

@@ -126,7 +126,7 @@ void register_step_07_flash_attention2(Registry& r) {
   r.add(sub_step<kRescaleSkip>("07e_rescale_skip", "FlashAttention-2: rescale skip",
                                "+ no O rescale in a warp whose row maxima did not grow"));
   r.add(sub_step<kFastExp2>("07f_fast_exp2", "FlashAttention-2: fast exp2",
-                            "+ ex2.approx.ftz (one MUFU instruction) instead of IEEE exp2f"));
+                            "+ ex2.approx.ftz (one MUFU instruction) instead of exp2f (2 ulp, full range)"));
   r.add(sub_step<kHeadDimTable>("07g_flash_attention2", "FlashAttention-2",
                                 "+ every head_dim and GPU (tile table): the FlashAttention-2 forward on mma.sync "
                                 "(no varlen, dropout, sliding window, paged KV, split-KV or backward)"));

@@ -108,7 +108,7 @@ enum Idea : int {
   kLdmatrixPipeline = 3,  // 07c  the next ldmatrix is issued before the mma of the current fragment
   kSmemEpilogue = 4,      // 07d  O staged through shared memory, stored in 16-byte coalesced chunks
   kRescaleSkip = 5,       // 07e  no O rescale in a warp whose row maxima did not grow
-  kFastExp2 = 6,          // 07f  ex2.approx.ftz, one MUFU instruction, instead of IEEE exp2f
+  kFastExp2 = 6,          // 07f  ex2.approx.ftz, one MUFU instruction, instead of exp2f (2 ulp, full range)
   kHeadDimTable = 7,      // 07g  every head_dim and every GPU: tile widths 32-256, the table below
 };
 

@@ -133,8 +133,8 @@ FS_HD constexpr frag::Coord ldmatrix_x4_k_pair(int lane) {
 //
 // Shared memory decides the rest, per GPU family (bytes a block may opt in to): sm_90 227 KiB, sm_80
 // 163 KiB hold the rows above; sm_86 and sm_89 allow 99 KiB, so head_dim 128, 192 and 256 have a second,
-// smaller row (_S: fewer keys per block, one Q/dO buffer, and for the deterministic mode's dQ kernel
-// fewer keys or queries per tile), chosen where the first does not fit (choose_config).
+// smaller row (_S: fewer keys per block; at 128 also one Q/dO buffer, at 192 and 256 fewer keys or
+// queries per tile of the deterministic mode's dQ kernel), chosen where the first does not fit (choose_config).
 struct Config {
   int head_dim;   // HEAD_DIM: tile width, a multiple of 64
   int block_q;    // BLOCK_Q: query rows per iteration

@@ -48,6 +48,12 @@ class Prune(unittest.TestCase):
         self.assertEqual(substeps.prune("x = under(Tr::IDEAS);", {"kA": True}, folds), "x = yes;")
 
 
+    def test_the_folds_that_matched_are_named(self):
+        folds = {r"under\(Tr::IDEAS\)": lambda on: "yes", r"absent": lambda on: "no"}
+        matched = set()
+        substeps.prune("x = under(Tr::IDEAS);", {"kA": True}, folds, matched)
+        self.assertEqual(matched, {r"under\(Tr::IDEAS\)"})
+
     def test_a_fold_to_a_constant_prunes_its_branch(self):
         folds = {r"Tr::N == 2": lambda on: "Tr::N == 2" if on["kA"] else "true"}
         src = "if constexpr (Tr::N == 2) {\n  two();\n} else {\n  one();\n}\n"
@@ -79,6 +85,24 @@ class Views(unittest.TestCase):
                 code = code.replace("Tr::has(kPersistent)", "")
                 self.assertEqual("WINDOW" in code, sid >= "13b", sid)  # 13a's view is the kernel with WINDOW false
             self.assertNotIn("Tr::has(", code, sid)  # all pruned
+
+    def test_step_07_folds_the_vote_before_07e_and_exp2__before_07f(self):
+        views = substeps.views()
+        for sid in ("07a_rows32", "07d_smem_epilogue", "07e_rescale_skip", "07f_fast_exp2"):
+            code = views[sid].split("#pragma once", 1)[-1]
+            self.assertEqual("max_grew" in code, sid >= "07e", sid)
+            self.assertEqual("exp2_" in code, sid >= "07f", sid)
+            self.assertEqual("exp2f(fmaf(" in code, sid < "07f", sid)
+
+    def test_a_fold_that_matches_no_sub_step_is_an_error(self):
+        saved = dict(substeps.STEPS["07_flash_attention2"])
+        substeps.STEPS["07_flash_attention2"][r"text no kernel has"] = lambda on: ""
+        try:
+            with self.assertRaisesRegex(ValueError, "no sub-step of 07_flash_attention2 matches"):
+                substeps.views()
+        finally:
+            substeps.STEPS["07_flash_attention2"].clear()
+            substeps.STEPS["07_flash_attention2"].update(saved)
 
     def test_the_committed_views_are_current(self):
         for sid, text in substeps.views().items():
