@@ -9,7 +9,7 @@
 //
 //   07a kRows32            each warp owns 32 query rows (two m16 tiles), so every K and V fragment it
 //                          reads from shared memory feeds two mma instead of one: with 16 rows per
-//                          warp, shared memory cannot feed the tensor cores faster than about half
+//                          warp, shared memory cannot feed the tensor cores faster than about 60 % of
 //                          their rate. The accumulators of O and S for 32 rows then fill most of the
 //                          255 registers a thread may have (traits.h counts them), so the K/V tile is
 //                          as wide as the registers allow; K is read two n8 tiles at a time
@@ -129,7 +129,7 @@ __device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
 // of the block's threads copies ROWS_PER_PASS whole rows, consecutive threads taking consecutive 16
 // bytes of a row. Rows at and past last_row + 1 and columns at and past head_dim are zero-filled
 // through the src-size operand (0 bytes read): ragged tails and padded head dims need no branch.
-// Their source address is clamped to a real element (row last_row, column 0).
+// Their source address is clamped to a real element (the row to last_row, a column past head_dim to 0).
 template <class Tr, int ROWS, typename T>
 __device__ __forceinline__ void copy_tile_async(T* smem, const T* gmem, int64_t row_stride, int first_row,
                                                 int last_row, int head_dim) {
@@ -325,8 +325,9 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
         max_grew |= tile_max > row_max[mi][r];
         row_max[mi][r] = tile_max;
       }
-    // Rescaling O costs HEAD_DIM/4 multiplies per row and tile. With kRescaleSkip a warp whose rows'
-    // maxima did not grow skips it (every correction is exactly 1); the vote keeps the branch uniform.
+    // Rescaling O costs each thread HEAD_DIM/4 multiplies per row it holds and tile. With kRescaleSkip a
+    // warp whose rows' maxima did not grow skips it (every correction is exactly 1); the vote keeps the
+    // branch uniform.
     if (__any_sync(0xffffffffu, max_grew)) {
 #pragma unroll
       for (int mi = 0; mi < M_TILES; ++mi)

@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   const uint32_t q_smem = base + Tr::Q_OFFSET;  // [BLOCK_Q, HEAD_DIM] as COL_BLOCKS boxes [BLOCK_Q, 64], swizzled; O at the end
   const uint32_t k_smem = base + Tr::K_OFFSET;  // [KV_STAGES][BLOCK_KV, HEAD_DIM], the same layout
   const uint32_t v_smem = base + Tr::V_OFFSET;  // [KV_STAGES][BLOCK_KV, HEAD_DIM], the same layout
-  // mbarriers, 8 bytes each (barrier_offset): Q's two, then per stage K full, V full, K empty, V empty.
+  // mbarriers, 8 bytes each (barrier_offset): Q's two, then KV_STAGES of each: K full, V full, K empty, V empty.
   const uint32_t barriers = base + Tr::BARRIER_OFFSET;
   const uint32_t q_full = barriers + barrier_offset(kQFull, 0, KV_STAGES);
   const uint32_t q_empty = barriers + barrier_offset(kQEmpty, 0, KV_STAGES);

@@ -26,7 +26,7 @@
 //                    the threads read a result: the tensor cores idle while the threads work
 //
 // The rest is step 11's and is reused from it: the preprocessing (D and LSE₂), the conversion of the
-// fp32 dQ accumulator, and the deterministic mode's dQ kernel (steps/11_backward/kernel.cuh); step 08's
+// fp32 dQ accumulator (12a, 12b), and the deterministic mode's dQ kernel (steps/11_backward/kernel.cuh); step 08's
 // instructions (mbarrier, TMA, wgmma) come from steps/08_tma_wgmma/kernel.cuh. What stays for later
 // sub-steps: the same threads still wait for the TMA, issue the copies and hand dQ on (warp
 // specialization, as step 09 did for the forward).
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       sm90::fence_proxy_async_shared();  // the generic stores, before wgmma reads them (async proxy)
     }
 
-    // 12b has issued dV already and issues dK after dQ, where the atomics run under it.
+    // 12b has issued dV already and issues dK after dQ, under the dQ atomics (12c: its staging and reduce).
     issue_dv();
     issue_dk();
 

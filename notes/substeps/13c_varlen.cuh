@@ -28,8 +28,8 @@
 //
 // Both kernels are copies of their steps' final sub-steps (notes/substeps/09f_persistent.cuh and
 // 12c_bulk_dq.cuh: diff them against this file), with SOFTCAP, WINDOW and VARLEN template flags. With
-// all three false the forward is the kernel it copies, instruction for instruction (SASS; it has one unused
-// parameter more), and the backward is but for a few prologue instructions (bench/results/ptx_twins-13c.txt).
+// all three false the forward differs from 09f's by a few epilogue instructions (the LSE's scale is chosen
+// at run time), the backward from 12c's by a second copy of its exp2 loop (ptx-13-off-vs-09f-12c.txt).
 // The rest is reused: step 09's and step 12's index math and instructions, step 11's preprocessing, dQ
 // conversion and deterministic dQ kernel (with their own flags).
 #pragma once
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   const uint32_t q_smem = base + Tr::Q_OFFSET;  // [BLOCK_Q, HEAD_DIM] as COL_BLOCKS boxes [BLOCK_Q, 64], swizzled; O at the end
   const uint32_t k_smem = base + Tr::K_OFFSET;  // [KV_STAGES][BLOCK_KV, HEAD_DIM], the same layout
   const uint32_t v_smem = base + Tr::V_OFFSET;  // [KV_STAGES][BLOCK_KV, HEAD_DIM], the same layout
-  // mbarriers, 8 bytes each (barrier_offset): Q's two, then per stage K full, V full, K empty, V empty.
+  // mbarriers, 8 bytes each (barrier_offset): Q's two, then KV_STAGES of each: K full, V full, K empty, V empty.
   const uint32_t barriers = base + Tr::BARRIER_OFFSET;
   const uint32_t q_full = barriers + barrier_offset(kQFull, 0, KV_STAGES);
   const uint32_t q_empty = barriers + barrier_offset(kQEmpty, 0, KV_STAGES);
@@ -746,7 +746,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       sm90::fence_proxy_async_shared();  // the generic stores, before wgmma reads them (async proxy)
     }
 
-    // 12b has issued dV already and issues dK after dQ, where the atomics run under it.
+    // 12b has issued dV already and issues dK after dQ, under the dQ atomics (12c: its staging and reduce).
     if constexpr (!ATOMIC_DQ) issue_dk();
 
     if constexpr (ATOMIC_DQ) {
@@ -763,7 +763,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         wgmma_m64n64_ss_mn<T>(dq_acc, advance(ds_desc, ds_step(dq_tile.row_tile, kk)),
                               advance(k_mn_desc, k_mn_major_step(dq_tile.col_block, kk)), kk > 0);
       sm90::wgmma_commit();
-      issue_dk();             // dK's products run under the dQ atomics
+      issue_dk();             // dK's products run under dQ's staging stores and bulk reduce
       sm90::wgmma_wait<1>();  // dQ is in (and dV); dK's products still run
       sm90::fence_operands(dq_acc);
 

@@ -6,7 +6,8 @@
 //
 // It is correct for everything the harness allows and it is the baseline every later step is
 // measured against. It is slow on purpose: S is B·H·Sq·Sk floats (512 MiB at the default shape),
-// written once and read three times, and every thread re-reads its Q/K/V rows from memory.
+// written, read three times and rewritten by the softmax, read again by P·V (six passes), and every
+// thread re-reads its Q/K/V rows from memory.
 // notes/01_naive.md counts the bytes. Which thread computes which element: traits.h.
 #pragma once
 

@@ -1,12 +1,12 @@
 // Step 02 — online softmax: one fused kernel, and the score matrix S never exists in memory.
 //
 // Extends step 01 (three kernels, S = B·H·Sq·Sk floats in global memory: 512 MiB at the default
-// shape, written once and read three times) with one idea: the softmax can be computed in a single
+// shape, written twice and read four times) with one idea: the softmax can be computed in a single
 // pass over the keys. One warp owns one query row and streams over its keys, keeping a running max
 // row_max, a running sum row_sum and an fp32 accumulator o_acc; when the max grows, the sum and the
 // accumulator are rescaled by exp(old max - new max). At the end O = o_acc / row_sum and
 // LSE = max + log(row_sum). Memory is O(N·d) instead of O(N²), and each K/V row is read from L1/L2
-// once per query row instead of S going through DRAM four times. notes/02_online_softmax.md derives
+// once per query row instead of S going through DRAM six times. notes/02_online_softmax.md derives
 // the recurrence and predicts a several-fold speed-up over step 01 at the default shape.
 //
 // Work split: lane l of the warp owns the 4-element chunks l and l + 32 of head_dim (8-byte

@@ -12,7 +12,7 @@
 //
 // The shared tiles are plain row-major on purpose: the 8 lanes of a quarter-warp read 8 K rows at
 // the same column, and in a row-major tile those 8 chunks sit in the same 4 banks — an 8-way bank
-// conflict on the kernel's most frequent shared load. Step 04 removes it by changing TileLayout
+// conflict on a shared load as frequent as the Q and V reads. Step 04 removes it by changing TileLayout
 // only (`flash-steps banks` prints the bank maps). Which thread touches which element, and the
 // layout, are defined in traits.h, which the bank-conflict model replays.
 #pragma once
@@ -116,7 +116,7 @@ smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
         for (int i = 0; i < THREAD_ROWS; ++i) load_floats(q_smem + Layout::offset(Tr::q_row(t, i), d0), q_frag[i]);
 #pragma unroll
         for (int j = 0; j < THREAD_KEYS; ++j) {
-          float k_frag[CHUNK];  // 8 consecutive K rows per quarter-warp, same column: the bank conflict
+          float k_frag[CHUNK];  // 8 consecutive K rows per quarter-warp, same column: step 03's conflict
           load_floats(k_smem + Layout::offset(Tr::key(t, j), d0), k_frag);
 #pragma unroll
           for (int i = 0; i < THREAD_ROWS; ++i)

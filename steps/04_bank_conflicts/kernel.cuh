@@ -116,7 +116,7 @@ smem_tiling_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
         for (int i = 0; i < THREAD_ROWS; ++i) load_floats(q_smem + Layout::offset(Tr::q_row(t, i), d0), q_frag[i]);
 #pragma unroll
         for (int j = 0; j < THREAD_KEYS; ++j) {
-          float k_frag[CHUNK];  // 8 consecutive K rows per quarter-warp, same column: the bank conflict
+          float k_frag[CHUNK];  // 8 consecutive K rows per quarter-warp, same column: step 03's conflict
           load_floats(k_smem + Layout::offset(Tr::key(t, j), d0), k_frag);
 #pragma unroll
           for (int i = 0; i < THREAD_ROWS; ++i)

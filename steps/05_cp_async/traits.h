@@ -45,7 +45,7 @@ struct Traits {
 
   // Keys (rows of K, columns of S) of thread t: key(t, 0..3) = t%16, t%16 + 16, t%16 + 32, t%16 + 48.
   // A quarter-warp therefore reads 8 consecutive K rows at the same column: the access whose bank
-  // conflicts the layouts below remove.
+  // conflicts the swizzled layout below removes.
   FS_HD static constexpr int key(int t, int j) { return t % GROUP + GROUP * j; }
 
   // First of the THREAD_COLS consecutive O columns of thread t; a quarter-warp (d = 128) or a

@@ -211,7 +211,7 @@ ldmatrix_mma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
       // ---- S = Q·Kᵀ: s_acc[nt] = the warp's 16 rows × keys 8·nt … 8·nt + 7, 16 head dims per mma.
       // Q's A fragment is read from shared memory at each k16 step (one ldmatrix.x4 for 8 mma):
       // holding all of them in registers for the whole loop would take 4·HEAD_DIM/16 more registers
-      // than the 255 a thread may have here (ptxas -v: 252 used at HEAD_DIM 128).
+      // than the 255 a thread may have here (252 used at HEAD_DIM 128: resource_report-20261130-212215.md).
       float s_acc[Tr::S_N_TILES][4] = {};  // [16, BLOCK_KV] fp32, C layout
       {
         const frag::Coord a = frag::ldmatrix_x4_a(lane), bk = frag::ldmatrix_x2_b(lane);

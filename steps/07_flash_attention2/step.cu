@@ -87,8 +87,8 @@ void launch(const Problem& p, const Tensors& t, const Plan& plan, void*, cudaStr
         const KernelLaunch kl = kernel_launch<T, IDEAS, decltype(c)::value>(p, grid);
         auto* kernel = flash_attention2_kernel<T, Tr>;
         CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kl.smem_bytes)));
-        // All of the SM's unified L1/shared memory as shared memory, so that two blocks fit (cp.async.cg
-        // bypasses L1, so the kernel loses nothing).
+        // The largest shared-memory carveout (228 of the SM's 256 KiB of L1/shared memory on sm_90), so that
+        // two blocks fit (cp.async.cg bypasses L1, so the kernel loses little).
         CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
         kernel<<<grid, kl.threads, kl.smem_bytes, stream>>>(static_cast<const T*>(t.q), static_cast<const T*>(t.k),

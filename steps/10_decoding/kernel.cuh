@@ -6,9 +6,9 @@
 //   GQA packing   the query heads that share a KV head, times the new tokens, are the 16 rows of one
 //                 m16 tile (traits.h, packed_row): each K/V byte is read once per KV head, not once
 //                 per query head, and a 1-token query does not waste a 128-row tile.
-//   keys across warps   the 4 warps of a block take different keys of every K/V tile (step 07's warps
-//                 took different query rows); at the end their partial results are merged by the LSE
-//                 rule (traits.h) in shared memory.
+//   keys across warps   the NUM_WARPS warps of a block (4; 2 in kD256_W2) take different keys of every
+//                 K/V tile (step 07's warps took different query rows); at the end their partial results
+//                 are merged by the LSE rule (traits.h) in shared memory.
 //   split-KV      when batch × KV heads blocks cannot fill the GPU, the keys of each sequence are cut
 //                 into splits, one block each (num_splits_for, a heuristic on the SM count); each split
 //                 writes its normalized O (fp32) and LSE to the workspace, and combine_kernel merges
@@ -48,7 +48,7 @@ __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// ldmatrix.x4: four 8×8 matrices; lane 8·m + r gives row r of matrix m (frag::ldmatrix_element).
+// ldmatrix.x4: four 8×8 matrices; lane 8·m + r gives row r of matrix m (frag::ldmatrix_matrix_of, _row_of).
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -60,7 +60,7 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
                : "r"(smem_u32(smem)));
 }
 
-// d += a·b for one 16×8×16 tile, fp32 accumulators (frag::mma_a, mma_b, mma_c).
+// d += a·b for one 16×8×16 tile, fp32 accumulators (frag::mma_c; the A and B maps: step 07's traits.h).
 template <typename T>
 __device__ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
 template <>

@@ -31,7 +31,7 @@
 //                    issued 16 atomics; the accumulator is in that order, so dQ's conversion is 12c's
 //
 // The rest is step 11's and is reused from it: the preprocessing (D and LSE₂), the conversion of the
-// fp32 dQ accumulator, and the deterministic mode's dQ kernel (steps/11_backward/kernel.cuh); step 08's
+// fp32 dQ accumulator (12a, 12b), and the deterministic mode's dQ kernel (steps/11_backward/kernel.cuh); step 08's
 // instructions (mbarrier, TMA, wgmma) come from steps/08_tma_wgmma/kernel.cuh. What stays for later
 // sub-steps: the same threads still wait for the TMA, issue the copies and hand dQ on (warp
 // specialization, as step 09 did for the forward).
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       sm90::fence_proxy_async_shared();  // the generic stores, before wgmma reads them (async proxy)
     }
 
-    // 12b has issued dV already and issues dK after dQ, where the atomics run under it.
+    // 12b has issued dV already and issues dK after dQ, under the dQ atomics (12c: its staging and reduce).
     if constexpr (Tr::has(kAsyncWgmma)) {
       if constexpr (!ATOMIC_DQ) issue_dk();
     } else {
@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
                               advance(k_mn_desc, k_mn_major_step(dq_tile.col_block, kk)), kk > 0);
       sm90::wgmma_commit();
       if constexpr (Tr::has(kAsyncWgmma)) {
-        issue_dk();             // dK's products run under the dQ atomics
+        issue_dk();             // dK's products run under dQ's atomics (12c: its staging, bulk reduce)
         sm90::wgmma_wait<1>();  // dQ is in (and dV); dK's products still run
       } else {
         sm90::wgmma_wait<0>();

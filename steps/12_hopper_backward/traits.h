@@ -46,10 +46,10 @@ using step08::tile_offset;
 // Registers per thread (fp32 accumulators, and the fp16/bf16 A fragments of Pᵀ and dSᵀ):
 //     dv_acc, dk_acc   HEAD_DIM / 2 each      live through the whole loop
 //     s_acc, dp_acc    BLOCK_Q / 2 each       one query tile
-//     p_frag, ds_frag  BLOCK_Q / 4 each       (replace s_acc, dp_acc)
+//     p_frag, ds_frag  BLOCK_Q / 4 each       (p_frag beside s_acc: dSᵀ reads P; ds_frag replaces dp_acc)
 //     dq_acc           32                     (after s_acc, dp_acc are dead)
-//   HEAD_DIM  64, BLOCK_Q 128:  32 + 32 + 64 + 64 = 192 at the peak
-//   HEAD_DIM 128, BLOCK_Q  64:  64 + 64 + 32 + 32 = 192 at the peak
+//   HEAD_DIM  64, BLOCK_Q 128:  32 + 32 + 64 + 64 + 32 = 224 at the peak (dv, dk, s, dp, p_frag)
+//   HEAD_DIM 128, BLOCK_Q  64:  64 + 64 + 32 + 32 + 16 = 208 at the peak
 // within the 255 a thread of a 256-thread block may have. A wider head_dim would need more: this step
 // runs head_dim up to 128 and refuses wider ones with a sentence naming step 11, which runs them.
 //

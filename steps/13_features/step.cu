@@ -1,6 +1,6 @@
 // Step 13 — the production features (kernel.cuh), forward and backward in one step: the host code of
 // step 09f (forward) and step 12c (backward) as those steps have it, except that each launch picks the
-// kernel instantiation with or without the features the problem asks for (with_features), and that a
+// kernel instantiation with or without the features the problem asks for (with_packed_features), and that a
 // window picks the tiles and schedule step 09 gives causal masking. Diff the forward part against
 // steps/09_warp_specialized/step.cu and the backward part against steps/12_hopper_backward/step.cu.
 // The sub-steps 13a and 13b share these functions: the harness refuses a window to 13a (Step::window).
