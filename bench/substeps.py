@@ -90,12 +90,9 @@ def compare_ptx(nvcc: str, all_views: dict[str, str]) -> list[tuple[str, int, li
     for step, pattern in IDEAS_IN_NAME.items():
         own = step_ptx(step, nvcc)
         names = ptx_twins.demangled(list(own))
-        for sid, text in all_views.items():
-            if f"from steps/{step}/kernel.cuh" not in text.split("\n", 1)[0]:
-                continue
-            ideas = int(re.search(r"\(IDEAS = (\d+)\)", text)[1])
+        for _, ideas, sid in ideas_of(REPO / "steps" / step):
             mine = [m for m, d in names.items() if (n := re.search(pattern, d)) is None or int(n[1]) == ideas]
-            compiled = step_ptx(step, nvcc, text)
+            compiled = step_ptx(step, nvcc, all_views[sid])
             out.append((sid, len(mine), [names[m] for m in mine if compiled.get(m) != own[m]]))
     return out
 
