@@ -1,8 +1,8 @@
 // The production features a kernel may be built with (note 13): logit softcapping (step/softcap.h), a
 // sliding window (step/window.h) and a packed batch of variable-length sequences (step/varlen.h). Each is
-// a template flag of the kernels that have it, false leaving the kernel as it was, or within a few
-// instructions of it (note 13, Appendix E); a step's host code picks the instantiation from the run-time
-// problem here, once for every flag.
+// a template flag of the kernels that have it, false leaving the kernel as it was (step 13's forward: 09f's
+// PTX) or within a loop's copy of it (its backward; note 13, Appendix E); a step's host code picks the
+// instantiation from the run-time problem here, once for every flag.
 #pragma once
 
 #include <type_traits>

@@ -26,8 +26,8 @@
 //
 // Both kernels are copies of their steps' final sub-steps (notes/substeps/09f_persistent.cuh and
 // 12c_bulk_dq.cuh: diff them against this file), with SOFTCAP, WINDOW and VARLEN template flags. With
-// all three false the forward differs from 09f's by a few epilogue instructions (the LSE's scale is chosen
-// at run time), the backward from 12c's by a second copy of its exp2 loop (ptx-13-off-vs-09f-12c.txt).
+// all three false the forward compiles to 09f's PTX, instruction for instruction; the backward differs from
+// 12c's by a second copy of its masked exp2 loop (bench/results/ptx-13-off-vs-09f-12c.txt).
 // The rest is reused: step 09's and step 12's index math and instructions, step 11's preprocessing, dQ
 // conversion and deterministic dQ kernel (with their own flags).
 #pragma once
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         // Q among them at q_load_position. Visit t reads tile count - 1 - t from its stage
         // (visits + t) % KV_STAGES; a stage's fill n ≥ 1 waits until every consumer warp has released
         // fill n - 1.
-        const int q_at = n > 0 && x.kv_tiles > 0 ? 1 : 0;
+        const int q_at = q_load_position(Tr::IDEAS, x.kv_tiles, n);
         for (int i = 0; i <= 2 * x.kv_tiles; ++i) {
           if (i == q_at) {
             load_q();
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         // 13c: LSE is packed (heads_q, total_q).
         const int64_t lse_at = VARLEN ? int64_t(x.h) * p.total_q + x.q_start : int64_t(x.bh) * seqlen_q;
         if (lse && t % 4 == 0 && row < x.q_rows)
-          lse[lse_at + x.q0 + row] = sum > 0.0f ? row_max[r] * logit_scale(p) + logf(sum) : -INFINITY;
+          lse[lse_at + x.q0 + row] = sum > 0.0f ? row_max[r] * (SOFTCAP ? p.softcap : p.softmax_scale) + logf(sum) : -INFINITY;
       }
 
       // O, normalized and rounded, into this consumer's own rows of q_smem, in the layout the TMA reads
@@ -465,9 +465,9 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       // of them precede the store its first thread issues.
       sm90::fence_proxy_async_shared();
       sm90::named_barrier_sync(epilogue_barrier(c, CONSUMERS), EPILOGUE_BARRIER_THREADS);
-      const int own_rows = x.q_rows - c * ROWS_PER_WARPGROUP;  // this consumer's real rows of the tile
-      bool by_box = own_rows > 0;  // a consumer whose rows all lie past seqlen_q stores nothing
+      bool by_box = c * ROWS_PER_WARPGROUP < x.q_rows;  // a consumer whose rows all lie past seqlen_q stores nothing
       if constexpr (VARLEN) {
+        const int own_rows = x.q_rows - c * ROWS_PER_WARPGROUP;  // this consumer's real rows of the tile
         // 13c: in a packed batch the rows past a sequence's end are the next sequence's, and a TMA box
         // clips only at the tensor's end: a consumer whose rows end inside the sequence stores them with
         // its threads, 16 bytes at a time, from the staged tile.
@@ -536,11 +536,9 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   auto q_full = [&](int s) { return kv_full + 8u * uint32_t(1 + s); };
 
   static_assert(!VARLEN || WINDOW, "13c: a packed batch runs the band's code");
+  int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), kv0, b, h_kv;
   const int head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
-  const int group = int(f.heads_q / f.heads_kv);
-  const int64_t rows_per_head = step11::padded_rows(f.seqlen_q);
-  int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), kv0, b, h_kv;
   int q_start = 0, k_start = 0;  // 13c: the sequence's first rows in the packed tensors
   Band band = band_of(f);
   if constexpr (VARLEN) {
@@ -559,6 +557,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     kv0 = int(blockIdx.x % kv_tiles) * BLOCK_KV;
     b = int(bh_kv / uint32_t(f.heads_kv)), h_kv = int(bh_kv % uint32_t(f.heads_kv));
   }
+  const int group = int(f.heads_q / f.heads_kv);
+  const int64_t rows_per_head = step11::padded_rows(f.seqlen_q);
   const int tb = VARLEN ? 0 : b;  // the tensor maps' batch coordinate
 
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), t = threadIdx.x % 128;
