@@ -19,15 +19,22 @@ without -lineinfo, whose line numbers differ: e.g.
     nvcc -I<tree> -I<tree>/common -O3 -DNDEBUG -arch=compute_90a --expt-relaxed-constexpr -std=c++20 \\
          -x cu -ptx <tree>/steps/13_features/step.cu -o new.ptx
 Exit status: 0 every pair identical, 1 a pair differs or a kernel of NEW has no twin, 2 bad arguments.
+
+`python3 bench/ptx_twins.py --parents NVCC` asks the same of step 13 against the kernels it copies: every
+instantiation step 13 launches with SOFTCAP, WINDOW and VARLEN false, compiled in one translation unit beside
+its twin (09f's warp_specialized_kernel, 12c's hopper_backward_kernel), the namespace of the shared array's
+symbol set aside as well. Exit status 0 when every forward is its twin's PTX; the backward's are reported
+(their masked exp2 loop stands in two copies, note 13, Appendix E).
 """
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from fs_results import parser
+from fs_results import REPO, parser
 
 ENTRY = re.compile(r"^\.visible \.entry (\w+)\(", re.M)
 # The next top-level function: a kernel's text ends at the last "}" line before it. Not at the first "}"
@@ -118,11 +125,83 @@ def compare(old_ptx: str, new_ptx: str, aside: dict[str, int] | None = None) -> 
     return same, differ, alone
 
 
+# --parents: step 13's tile rows (step 09's table at 09f, step 12's) and the twins of its kernels.
+FORWARD_ROWS = ("kD64", "kD128", "kD128_N176", "kD192_N112", "kD256_N80", "kD64_Q192")
+BACKWARD_ROWS = ((64, 128), (128, 64))
+SHARED_ARRAY = re.compile(r"_ZN2fs6step\w+smem_rawE")
+
+
+def parents_unit() -> str:
+    """A translation unit holding every features-off kernel of step 13 and its twin."""
+    lines = ['#include "steps/13_features/kernel.cuh"', "namespace fs {", "using namespace step09;"]
+    for i, t in enumerate(("__half", "__nv_bfloat16")):
+        for row in FORWARD_ROWS:
+            tr = f"TraitsOf<{row}, kPersistent>"
+            lines.append(f"void* f{i}{row}[] = {{(void*)&warp_specialized_kernel<{t}, {tr}>, "
+                         f"(void*)&step13::forward_pass::forward_kernel<{t}, {tr}, false, false, false>}};")
+        for d, q in BACKWARD_ROWS:
+            for dq in ("true", "false"):
+                lines.append(f"void* b{i}{d}{dq}[] = {{(void*)&step12::hopper_backward_kernel<{t}, {d}, {q}, "
+                             f"step12::kBulkDq, {dq}>, (void*)&step13::backward_pass::backward_kernel<{t}, {d}, {q}, "
+                             f"{dq}, false, false, false>}};")
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+def parent_of(name: str) -> str:
+    """The demangled name (no parameters) of the 09f or 12c kernel that step 13's kernel `name` copies."""
+    head = name.split("(")[0]
+    head = head.replace("step13::forward_pass::forward_kernel", "step09::warp_specialized_kernel")
+    head = head.replace(", false, false, false>", " >") if "forward_kernel" in name else head
+    return re.sub(r"step13::backward_pass::backward_kernel<(.*), (true|false), false, false, false>$",
+                  r"step12::hopper_backward_kernel<\1, 3, \2>", head)
+
+
+def parents(nvcc: str) -> int:
+    """--parents: prints each pair's verdict; 0 when every forward is identical to its twin."""
+    with tempfile.TemporaryDirectory() as tmp:
+        unit, ptx = Path(tmp) / "parents.cu", Path(tmp) / "parents.ptx"
+        unit.write_text(parents_unit())
+        subprocess.run([nvcc, f"-I{REPO}", f"-I{REPO / 'common'}", "-O3", "-DNDEBUG", "-arch=compute_90a",
+                        "--expt-relaxed-constexpr", "-std=c++20", "-x", "cu", "-ptx", str(unit), "-o", str(ptx)],
+                       check=True, capture_output=True, text=True)
+        found = {m: SHARED_ARRAY.sub("smem_raw", body) for m, body in kernels(ptx.read_text()).items()}
+    names = demangled(list(found))
+    by_head = {d.split("(")[0]: m for m, d in names.items()}
+    same = {"forward": 0, "backward": 0}
+    for mangled, name in names.items():
+        if "step13" not in name:
+            continue
+        twin_name = parent_of(name)
+        twin_body = found[by_head[twin_name]]
+        body, n = set_aside(twin_body, found[mangled])
+        pass_ = "forward" if "forward_kernel" in name else "backward"
+        if body == twin_body:
+            same[pass_] += 1
+            print(f"identical: {name.split('(')[0]} = {twin_name} ({n} unused trailing parameters set aside)")
+        else:
+            count = lambda text, what: text.count(what)
+            print(f"different: {name.split('(')[0]} against {twin_name}: {len(twin_body.splitlines())} and "
+                  f"{len(body.splitlines())} PTX lines, ex2.approx {count(twin_body, 'ex2.approx')} and "
+                  f"{count(body, 'ex2.approx')}, wgmma.mma_async {count(twin_body, 'wgmma.mma_async')} and "
+                  f"{count(body, 'wgmma.mma_async')}")
+    forwards, backwards = 2 * len(FORWARD_ROWS), 4 * len(BACKWARD_ROWS)
+    print(f"forward: {same['forward']} of {forwards} identical to 09f's; backward: {same['backward']} of {backwards} "
+          "identical to 12c's")
+    return 0 if same["forward"] == forwards else 1
+
+
 def main(argv=None) -> int:
     ap = parser(__doc__)
-    ap.add_argument("old", help="PTX of the old source")
-    ap.add_argument("new", help="PTX of the new source, the same translation unit and flags")
+    ap.add_argument("old", nargs="?", help="PTX of the old source")
+    ap.add_argument("new", nargs="?", help="PTX of the new source, the same translation unit and flags")
+    ap.add_argument("--parents", metavar="NVCC", help="compare step 13's features-off kernels with 09f's and 12c's")
     args = ap.parse_args(argv)
+    if args.parents:
+        return parents(args.parents)
+    if not (args.old and args.new):
+        ap.print_usage(sys.stderr)
+        print("ptx_twins.py: give OLD and NEW, or --parents NVCC", file=sys.stderr)
+        return 2
     try:
         old_ptx, new_ptx = (Path(p).read_text(encoding="utf-8") for p in (args.old, args.new))
     except OSError as e:

@@ -88,5 +88,32 @@ class Twins(unittest.TestCase):
                       out.getvalue())
 
 
+class Parents(unittest.TestCase):
+    """--parents: step 13's features-off kernels and their twins (the compile itself is ctest's ptx_parents)."""
+
+    def test_each_kernel_of_step_13_names_its_twin(self):
+        fwd = ("void fs::step13::forward_pass::forward_kernel<__half, fs::step09::Traits<128, 176, 2, 2, 6>, false, "
+               "false, false>(CUtensorMap_st, float*)")
+        self.assertEqual(ptx_twins.parent_of(fwd),
+                         "void fs::step09::warp_specialized_kernel<__half, fs::step09::Traits<128, 176, 2, 2, 6> >")
+        bwd = "void fs::step13::backward_pass::backward_kernel<__nv_bfloat16, 64, 128, false, false, false, false>(float)"
+        self.assertEqual(ptx_twins.parent_of(bwd), "void fs::step12::hopper_backward_kernel<__nv_bfloat16, 64, 128, 3, false>")
+
+    def test_the_unit_holds_every_features_off_kernel_once(self):
+        unit = ptx_twins.parents_unit()
+        self.assertEqual(unit.count("forward_kernel<"), 12)
+        self.assertEqual(unit.count("warp_specialized_kernel<"), 12)
+        self.assertEqual(unit.count("backward_kernel<"), 16)  # 8 of step 13's and the 8 hopper_backward_kernel
+        self.assertEqual(unit.count(", false, false, false>"), 20)
+
+    def test_without_ptx_files_or_parents_it_refuses(self):
+        import contextlib
+        import io
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(ptx_twins.main([]), 2)
+        self.assertIn("give OLD and NEW, or --parents NVCC", err.getvalue())
+
+
 if __name__ == "__main__":
     unittest.main()
