@@ -734,8 +734,9 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   if (ATOMIC_DQ && threadIdx.x == 0) bulk_wait_all();
 
   // ---- epilogue: dK = scale·dK_acc and dV, this warpgroup's keys, columns < head_dim
-  T* dk_rows = dk + offset_of(p.dk, tb, k_start, h_kv);  // 13c: the sequence's rows of the packed dK, dV
-  T* dv_rows = dv + offset_of(p.dv, tb, k_start, h_kv);
+  const int64_t k_row0 = 0;
+  T* dk_rows = dk + offset_of(p.dk, tb, k_row0, h_kv);
+  T* dv_rows = dv + offset_of(p.dv, tb, k_row0, h_kv);
 #pragma unroll
   for (int i = 0; i < Tr::KV_REGS; i += 2) {
     const step08::frag::Coord c = wgmma_acc(t, i);
