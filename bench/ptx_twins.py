@@ -161,9 +161,12 @@ def parents(nvcc: str) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         unit, ptx = Path(tmp) / "parents.cu", Path(tmp) / "parents.ptx"
         unit.write_text(parents_unit())
-        subprocess.run([nvcc, f"-I{REPO}", f"-I{REPO / 'common'}", "-O3", "-DNDEBUG", "-arch=compute_90a",
-                        "--expt-relaxed-constexpr", "-std=c++20", "-x", "cu", "-ptx", str(unit), "-o", str(ptx)],
-                       check=True, capture_output=True, text=True)
+        built = subprocess.run([nvcc, f"-I{REPO}", f"-I{REPO / 'common'}", "-O3", "-DNDEBUG", "-arch=compute_90a",
+                                "--expt-relaxed-constexpr", "-std=c++20", "-x", "cu", "-ptx", str(unit), "-o", str(ptx)],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            print(f"ptx_twins.py: {nvcc} failed on the translation unit:\n{built.stderr[-2000:]}", file=sys.stderr)
+            return 2
         found = {m: SHARED_ARRAY.sub("smem_raw", body) for m, body in kernels(ptx.read_text()).items()}
     names = demangled(list(found))
     by_head = {d.split("(")[0]: m for m, d in names.items()}
@@ -179,11 +182,10 @@ def parents(nvcc: str) -> int:
             same[pass_] += 1
             print(f"identical: {name.split('(')[0]} = {twin_name} ({n} unused trailing parameters set aside)")
         else:
-            count = lambda text, what: text.count(what)
             print(f"different: {name.split('(')[0]} against {twin_name}: {len(twin_body.splitlines())} and "
-                  f"{len(body.splitlines())} PTX lines, ex2.approx {count(twin_body, 'ex2.approx')} and "
-                  f"{count(body, 'ex2.approx')}, wgmma.mma_async {count(twin_body, 'wgmma.mma_async')} and "
-                  f"{count(body, 'wgmma.mma_async')}")
+                  f"{len(body.splitlines())} PTX lines, ex2.approx {twin_body.count('ex2.approx')} and "
+                  f"{body.count('ex2.approx')}, wgmma.mma_async {twin_body.count('wgmma.mma_async')} and "
+                  f"{body.count('wgmma.mma_async')}")
     forwards, backwards = 2 * len(FORWARD_ROWS), 4 * len(BACKWARD_ROWS)
     print(f"forward: {same['forward']} of {forwards} identical to 09f's; backward: {same['backward']} of {backwards} "
           "identical to 12c's")

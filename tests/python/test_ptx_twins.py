@@ -96,8 +96,10 @@ class Parents(unittest.TestCase):
                "false, false>(CUtensorMap_st, float*)")
         self.assertEqual(ptx_twins.parent_of(fwd),
                          "void fs::step09::warp_specialized_kernel<__half, fs::step09::Traits<128, 176, 2, 2, 6> >")
-        bwd = "void fs::step13::backward_pass::backward_kernel<__nv_bfloat16, 64, 128, false, false, false, false>(float)"
-        self.assertEqual(ptx_twins.parent_of(bwd), "void fs::step12::hopper_backward_kernel<__nv_bfloat16, 64, 128, 3, false>")
+        bwd = ("void fs::step13::backward_pass::backward_kernel<__nv_bfloat16, 64, 128, false, false, false, "
+               "false>(float)")
+        self.assertEqual(ptx_twins.parent_of(bwd),
+                         "void fs::step12::hopper_backward_kernel<__nv_bfloat16, 64, 128, 3, false>")
 
     def test_the_unit_holds_every_features_off_kernel_once(self):
         unit = ptx_twins.parents_unit()
