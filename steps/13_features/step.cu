@@ -357,9 +357,9 @@ void explain(std::ostream& out) {
 
 // 13b: what the forward visits for one head of a problem, from kv_span, the function the kernel calls.
 struct Visits {
-  int block_q, block_kv, q_tiles, kv_tiles, visited = 0, masked = 0;
+  int block_q, block_kv, q_tiles = 0, kv_tiles = 0, visited = 0, masked = 0;
   double pairs = 0;               // (row, key) pairs visible
-  std::vector<std::string> rows;  // per query tile, per K/V tile: '.' skipped, 'M' masked, 'F' full
+  std::vector<std::string> rows{};  // per query tile, per K/V tile: '.' skipped, 'M' masked, 'F' full
   // The share of the scores the visited tiles compute that are visible: the rest is masked or padding.
   double useful() const { return visited ? pairs / (double(visited) * block_q * block_kv) : 0; }
 };
