@@ -14,10 +14,12 @@ is stale. An idea is on in sub-step IDEAS when IDEAS >= its value in traits.h's 
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ptx_twins
@@ -86,14 +88,19 @@ def step_ptx(step: str, nvcc: str, kernel: str | None = None) -> dict[str, str]:
 def compare_ptx(nvcc: str, all_views: dict[str, str]) -> list[tuple[str, int, list[str]]]:
     """(sub-step, kernels compared, the demangled names of those whose PTX differs from the step's own) for every
     view of IDEAS_IN_NAME's steps."""
-    out = []
-    for step, pattern in IDEAS_IN_NAME.items():
-        own = step_ptx(step, nvcc)
-        names = ptx_twins.demangled(list(own))
-        for _, ideas, sid in ideas_of(REPO / "steps" / step):
-            mine = [m for m, d in names.items() if (n := re.search(pattern, d)) is None or int(n[1]) == ideas]
-            compiled = step_ptx(step, nvcc, all_views[sid])
-            out.append((sid, len(mine), [names[m] for m in mine if compiled.get(m) != own[m]]))
+    # Every compile at once, as many as the machine has cores (each nvcc runs one front end).
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        own = {step: pool.submit(step_ptx, step, nvcc) for step in IDEAS_IN_NAME}
+        compiled = {sid: pool.submit(step_ptx, step, nvcc, all_views[sid])
+                    for step in IDEAS_IN_NAME for _, _, sid in ideas_of(REPO / "steps" / step)}
+        out = []
+        for step, pattern in IDEAS_IN_NAME.items():
+            kernels = own[step].result()
+            names = ptx_twins.demangled(list(kernels))
+            for _, ideas, sid in ideas_of(REPO / "steps" / step):
+                mine = [m for m, d in names.items() if (n := re.search(pattern, d)) is None or int(n[1]) == ideas]
+                view = compiled[sid].result()
+                out.append((sid, len(mine), [names[m] for m in mine if view.get(m) != kernels[m]]))
     return out
 
 
