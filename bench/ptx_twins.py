@@ -156,18 +156,30 @@ def parent_of(name: str) -> str:
                   r"step12::hopper_backward_kernel<\1, 3, \2>", head)
 
 
+def compile_ptx(nvcc: str, source: Path, first_include: str | None = None) -> str:
+    """PTX of `source` (sm_90a, the build's optimization, no -lineinfo), with the repository's include paths
+    after `first_include` when given (a folder whose files stand in for the repository's). Raises
+    subprocess.CalledProcessError when nvcc fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.ptx"
+        includes = ([f"-I{first_include}"] if first_include else []) + [f"-I{REPO}", f"-I{REPO / 'common'}"]
+        subprocess.run([nvcc, *includes, "-O3", "-DNDEBUG", "-arch=compute_90a", "--expt-relaxed-constexpr",
+                        "-std=c++20", "-x", "cu", "-ptx", str(source), "-o", str(out)],
+                       check=True, capture_output=True, text=True)
+        return out.read_text()
+
+
 def parents(nvcc: str) -> int:
     """--parents: prints each pair's verdict; 0 when every forward is identical to its twin."""
     with tempfile.TemporaryDirectory() as tmp:
-        unit, ptx = Path(tmp) / "parents.cu", Path(tmp) / "parents.ptx"
+        unit = Path(tmp) / "parents.cu"
         unit.write_text(parents_unit())
-        built = subprocess.run([nvcc, f"-I{REPO}", f"-I{REPO / 'common'}", "-O3", "-DNDEBUG", "-arch=compute_90a",
-                                "--expt-relaxed-constexpr", "-std=c++20", "-x", "cu", "-ptx", str(unit), "-o", str(ptx)],
-                               capture_output=True, text=True)
-        if built.returncode != 0:
-            print(f"ptx_twins.py: {nvcc} failed on the translation unit:\n{built.stderr[-2000:]}", file=sys.stderr)
+        try:
+            ptx = compile_ptx(nvcc, unit)
+        except subprocess.CalledProcessError as e:
+            print(f"ptx_twins.py: {nvcc} failed on the translation unit:\n{e.stderr[-2000:]}", file=sys.stderr)
             return 2
-        found = {m: SHARED_ARRAY.sub("smem_raw", body) for m, body in kernels(ptx.read_text()).items()}
+    found = {m: SHARED_ARRAY.sub("smem_raw", body) for m, body in kernels(ptx).items()}
     names = demangled(list(found))
     by_head = {d.split("(")[0]: m for m, d in names.items()}
     same = {"forward": 0, "backward": 0}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -78,26 +77,23 @@ def step_ptx(step: str, nvcc: str, kernel: str | None = None) -> dict[str, str]:
         if kernel is not None:
             (Path(tree) / "steps" / step).mkdir(parents=True)
             (Path(tree) / "steps" / step / "kernel.cuh").write_text(kernel)
-        out = Path(tree) / "step.ptx"
-        subprocess.run([nvcc, f"-I{tree}", f"-I{REPO}", f"-I{REPO / 'common'}", "-O3", "-DNDEBUG", "-arch=compute_90a",
-                        "--expt-relaxed-constexpr", "-std=c++20", "-x", "cu", "-ptx", str(REPO / "steps" / step / "step.cu"),
-                        "-o", str(out)], check=True, capture_output=True, text=True)
-        return ptx_twins.kernels(out.read_text())
+        return ptx_twins.kernels(ptx_twins.compile_ptx(nvcc, REPO / "steps" / step / "step.cu", tree))
 
 
 def compare_ptx(nvcc: str, all_views: dict[str, str]) -> list[tuple[str, int, list[str]]]:
     """(sub-step, kernels compared, the demangled names of those whose PTX differs from the step's own) for every
     view of IDEAS_IN_NAME's steps."""
     # Every compile at once, as many as the machine has cores (each nvcc runs one front end).
+    subs = {step: ideas_of(REPO / "steps" / step) for step in IDEAS_IN_NAME}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         own = {step: pool.submit(step_ptx, step, nvcc) for step in IDEAS_IN_NAME}
         compiled = {sid: pool.submit(step_ptx, step, nvcc, all_views[sid])
-                    for step in IDEAS_IN_NAME for _, _, sid in ideas_of(REPO / "steps" / step)}
+                    for step in IDEAS_IN_NAME for _, _, sid in subs[step]}
         out = []
         for step, pattern in IDEAS_IN_NAME.items():
             kernels = own[step].result()
             names = ptx_twins.demangled(list(kernels))
-            for _, ideas, sid in ideas_of(REPO / "steps" / step):
+            for _, ideas, sid in subs[step]:
                 mine = [m for m, d in names.items() if (n := re.search(pattern, d)) is None or int(n[1]) == ideas]
                 view = compiled[sid].result()
                 out.append((sid, len(mine), [names[m] for m in mine if view.get(m) != kernels[m]]))
