@@ -33,6 +33,9 @@ decltype(auto) with_softcap(const fs_problem& p, F&& f) {
 
 // The logit of one unit of what a kernel's scores hold: scale (raw scores), or softcap (tanh values).
 FS_HD inline float logit_scale(const fs_problem& p) { return p.softcap > 0.0f ? p.softcap : p.softmax_scale; }
+// The same where a kernel's SOFTCAP flag already says which (with_softcap sets it iff softcap > 0): no compare.
+template <bool SOFTCAP>
+FS_HD inline float logit_scale(const fs_problem& p) { return SOFTCAP ? p.softcap : p.softmax_scale; }
 
 #ifdef __CUDACC__
 // tanh as one MUFU.TANH (tanh.approx.f32, sm_75 and newer), as FlashAttention's kernels compute it.

@@ -445,8 +445,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         // 13c: LSE is packed (heads_q, total_q).
         const int64_t lse_at = VARLEN ? int64_t(x.h) * p.total_q + x.q_start : int64_t(x.bh) * seqlen_q;
         if (lse && t % 4 == 0 && row < x.q_rows)
-          lse[lse_at + x.q0 + row] =
-              sum > 0.0f ? row_max[r] * (SOFTCAP ? p.softcap : p.softmax_scale) + logf(sum) : -INFINITY;
+          lse[lse_at + x.q0 + row] = sum > 0.0f ? row_max[r] * logit_scale<SOFTCAP>(p) + logf(sum) : -INFINITY;
       }
 
       // O, normalized and rounded, into this consumer's own rows of q_smem, in the layout the TMA reads
