@@ -2,13 +2,14 @@
 # One command for the results on a GPU: build, the GPU's own ceilings, the checked ladder, every step
 # beside PyTorch SDPA over the shape sweep, the resource report, the plots and the README table.
 #
-#   bench/run_all.sh [--quick] [--commit HASH] [--build-dir DIR] [--no-build] [--gbench]
+#   bench/run_all.sh [--quick] [--commit HASH] [--build-dir DIR] [--no-build] [--gbench] [--forward-only]
 #
 #   --quick        a one-minute look: seqlen 1k, 2k, 4k at head_dim 128, fp16, fewer launches
 #   --commit HASH  the commit measured (default: git describe; pass it where .git is missing)
 #   --build-dir    default build-bench (Release, Ninja; tests off, so Catch2 is not needed)
 #   --no-build     use the build directory as it is
 #   --gbench       also run the Google Benchmark sweep (flash_steps_bench --sweep, or --quick), if built
+#   --forward-only without the backward comparison and the GPT training (the README's forward results)
 #
 # Writes, under bench/results/ (names carry the UTC date and time):
 #   ceilings-<date>.json        flash_steps_ceilings: mma.sync, wgmma, FMA, ex2, HBM peaks of this GPU
@@ -36,6 +37,7 @@ commit=""
 build="build-bench"
 do_build=1
 gbench=0
+backward=1
 while (($#)); do
   case "$1" in
     --quick) quick=1 ;;
@@ -45,7 +47,8 @@ while (($#)); do
     --build-dir=*) build="${1#*=}" ;;
     --no-build) do_build=0 ;;
     --gbench) gbench=1 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --forward-only) backward=0 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_all.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -150,11 +153,13 @@ phase "PyTorch comparison (bench/compare_torch.py; FlashAttention-4 too where it
 measure compare_torch.py 'compare_torch-[0-9]*.json' csv compare_torch.py  # the sweep's, not --decode's
 compare_json="$measured"
 
-phase "the backward pass beside SDPA's (bench/compare_torch.py --backward)"
-measure "compare_torch.py --backward" 'compare_torch_backward-*.json' csv compare_torch.py --backward
+if ((backward)); then
+  phase "the backward pass beside SDPA's (bench/compare_torch.py --backward)"
+  measure "compare_torch.py --backward" 'compare_torch_backward-*.json' csv compare_torch.py --backward
 
-phase "a small GPT trained with flash_steps.attention and with SDPA (bench/train_gpt.py)"
-measure train_gpt.py 'train_gpt-*.json' png train_gpt.py
+  phase "a small GPT trained with flash_steps.attention and with SDPA (bench/train_gpt.py)"
+  measure train_gpt.py 'train_gpt-*.json' png train_gpt.py
+fi
 
 if ((gbench)); then
   phase "Google Benchmark sweep"
