@@ -9,7 +9,9 @@ idea brings folded to what they are without it (07e's vote goes, 07f's exp2_ is 
 
     diff notes/substeps/07b_work_order.cuh notes/substeps/07c_ldmatrix_pipeline.cuh
 
-shows 07c's one idea. The views are generated, never edited; `--check` (a ctest entry) fails when one
+shows 07c's one idea. A comment that says what changes with a sub-step is tagged `// From 07c: …` or
+`// Before 07c: …`; a view keeps it only where it is true, so no view speaks of a later sub-step. The views
+are generated, never edited; `--check` (a ctest entry) fails when one
 is stale. An idea is on in sub-step IDEAS when IDEAS >= its value in traits.h's `enum Idea`.
 """
 from __future__ import annotations
@@ -45,11 +47,10 @@ STEPS = {
     "12_hopper_backward": {},
     # Step 13's features are template flags (SOFTCAP, WINDOW, VARLEN) that the host picks per problem, not
     # Tr::has(): 13a's view is the kernel with WINDOW false, its declarations and the band dropped; 13a's
-    # and 13b's have VARLEN false, its declarations and its comments ("// 13c…") dropped.
+    # and 13b's have VARLEN false and its declarations dropped (its comments are tagged `// From 13c:`).
     "13_features": {
         r", bool VARLEN = false>": lambda on: ", bool VARLEN = false>" if on["kVarlen"] else ">",
         r"\n[^\n]*static_assert\(!VARLEN[^\n]*": lambda on: r"\g<0>" if on["kVarlen"] else "",
-        r"\n[ \t]*// 13c[^\n]*(?:\n[ \t]*//[^\n]*)*": lambda on: r"\g<0>" if on["kVarlen"] else "",
         r"if constexpr \(VARLEN\)": lambda on: "if constexpr (VARLEN)" if on["kVarlen"] else "if constexpr (false)",
         r"\bVARLEN \? ": lambda on: "VARLEN ? " if on["kVarlen"] else "false ? ",
         r", bool WINDOW>": lambda on: ", bool WINDOW>" if on["kWindow"] else ">",
@@ -160,11 +161,53 @@ def _drop_later_entries(source: str, on: dict[str, bool]) -> str:
     return "\n".join(out)
 
 
+TAG = re.compile(r"// (From|Before) (\d\d[a-z]): ")
+
+
+def _tagged_comments(source: str, on: dict[str, bool]) -> str:
+    """A comment that says what changes with a sub-step carries a tag, `// From 07d: …` (true once 07d's
+    idea is on) or `// Before 07d: …` (true until then), on a line of its own, where the comment lines
+    under it at the same indent belong to it, or after code on the line. A view keeps such a comment only
+    where it is true, and drops a kept Before tag's words, so that no view speaks of a later sub-step. Tags
+    of another step's sub-steps stay as they are; a tag of this step's number that names no sub-step is an
+    error."""
+    out, dropping = [], None  # dropping: the indent of the comment block being dropped
+    for line in source.split("\n"):
+        stripped = line.lstrip()
+        indent = line[:len(line) - len(stripped)]
+        if dropping is not None:
+            if indent == dropping and stripped.startswith("//") and not TAG.match(stripped):
+                continue
+            dropping = None
+        m = TAG.search(line)
+        if m is not None and m.group(2) not in on and any(key[:2] == m.group(2)[:2] for key in on):
+            raise ValueError(f"substeps.py: a comment is tagged {m.group(2)}, which is no sub-step: {stripped}")
+        if m is None or m.group(2) not in on:
+            out.append(line)
+            continue
+        true = on[m.group(2)] == (m.group(1) == "From")
+        if stripped.startswith("//"):  # a comment block of its own
+            if not true:
+                dropping = indent
+                continue
+        elif not true:  # a comment after code
+            out.append(line[:m.start()].rstrip())
+            continue
+        if m.group(1) == "Before":
+            rest = line[m.end():]  # a sentence's first word capitalized, a name (dV, exp2f) as it is
+            line = line[:m.start()] + "// " + (rest[:1].upper() + rest[1:] if re.match(r"[a-z]+[\s',]", rest) else rest)
+        out.append(line)
+    return "\n".join(out)
+
+
 def prune(source: str, on: dict[str, bool], folds: dict, matched: set | None = None) -> str:
-    """The source with every Tr::has(kX) outside comments and each fold replaced by its value, then every
-    `if constexpr (true) A [else B]` (or `(false)`) replaced by A or B (or nothing), as is a plain
-    `if (true) A` left by a condition the constants decide."""
+    """The source with its tagged comments kept or dropped (_tagged_comments), every Tr::has(kX) outside
+    comments and each fold replaced by its value, then every `if constexpr (true) A [else B]` (or
+    `(false)`) replaced by A or B (or nothing), as is a plain `if (true) A` left by a condition the
+    constants decide; no two blank lines left side by side. `on` holds each idea's enum name and its
+    sub-step's number and letter ("07d")."""
     source = _drop_later_entries(source, on)
+    source = _tagged_comments(source, on)
     for regex, value in folds.items():
         source, n = re.subn(regex, value(on), source)
         if n and matched is not None:
@@ -203,7 +246,7 @@ def prune(source: str, on: dict[str, bool], folds: dict, matched: set | None = N
             source = source[:line_start] + source[after:]
         else:
             source = source[:line_start] + replacement + source[end:]
-    return source
+    return re.sub(r"\n\n\n+", "\n\n", source)  # what a pruned block stood between
 
 
 def views(steps: Path = REPO / "steps") -> dict[str, str]:
@@ -215,7 +258,8 @@ def views(steps: Path = REPO / "steps") -> dict[str, str]:
         kernel = (step / "kernel.cuh").read_text()
         previous, matched = None, set()
         for _, value, sid in ideas:
-            pruned = prune(kernel, {name: value >= v for name, v, _ in ideas}, folds, matched)
+            on = {key: value >= v for name, v, sid_of in ideas for key in (name, sid_of[:3])}
+            pruned = prune(kernel, on, folds, matched)
             banner = (f"// Generated by bench/substeps.py from steps/{step_name}/kernel.cuh for {sid} (IDEAS = {value}):\n"
                       "// the branches of the ideas after it pruned, their helpers folded. Do not edit; diff it "
                       "against the sub-step before.\n")

@@ -160,7 +160,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
   using Layout = typename Tr::Layout;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, BLOCK_KV = Tr::BLOCK_KV, M_TILES = Tr::M_TILES;
 
-  T* q_smem = smem;                                   // [BLOCK_Q, HEAD_DIM], swizzled; O in the epilogue
+  T* q_smem = smem;                                   // [BLOCK_Q, HEAD_DIM], swizzled  // From 07d: O in the epilogue
   T* k_smem = q_smem + Tr::Q_ELEMS;                   // [KV_STAGES][BLOCK_KV, HEAD_DIM], swizzled
   T* v_smem = k_smem + Tr::KV_STAGES * Tr::KV_ELEMS;  // [KV_STAGES][BLOCK_KV, HEAD_DIM], swizzled
 
@@ -177,7 +177,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
 
   const KvTiles kv = kv_tiles_for(q0, q_rows, BLOCK_KV, seqlen_q, seqlen_k, p.causal != 0);
   const int kv_tiles = kv.count;
-  // Visit t is K/V tile tile_of(t): from the last down with kWorkOrder, else from the first up.
+  // From 07b: visit t is K/V tile kv_tiles - 1 - t, from the last down.
   auto tile_of = [&](const int t) { return kv_tiles - 1 - t; };
 
   const T* q_tile_ptr = q + offset_of(p.q, b, q0, h);
@@ -190,8 +190,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
   };
 
   // ---- load Q
-  // Q and the first K tile (and its V, with two buffers) go out as one cp.async group. A tile whose
-  // rows see no key at all (causal, seqlen_q > seqlen_k) loads nothing and writes O = 0, LSE = -inf.
+  // Q and the first K and V tiles go out as one cp.async group.
   if (kv_tiles > 0) {
     copy_tile_async<Tr, BLOCK_Q>(q_smem, q_tile_ptr, p.q.row, 0, q_rows - 1, head_dim);
     copy_kv_tile(k_smem, k_head, p.k.row, tile_of(0));
@@ -230,9 +229,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
     const T* k_tile = k_smem + stage * Tr::KV_ELEMS;  // [BLOCK_KV, HEAD_DIM], swizzled
     const T* v_tile = v_smem + stage * Tr::KV_ELEMS;  // [BLOCK_KV, HEAD_DIM], swizzled
 
-    // This thread's copies of K(j) (and V(j) with two buffers) are the only group in flight. The
-    // barrier then does two jobs: everyone's copies are visible, and every warp has finished visit
-    // t-1, so the buffers it used may be refilled.
+    // This thread's copies of K(j) and V(j) are the only group in flight.
     cp_async_wait<0>();
     __syncthreads();
     if (t + 1 < kv_tiles) {  // the next tile is copied during all of this one
@@ -244,8 +241,8 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
     // ---- S = Q·Kᵀ
     // k16 steps over head dims; in each, Q's A fragments for the warp's M_TILES m16 tiles, then K's
     // B fragments two n8 tiles (one ldmatrix.x4) at a time, each followed by its 2·M_TILES mma.
-    // With kLdmatrixPipeline the next x4 (and at the end of a step the next step's Q) is requested
-    // before the mma instructions of the current one are issued.
+    // From 07c: the next x4 (and at the end of a step the next step's Q) is requested before the mma
+    // instructions of the current one are issued.
     float s_acc[M_TILES][Tr::S_N_TILES][4] = {};  // [ROWS_PER_WARP, BLOCK_KV] fp32, C layout
     {
       constexpr int K_PAIRS = Tr::S_N_TILES / 2;
@@ -299,7 +296,6 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
         }
     }
 
-
     // ---- online softmax
     // exp(scale·(s - m)) = exp2(s·scale·log2(e) - m·scale·log2(e)): one FMA and one exp2 per score.
     float max_scaled[M_TILES][2];  // the new row max, times scale·log2(e)
@@ -321,9 +317,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
         correction[mi][r] = exp2f(row_max[mi][r] * scale_log2 - max_scaled[mi][r]);
         row_max[mi][r] = tile_max;
       }
-    // Rescaling O costs each thread HEAD_DIM/4 multiplies per row it holds and tile. With kRescaleSkip a
-    // warp whose rows' maxima did not grow skips it (every correction is exactly 1); the vote keeps the
-    // branch uniform.
+    // Rescaling O costs each thread HEAD_DIM/4 multiplies per row it holds and tile.
 #pragma unroll
     for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
@@ -352,8 +346,8 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
     // ---- O += P·V
     // P for keys 16·kk … 16·kk + 15 = the accumulators of S's n8 tiles 2·kk and 2·kk + 1, rounded to
     // T in place of the fp32 scores (frag::mma_a_reg_of_c). Then k16 steps over keys; in each, V's B
-    // fragments two n8 tiles of head dims (one ldmatrix.x4.trans) at a time, double-buffered with
-    // kLdmatrixPipeline as above.
+    // fragments two n8 tiles of head dims (one ldmatrix.x4.trans) at a time.
+    // From 07c: double-buffered as above.
     {
       uint32_t p_frag[M_TILES][Tr::PV_K_STEPS][4];  // [ROWS_PER_WARP, BLOCK_KV] as A, fp16/bf16
 #pragma unroll
@@ -444,8 +438,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
   }
 }
 
-// The grid: with kWorkOrder one block per (batch·head, query tile) in a 1-D grid (block_tile);
-// before it step 06's 2-D grid, x = query tile (the last first), y = batch·head in a grid-stride loop.
+// From 07b: the grid is 1-D, one block per (batch·head, query tile) (block_tile).
 template <typename T, class Tr>
 __global__ void __launch_bounds__(Tr::NUM_THREADS)
     flash_attention2_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,

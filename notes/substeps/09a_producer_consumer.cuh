@@ -305,9 +305,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   const int seqlen_q = int(p.seqlen_q), seqlen_k = int(p.seqlen_k);
   const unsigned q_tiles = (unsigned(seqlen_q) + BLOCK_Q - 1) / BLOCK_Q;
   const unsigned heads = unsigned(p.batch * p.heads_q), num_tiles = q_tiles * heads;
-  // The tiles of this block, by round n: tile blockIdx.x alone, or from 09f the persistent schedule's
-  // position (persistent_position; a position past the last tile ends the loop). With causal masking
-  // 09f's plan launches 09e's instantiation, one block per tile.
+  // The tiles of this block, by round n.
+  // Tile blockIdx.x alone.
   const bool causal = p.causal != 0;
   auto position = [&](const unsigned n) {
     return (n == 0 ? blockIdx.x : num_tiles);
@@ -623,7 +622,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         // complete on their own and are visible when the kernel has finished.
         sm90::tma_store_wait_read();
       }
-      // q_smem is free again (09f loads the next tile's Q into it).
+      // q_smem is free again.
       if (t == 0) sm90::mbarrier_arrive(q_empty);
       visits += x.kv_tiles;
     }

@@ -62,7 +62,7 @@ __device__ inline void bulk_load(uint32_t dst, const void* src, uint32_t bytes, 
                : "memory");
 }
 
-// 12c: a bulk reduce-add (no tensor map): `bytes` (a multiple of 16) of fp32 from shared memory added
+// A bulk reduce-add (no tensor map): `bytes` (a multiple of 16) of fp32 from shared memory added
 // element by element to global memory, both 16-byte aligned, in this thread's bulk group
 // (sm90::tma_store_commit closes it, tma_store_wait_read waits for its reads of shared memory); and
 // the wait until all of this thread's groups are complete.
@@ -220,7 +220,6 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
       sm90::Wgmma<BLOCK_Q, T>::ss(s_acc, advance(k_rows_desc, kv_rows_step(wg, ks)),
                                   advance(q_k_desc, stage_bytes + q_k_major_step(BLOCK_Q, ks)), ks > 0);
-    // 12b: Sᵀ is a commit group of its own, waited for alone.
 #pragma unroll
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
       sm90::Wgmma<BLOCK_Q, T>::ss(dp_acc, advance(v_rows_desc, kv_rows_step(wg, ks)),
@@ -272,7 +271,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       sm90::fence_proxy_async_shared();  // the generic stores, before wgmma reads them (async proxy)
     }
 
-    // 12b has issued dV already and issues dK after dQ, under the dQ atomics (12c: its staging and reduce).
+    // dV's products, then dK's, issued after every wait of this visit.
     issue_dv();
     issue_dk();
 
@@ -309,7 +308,6 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     if (threadIdx.x == 0 && v + Q_STAGES < visits) load_visit(v + Q_STAGES);
   }
 
-
   // ---- epilogue: dK = scale·dK_acc and dV, this warpgroup's keys, columns < head_dim
   T* dk_rows = dk + offset_of(p.dk, b, 0, h_kv);
   T* dv_rows = dv + offset_of(p.dv, b, 0, h_kv);
@@ -324,7 +322,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   }
 }
 
-// 12c's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
+// The tiled accumulator's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
 // [BLOCK_Q, HEAD_DIM] floats, warpgroup wg's 64 × 64 tile the wg-th DQ_TILE² of them). One thread per
 // 8 consecutive floats, read as two float4: threads t … t + 3's pairs, one row's 8 columns.
 // VARLEN (step 13c): a packed batch, the accumulator in the padded batch's rows; row i of sequence b is

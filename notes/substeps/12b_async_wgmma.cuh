@@ -65,7 +65,7 @@ __device__ inline void bulk_load(uint32_t dst, const void* src, uint32_t bytes, 
                : "memory");
 }
 
-// 12c: a bulk reduce-add (no tensor map): `bytes` (a multiple of 16) of fp32 from shared memory added
+// A bulk reduce-add (no tensor map): `bytes` (a multiple of 16) of fp32 from shared memory added
 // element by element to global memory, both 16-byte aligned, in this thread's bulk group
 // (sm90::tma_store_commit closes it, tma_store_wait_read waits for its reads of shared memory); and
 // the wait until all of this thread's groups are complete.
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
       sm90::Wgmma<BLOCK_Q, T>::ss(s_acc, advance(k_rows_desc, kv_rows_step(wg, ks)),
                                   advance(q_k_desc, stage_bytes + q_k_major_step(BLOCK_Q, ks)), ks > 0);
-    // 12b: Sᵀ is a commit group of its own, waited for alone.
+    // From 12b: Sᵀ is a commit group of its own, waited for alone.
     sm90::wgmma_commit();
 #pragma unroll
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       sm90::fence_proxy_async_shared();  // the generic stores, before wgmma reads them (async proxy)
     }
 
-    // 12b has issued dV already and issues dK after dQ, under the dQ atomics (12c: its staging and reduce).
+    // From 12b: dV's products are issued already; dK's come after dQ's, under the dQ atomics.
     if constexpr (!ATOMIC_DQ) issue_dk();
 
     if constexpr (ATOMIC_DQ) {
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         wgmma_m64n64_ss_mn<T>(dq_acc, advance(ds_desc, ds_step(dq_tile.row_tile, kk)),
                               advance(k_mn_desc, k_mn_major_step(dq_tile.col_block, kk)), kk > 0);
       sm90::wgmma_commit();
-      issue_dk();             // dK's products run under dQ's atomics (12c: its staging, bulk reduce)
+      issue_dk();             // dK's products run under dQ's atomics
       sm90::wgmma_wait<1>();  // dQ is in (and dV); dK's products still run
       sm90::fence_operands(dq_acc);
 
@@ -315,7 +315,6 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     if (threadIdx.x == 0 && v + Q_STAGES < visits) load_visit(v + Q_STAGES);
   }
 
-
   // ---- epilogue: dK = scale·dK_acc and dV, this warpgroup's keys, columns < head_dim
   T* dk_rows = dk + offset_of(p.dk, b, 0, h_kv);
   T* dv_rows = dv + offset_of(p.dv, b, 0, h_kv);
@@ -330,7 +329,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   }
 }
 
-// 12c's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
+// The tiled accumulator's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
 // [BLOCK_Q, HEAD_DIM] floats, warpgroup wg's 64 × 64 tile the wg-th DQ_TILE² of them). One thread per
 // 8 consecutive floats, read as two float4: threads t … t + 3's pairs, one row's 8 columns.
 // VARLEN (step 13c): a packed batch, the accumulator in the padded batch's rows; row i of sequence b is

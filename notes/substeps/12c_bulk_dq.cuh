@@ -69,7 +69,7 @@ __device__ inline void bulk_load(uint32_t dst, const void* src, uint32_t bytes, 
                : "memory");
 }
 
-// 12c: a bulk reduce-add (no tensor map): `bytes` (a multiple of 16) of fp32 from shared memory added
+// A bulk reduce-add (no tensor map): `bytes` (a multiple of 16) of fp32 from shared memory added
 // element by element to global memory, both 16-byte aligned, in this thread's bulk group
 // (sm90::tma_store_commit closes it, tma_store_wait_read waits for its reads of shared memory); and
 // the wait until all of this thread's groups are complete.
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
       sm90::Wgmma<BLOCK_Q, T>::ss(s_acc, advance(k_rows_desc, kv_rows_step(wg, ks)),
                                   advance(q_k_desc, stage_bytes + q_k_major_step(BLOCK_Q, ks)), ks > 0);
-    // 12b: Sᵀ is a commit group of its own, waited for alone.
+    // From 12b: Sᵀ is a commit group of its own, waited for alone.
     sm90::wgmma_commit();
 #pragma unroll
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
@@ -282,7 +282,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       sm90::fence_proxy_async_shared();  // the generic stores, before wgmma reads them (async proxy)
     }
 
-    // 12b has issued dV already and issues dK after dQ, under the dQ atomics (12c: its staging and reduce).
+    // From 12b: dV's products are issued already; dK's come after dQ's, under the dQ atomics.
+    // From 12c: under dQ's staging and bulk reduce-add instead of its atomics.
     if constexpr (!ATOMIC_DQ) issue_dk();
 
     if constexpr (ATOMIC_DQ) {
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         wgmma_m64n64_ss_mn<T>(dq_acc, advance(ds_desc, ds_step(dq_tile.row_tile, kk)),
                               advance(k_mn_desc, k_mn_major_step(dq_tile.col_block, kk)), kk > 0);
       sm90::wgmma_commit();
-      issue_dk();             // dK's products run under dQ's atomics (12c: its staging, bulk reduce)
+      issue_dk();             // dK's products run under dQ's atomics  // From 12c: under its staging, bulk reduce
       sm90::wgmma_wait<1>();  // dQ is in (and dV); dK's products still run
       sm90::fence_operands(dq_acc);
 
@@ -343,7 +344,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   }
 }
 
-// 12c's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
+// The tiled accumulator's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
 // [BLOCK_Q, HEAD_DIM] floats, warpgroup wg's 64 × 64 tile the wg-th DQ_TILE² of them). One thread per
 // 8 consecutive floats, read as two float4: threads t … t + 3's pairs, one row's 8 columns.
 // VARLEN (step 13c): a packed batch, the accumulator in the padded batch's rows; row i of sequence b is

@@ -78,18 +78,18 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   const unsigned heads = unsigned(p.batch * p.heads_q), num_tiles = q_tiles * heads;
   // The tiles of this block, by round n: tile blockIdx.x alone, or from 09f the persistent schedule's
   // position (persistent_position; a position past the last tile ends the loop). With causal masking
-  // (13b: or a window) 09f's plan launches 09e's instantiation, one block per tile.
+  // 09f's plan launches 09e's instantiation, one block per tile.
   const bool causal = p.causal != 0;
   auto position = [&](const unsigned n) {
     return Tr::has(kPersistent) ? persistent_position(n, blockIdx.x, gridDim.x) : (n == 0 ? blockIdx.x : num_tiles);
   };
   // The K/V tiles of a work item are kv_first … kv_first + kv_tiles - 1, visited from the last down; the
-  // first masked_tiles visits need the mask, and (13b) the last masked_bottom.
+  // first masked_tiles visits need the mask.
   struct Work {
     uint32_t bh;
     int h, b, h_kv, q0, q_rows, kv_first, kv_tiles, masked_tiles, masked_bottom;
     int q_start, k_start, tb;
-    Band band;  // 13c: the sequence's band (the kernel's `band` otherwise)
+    Band band;  // the band of these rows' sequence
   };
   auto work_of = [&](const unsigned w) {
     Work x;
@@ -106,7 +106,6 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     x.kv_tiles = kv.count, x.masked_tiles = kv.count - kv.unmasked;
     return x;
   };
-
 
   // Full barriers: one arrival per phase (the producer's arrive.expect_tx), completed by the TMA's
   // bytes. Empty barriers: one arrival per consumer warp. mbarrier.init writes through the generic
@@ -214,8 +213,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the row sums
 
       // Turn k (traits.h, "the turns of a consumer"): S(k) if HAS_S, P·V(k-1) if HAS_PV, the softmax of
-      // S(k). MASKED (a compile-time constant) is true for the first masked_tiles visits only (13b: and the
-      // last masked_bottom).
+      // S(k). MASKED (a compile-time constant) is true for the first masked_tiles visits only.
       auto turn = [&](const int k, auto has_s, auto has_pv, auto masked) {
         constexpr bool HAS_S = decltype(has_s)::value, HAS_PV = decltype(has_pv)::value;
         constexpr bool MASKED = decltype(masked)::value;
@@ -273,9 +271,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
             for (int i = 0; i < Tr::S_REGS; ++i) s_acc[i] = tanh_approx(s_acc[i] * cap.pre);
           }
 
-          // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf
-          // (13b: keys outside the row's band).
-          // Column of register i = this thread's first column + acc_col_offset(i), a constant.
+          // Column of register i = this thread's first column + acc_col_offset(i), a constant. Keys past
+          // seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
           if constexpr (MASKED) {
             const int kv0 = (x.kv_first + x.kv_tiles - 1 - k) * BLOCK_KV;
 #pragma unroll
@@ -361,9 +358,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       if (x.kv_tiles > 0) {
         if (grants_first_turn(c, CONSUMERS))
                     sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
-        // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first, 13b: and last), turn count
-        // (P·V only). Visits [masked_tiles, unmasked_end) need no mask; kv_span leaves at least one of
-        // them unless it masks every visit from the top (masked_bottom 0), so unmasked_end >= 1.
+        // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first), turn count (P·V only).
+        // Visits [masked_tiles, unmasked_end) need no mask.
         const int unmasked_end = x.kv_tiles - x.masked_bottom;
         if (x.masked_tiles > 0)
           turn(0, std::true_type{}, std::false_type{}, std::true_type{});
@@ -464,7 +460,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), kv0, b, h_kv;
   const int head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
-  int q_start = 0, k_start = 0;  // 13c: the sequence's first rows in the packed tensors
+  int q_start = 0, k_start = 0;
   const uint32_t kv_tiles = uint32_t(step11::tiles(seqlen_k, BLOCK_KV));
   const uint32_t bh_kv = blockIdx.x / kv_tiles;
   kv0 = int(blockIdx.x % kv_tiles) * BLOCK_KV;
@@ -475,8 +471,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), t = threadIdx.x % 128;
 
-  // The visits, as step 11: every query tile from the first that sees these keys, per query head
-  // (13b: the run of query tiles whose band touches them).
+  // The visits, as step 11: every query tile from the first that sees these keys, per query head.
   int first_tile = step11::first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
   int tiles_per_head = int(step11::tiles(seqlen_q, BLOCK_Q)) - first_tile;
   const int visits = tiles_per_head > 0 ? group * tiles_per_head : 0;
@@ -580,7 +575,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     sm90::fence_operands(s_acc);
 
     // ---- Pᵀ = exp2(Sᵀ·scale·log2(e) - LSE₂), as step 11: masked pairs (a key past seqlen_k or after
-    // the row's diagonal; 13b: outside the row's band) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
+    // the row's diagonal) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
     const float* lse_tile = lse_smem + s * BLOCK_Q;
     const float* dd_tile = dd_smem + s * BLOCK_Q;
     bool masked = step11::tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);

@@ -85,19 +85,21 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   const unsigned heads = unsigned(p.batch * p.heads_q), num_tiles = q_tiles * heads;
   // The tiles of this block, by round n: tile blockIdx.x alone, or from 09f the persistent schedule's
   // position (persistent_position; a position past the last tile ends the loop). With causal masking
-  // (13b: or a window) 09f's plan launches 09e's instantiation, one block per tile.
+  // 09f's plan launches 09e's instantiation, one block per tile.
+  // From 13b: so it does with a window.
   const bool causal = p.causal != 0;
-  const Band band = band_of(p);  // 13b: the keys each row sees (causal's band too)
+  const Band band = band_of(p);  // From 13b: the keys each row sees (causal's band too)
   auto position = [&](const unsigned n) {
     return Tr::has(kPersistent) ? persistent_position(n, blockIdx.x, gridDim.x) : (n == 0 ? blockIdx.x : num_tiles);
   };
   // The K/V tiles of a work item are kv_first … kv_first + kv_tiles - 1, visited from the last down; the
-  // first masked_tiles visits need the mask, and (13b) the last masked_bottom.
+  // first masked_tiles visits need the mask.
+  // From 13b: and the last masked_bottom.
   struct Work {
     uint32_t bh;
     int h, b, h_kv, q0, q_rows, kv_first, kv_tiles, masked_tiles, masked_bottom;
     int q_start, k_start, tb;
-    Band band;  // 13c: the sequence's band (the kernel's `band` otherwise)
+    Band band;  // the band of these rows' sequence
   };
   auto work_of = [&](const unsigned w) {
     Work x;
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
     x.kv_first = 0, x.masked_bottom = 0;
     if constexpr (WINDOW) {
-      // 13b: the run of K/V tiles the band of these rows touches, masked at both ends.
+      // The run of K/V tiles the band of these rows touches, masked at both ends.
       const KvSpan kv = kv_span(x.band, x.q0, x.q_rows, BLOCK_KV);
       x.kv_first = kv.first, x.kv_tiles = kv.count, x.masked_tiles = kv.masked_top, x.masked_bottom = kv.masked_bottom;
     } else {
@@ -120,7 +122,6 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     }
     return x;
   };
-
 
   // Full barriers: one arrival per phase (the producer's arrive.expect_tx), completed by the TMA's
   // bytes. Empty barriers: one arrival per consumer warp. mbarrier.init writes through the generic
@@ -228,8 +229,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the row sums
 
       // Turn k (traits.h, "the turns of a consumer"): S(k) if HAS_S, P·V(k-1) if HAS_PV, the softmax of
-      // S(k). MASKED (a compile-time constant) is true for the first masked_tiles visits only (13b: and the
-      // last masked_bottom).
+      // S(k). MASKED (a compile-time constant) is true for the first masked_tiles visits only.
+      // From 13b: and for the last masked_bottom.
       auto turn = [&](const int k, auto has_s, auto has_pv, auto masked) {
         constexpr bool HAS_S = decltype(has_s)::value, HAS_PV = decltype(has_pv)::value;
         constexpr bool MASKED = decltype(masked)::value;
@@ -287,16 +288,16 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
             for (int i = 0; i < Tr::S_REGS; ++i) s_acc[i] = tanh_approx(s_acc[i] * cap.pre);
           }
 
-          // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf
-          // (13b: keys outside the row's band).
-          // Column of register i = this thread's first column + acc_col_offset(i), a constant.
+          // Column of register i = this thread's first column + acc_col_offset(i), a constant. Keys past
+          // seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
+          // From 13b: so do keys outside the row's band.
           if constexpr (MASKED) {
             const int kv0 = (x.kv_first + x.kv_tiles - 1 - k) * BLOCK_KV;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int64_t row = int64_t(x.q0) + c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;
               if constexpr (WINDOW) {
-                // 13b: the keys lo … end - 1 of this tile that the row sees, counted from the thread's first column.
+                // The keys lo … end - 1 of this tile that the row sees, counted from the thread's first column.
                 const TileKeys keys = tile_keys(x.band, row, kv0, BLOCK_KV);
                 const int lo = keys.lo - wgmma_acc(t, 0).col, end = keys.end - wgmma_acc(t, 0).col;
 #pragma unroll
@@ -386,9 +387,10 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       if (x.kv_tiles > 0) {
         if (grants_first_turn(c, CONSUMERS))
                     sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
-        // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first, 13b: and last), turn count
-        // (P·V only). Visits [masked_tiles, unmasked_end) need no mask; kv_span leaves at least one of
-        // them unless it masks every visit from the top (masked_bottom 0), so unmasked_end >= 1.
+        // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first), turn count (P·V only).
+        // Visits [masked_tiles, unmasked_end) need no mask.
+        // From 13b: the masked visits last too; kv_span leaves at least one unmasked visit unless it masks
+        // every visit from the top (masked_bottom 0), so unmasked_end >= 1.
         const int unmasked_end = x.kv_tiles - x.masked_bottom;
         if (x.masked_tiles > 0)
           turn(0, std::true_type{}, std::false_type{}, std::true_type{});
@@ -493,7 +495,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), kv0, b, h_kv;
   const int head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
-  int q_start = 0, k_start = 0;  // 13c: the sequence's first rows in the packed tensors
+  int q_start = 0, k_start = 0;
   Band band = band_of(f);
   const uint32_t kv_tiles = uint32_t(step11::tiles(seqlen_k, BLOCK_KV));
   const uint32_t bh_kv = blockIdx.x / kv_tiles;
@@ -505,9 +507,9 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), t = threadIdx.x % 128;
 
-  // The visits, as step 11: every query tile from the first that sees these keys, per query head
-  // (13b: the run of query tiles whose band touches them).
-  const Diagonals diagonals = diagonals_of(band);  // 13b: the per-score mask, in two registers
+  // The visits, as step 11: every query tile from the first that sees these keys, per query head.
+  // From 13b: the run of query tiles whose band touches them.
+  const Diagonals diagonals = diagonals_of(band);  // From 13b: the per-score mask, in two registers
   int first_tile = step11::first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
   int tiles_per_head = int(step11::tiles(seqlen_q, BLOCK_Q)) - first_tile;
   if constexpr (WINDOW) {
@@ -615,7 +617,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     sm90::fence_operands(s_acc);
 
     // ---- Pᵀ = exp2(Sᵀ·scale·log2(e) - LSE₂), as step 11: masked pairs (a key past seqlen_k or after
-    // the row's diagonal; 13b: outside the row's band) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
+    // the row's diagonal) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
+    // From 13b: so do pairs outside the row's band.
     const float* lse_tile = lse_smem + s * BLOCK_Q;
     const float* dd_tile = dd_smem + s * BLOCK_Q;
     bool masked = step11::tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);

@@ -59,7 +59,7 @@ using namespace step09;
 // wgmma_acc(t, 2r).row of its 64: rows g and g + 8 of its warp's 16 (g = lane / 4).
 // __launch_bounds__(NUM_THREADS, 1) caps the registers at launch (168 a thread with two consumers,
 // 128 with three), which setmaxnreg needs.
-// 13c VARLEN: a packed batch (common/step/varlen.h). Its tiles take the band's code (a sequence's causal
+// From 13c: VARLEN, a packed batch (common/step/varlen.h). Its tiles take the band's code (a sequence's causal
 // mask is the band (-1, 0), no mask at all (-1, -1)) and one block each; the tensor maps see one packed
 // tensor (batch 1, total rows), and `o` (used by VARLEN alone) takes the rows of O a TMA box may not write.
 template <typename T, class Tr, bool SOFTCAP, bool WINDOW, bool VARLEN = false>
@@ -96,27 +96,29 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   const unsigned heads = unsigned(p.batch * p.heads_q), num_tiles = q_tiles * heads;
   // The tiles of this block, by round n: tile blockIdx.x alone, or from 09f the persistent schedule's
   // position (persistent_position; a position past the last tile ends the loop). With causal masking
-  // (13b: or a window) 09f's plan launches 09e's instantiation, one block per tile.
+  // 09f's plan launches 09e's instantiation, one block per tile.
+  // From 13b: so it does with a window.
   const bool causal = p.causal != 0;
-  const Band band = band_of(p);  // 13b: the keys each row sees (causal's band too)
+  const Band band = band_of(p);  // From 13b: the keys each row sees (causal's band too)
   auto position = [&](const unsigned n) {
     return Tr::has(kPersistent) ? persistent_position(n, blockIdx.x, gridDim.x) : (n == 0 ? blockIdx.x : num_tiles);
   };
   // The K/V tiles of a work item are kv_first … kv_first + kv_tiles - 1, visited from the last down; the
-  // first masked_tiles visits need the mask, and (13b) the last masked_bottom.
-  // 13c: rows q0 … of the tile and kv0 … of a K/V tile count from the sequence's first row, which is row
+  // first masked_tiles visits need the mask.
+  // From 13b: and the last masked_bottom.
+  // From 13c: rows q0 … of the tile and kv0 … of a K/V tile count from the sequence's first row, which is row
   // q_start of the packed Q and O and row k_start of K and V; `tb` is the tensor maps' batch coordinate.
   struct Work {
     uint32_t bh;
     int h, b, h_kv, q0, q_rows, kv_first, kv_tiles, masked_tiles, masked_bottom;
     int q_start, k_start, tb;
-    Band band;  // 13c: the sequence's band (the kernel's `band` otherwise)
+    Band band;  // the band of these rows' sequence
   };
   auto work_of = [&](const unsigned w) {
     Work x;
     x.q_start = 0, x.k_start = 0;
     if constexpr (VARLEN) {
-      // 13c: tile j from the end of sequence b, head h; a sequence with fewer tiles leaves q_rows <= 0.
+      // Tile j from the end of sequence b, head h; a sequence with fewer tiles leaves q_rows <= 0.
       const VarlenTile tile = varlen_tile(w, q_tiles, p.heads_q);
       const Sequence seq = load_sequence(p, tile.b);
       x.h = int(tile.h), x.b = int(tile.b), x.tb = 0, x.bh = 0;
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
     x.kv_first = 0, x.masked_bottom = 0;
     if constexpr (WINDOW) {
-      // 13b: the run of K/V tiles the band of these rows touches, masked at both ends.
+      // The run of K/V tiles the band of these rows touches, masked at both ends.
       const KvSpan kv = kv_span(x.band, x.q0, x.q_rows, BLOCK_KV);
       x.kv_first = kv.first, x.kv_tiles = kv.count, x.masked_tiles = kv.masked_top, x.masked_bottom = kv.masked_bottom;
     } else {
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     return x;
   };
 
-  // 13c: a block whose tile lies past its sequence's end (or whose sequence is empty) has nothing to do.
+  // From 13c: a block whose tile lies past its sequence's end (or whose sequence is empty) has nothing to do.
   if constexpr (VARLEN) {
     if (work_of(blockIdx.x).q_rows <= 0) return;
   }
@@ -256,8 +258,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the row sums
 
       // Turn k (traits.h, "the turns of a consumer"): S(k) if HAS_S, P·V(k-1) if HAS_PV, the softmax of
-      // S(k). MASKED (a compile-time constant) is true for the first masked_tiles visits only (13b: and the
-      // last masked_bottom).
+      // S(k). MASKED (a compile-time constant) is true for the first masked_tiles visits only.
+      // From 13b: and for the last masked_bottom.
       auto turn = [&](const int k, auto has_s, auto has_pv, auto masked) {
         constexpr bool HAS_S = decltype(has_s)::value, HAS_PV = decltype(has_pv)::value;
         constexpr bool MASKED = decltype(masked)::value;
@@ -315,16 +317,16 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
             for (int i = 0; i < Tr::S_REGS; ++i) s_acc[i] = tanh_approx(s_acc[i] * cap.pre);
           }
 
-          // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf
-          // (13b: keys outside the row's band).
-          // Column of register i = this thread's first column + acc_col_offset(i), a constant.
+          // Column of register i = this thread's first column + acc_col_offset(i), a constant. Keys past
+          // seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
+          // From 13b: so do keys outside the row's band.
           if constexpr (MASKED) {
             const int kv0 = (x.kv_first + x.kv_tiles - 1 - k) * BLOCK_KV;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int64_t row = int64_t(x.q0) + c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;
               if constexpr (WINDOW) {
-                // 13b: the keys lo … end - 1 of this tile that the row sees, counted from the thread's first column.
+                // The keys lo … end - 1 of this tile that the row sees, counted from the thread's first column.
                 const TileKeys keys = tile_keys(x.band, row, kv0, BLOCK_KV);
                 const int lo = keys.lo - wgmma_acc(t, 0).col, end = keys.end - wgmma_acc(t, 0).col;
 #pragma unroll
@@ -414,9 +416,10 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       if (x.kv_tiles > 0) {
         if (grants_first_turn(c, CONSUMERS))
                     sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
-        // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first, 13b: and last), turn count
-        // (P·V only). Visits [masked_tiles, unmasked_end) need no mask; kv_span leaves at least one of
-        // them unless it masks every visit from the top (masked_bottom 0), so unmasked_end >= 1.
+        // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first), turn count (P·V only).
+        // Visits [masked_tiles, unmasked_end) need no mask.
+        // From 13b: the masked visits last too; kv_span leaves at least one unmasked visit unless it masks
+        // every visit from the top (masked_bottom 0), so unmasked_end >= 1.
         const int unmasked_end = x.kv_tiles - x.masked_bottom;
         if (x.masked_tiles > 0)
           turn(0, std::true_type{}, std::false_type{}, std::true_type{});
@@ -442,7 +445,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         inv_sum[r] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
         const int row = c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;  // inside the tile
-        // 13c: LSE is packed (heads_q, total_q).
+        // From 13c: LSE is packed (heads_q, total_q).
         const int64_t lse_at = VARLEN ? int64_t(x.h) * p.total_q + x.q_start : int64_t(x.bh) * seqlen_q;
         if (lse && t % 4 == 0 && row < x.q_rows)
           lse[lse_at + x.q0 + row] = sum > 0.0f ? row_max[r] * logit_scale<SOFTCAP>(p) + logf(sum) : -INFINITY;
@@ -470,7 +473,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       bool by_box = c * ROWS_PER_WARPGROUP < x.q_rows;  // a consumer whose rows all lie past seqlen_q stores nothing
       if constexpr (VARLEN) {
         const int own_rows = x.q_rows - c * ROWS_PER_WARPGROUP;  // this consumer's real rows of the tile
-        // 13c: in a packed batch the rows past a sequence's end are the next sequence's, and a TMA box
+        // In a packed batch the rows past a sequence's end are the next sequence's, and a TMA box
         // clips only at the tensor's end: a consumer whose rows end inside the sequence stores them with
         // its threads, 16 bytes at a time, from the staged tile.
         by_box = own_rows >= ROWS_PER_WARPGROUP;
@@ -512,7 +515,7 @@ using namespace step12;
 // One block: K/V head bh_kv, keys kv0 … kv0 + 127; warpgroup wg the keys 64·wg …. In thread t of a
 // warpgroup, accumulator register i of Sᵀ, dPᵀ, dK, dV is (key, column) = wgmma_acc(t, i). ATOMIC_DQ:
 // the dQ part (off in the deterministic mode, where step 11's dq_kernel computes dQ).
-// 13c VARLEN: a packed batch; the block's K/V tile is tile j of sequence b (varlen_tile over the padded
+// From 13c: VARLEN, a packed batch; the block's K/V tile is tile j of sequence b (varlen_tile over the padded
 // batch), and the workspace keeps the padded batch's layout (rows of each (sequence, head) from 0).
 template <typename T, int HEAD_DIM, int BLOCK_Q, bool ATOMIC_DQ, bool SOFTCAP, bool WINDOW, bool VARLEN = false>
 __global__ void __launch_bounds__(NUM_THREADS, 1)
@@ -541,10 +544,10 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), kv0, b, h_kv;
   const int head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
-  int q_start = 0, k_start = 0;  // 13c: the sequence's first rows in the packed tensors
+  int q_start = 0, k_start = 0;  // From 13c: the sequence's first rows in the packed tensors
   Band band = band_of(f);
   if constexpr (VARLEN) {
-    // 13c: K/V tile j of sequence b, counted from its first (under causal masking the first keys are
+    // K/V tile j of sequence b, counted from its first (under causal masking the first keys are
     // seen by the most queries); a tile past the sequence's end has nothing to do.
     const VarlenTile tile = varlen_tile(blockIdx.x, step11::tiles(f.seqlen_k, BLOCK_KV), f.heads_kv);
     const Sequence seq = load_sequence(f, tile.b);
@@ -565,9 +568,9 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), t = threadIdx.x % 128;
 
-  // The visits, as step 11: every query tile from the first that sees these keys, per query head
-  // (13b: the run of query tiles whose band touches them).
-  const Diagonals diagonals = diagonals_of(band);  // 13b: the per-score mask, in two registers
+  // The visits, as step 11: every query tile from the first that sees these keys, per query head.
+  // From 13b: the run of query tiles whose band touches them.
+  const Diagonals diagonals = diagonals_of(band);  // From 13b: the per-score mask, in two registers
   int first_tile = step11::first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
   int tiles_per_head = int(step11::tiles(seqlen_q, BLOCK_Q)) - first_tile;
   if constexpr (WINDOW) {
@@ -675,7 +678,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     sm90::fence_operands(s_acc);
 
     // ---- Pᵀ = exp2(Sᵀ·scale·log2(e) - LSE₂), as step 11: masked pairs (a key past seqlen_k or after
-    // the row's diagonal; 13b: outside the row's band) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
+    // the row's diagonal) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
+    // From 13b: so do pairs outside the row's band.
     const float* lse_tile = lse_smem + s * BLOCK_Q;
     const float* dd_tile = dd_smem + s * BLOCK_Q;
     bool masked = step11::tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
@@ -794,7 +798,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   if (ATOMIC_DQ && threadIdx.x == 0) bulk_wait_all();
 
   // ---- epilogue: dK = scale·dK_acc and dV, this warpgroup's keys, columns < head_dim
-  // 13c: the sequence's rows of the packed dK and dV, from its offsets read again: k_start kept live through
+  // From 13c: the sequence's rows of the packed dK and dV, from its offsets read again: k_start kept live through
   // the loop made the softcapped kernels spill (bench/results/ptxas-13c-spills.txt).
   const int64_t k_row0 = VARLEN ? load_sequence(f, b).k_start : 0;
   T* dk_rows = dk + offset_of(p.dk, tb, k_row0, h_kv);

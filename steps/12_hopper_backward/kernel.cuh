@@ -67,7 +67,7 @@ __device__ inline void bulk_load(uint32_t dst, const void* src, uint32_t bytes, 
                : "memory");
 }
 
-// 12c: a bulk reduce-add (no tensor map): `bytes` (a multiple of 16) of fp32 from shared memory added
+// A bulk reduce-add (no tensor map): `bytes` (a multiple of 16) of fp32 from shared memory added
 // element by element to global memory, both 16-byte aligned, in this thread's bulk group
 // (sm90::tma_store_commit closes it, tma_store_wait_read waits for its reads of shared memory); and
 // the wait until all of this thread's groups are complete.
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
       sm90::Wgmma<BLOCK_Q, T>::ss(s_acc, advance(k_rows_desc, kv_rows_step(wg, ks)),
                                   advance(q_k_desc, stage_bytes + q_k_major_step(BLOCK_Q, ks)), ks > 0);
-    // 12b: Sᵀ is a commit group of its own, waited for alone.
+    // From 12b: Sᵀ is a commit group of its own, waited for alone.
     if constexpr (Tr::has(kAsyncWgmma)) sm90::wgmma_commit();
 #pragma unroll
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
@@ -287,7 +287,9 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       sm90::fence_proxy_async_shared();  // the generic stores, before wgmma reads them (async proxy)
     }
 
-    // 12b has issued dV already and issues dK after dQ, under the dQ atomics (12c: its staging and reduce).
+    // Before 12b: dV's products, then dK's, issued after every wait of this visit.
+    // From 12b: dV's products are issued already; dK's come after dQ's, under the dQ atomics.
+    // From 12c: under dQ's staging and bulk reduce-add instead of its atomics.
     if constexpr (Tr::has(kAsyncWgmma)) {
       if constexpr (!ATOMIC_DQ) issue_dk();
     } else {
@@ -312,7 +314,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
                               advance(k_mn_desc, k_mn_major_step(dq_tile.col_block, kk)), kk > 0);
       sm90::wgmma_commit();
       if constexpr (Tr::has(kAsyncWgmma)) {
-        issue_dk();             // dK's products run under dQ's atomics (12c: its staging, bulk reduce)
+        issue_dk();             // dK's products run under dQ's atomics  // From 12c: under its staging, bulk reduce
         sm90::wgmma_wait<1>();  // dQ is in (and dV); dK's products still run
       } else {
         sm90::wgmma_wait<0>();
@@ -375,7 +377,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   }
 }
 
-// 12c's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
+// The tiled accumulator's dQ conversion: dQ = scale · accumulator, the accumulator in dq_slot order (a query tile's
 // [BLOCK_Q, HEAD_DIM] floats, warpgroup wg's 64 × 64 tile the wg-th DQ_TILE² of them). One thread per
 // 8 consecutive floats, read as two float4: threads t … t + 3's pairs, one row's 8 columns.
 // VARLEN (step 13c): a packed batch, the accumulator in the padded batch's rows; row i of sequence b is

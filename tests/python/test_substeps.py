@@ -1,5 +1,6 @@
 """bench/substeps.py: the pruning of `if constexpr (Tr::has(kIdea))` on invented code, and the views in
 notes/substeps/ against the steps (the ctest entry `substeps` runs --check too)."""
+import re
 import sys
 import unittest
 from unittest import mock
@@ -48,7 +49,6 @@ class Prune(unittest.TestCase):
         folds = {r"under\(Tr::IDEAS\)": lambda on: "yes" if on["kA"] else "no"}
         self.assertEqual(substeps.prune("x = under(Tr::IDEAS);", {"kA": True}, folds), "x = yes;")
 
-
     def test_the_folds_that_matched_are_named(self):
         folds = {r"under\(Tr::IDEAS\)": lambda on: "yes", r"absent": lambda on: "no"}
         matched = set()
@@ -72,6 +72,33 @@ class Prune(unittest.TestCase):
                          "// ideas:\n//   07a kA     first idea,\n//              continued\n//\n// after the list\n")
         self.assertEqual(substeps.prune(src, {"kA": True, "kB": True}, {}), src)
 
+    def test_a_from_tag_keeps_its_comment_once_its_sub_step_is_on(self):
+        src = ("  // what every view says\n  // From 07b: what 07b brings,\n  // said on two lines.\n  x();\n"
+               "  y();  // From 07b: a note after code\n")
+        on = {"kA": True, "07a": True, "kB": False, "07b": False}
+        self.assertEqual(substeps.prune(src, on, {}), "  // what every view says\n  x();\n  y();\n")
+        self.assertEqual(substeps.prune(src, {**on, "kB": True, "07b": True}, {}), src)
+
+    def test_a_before_tag_keeps_its_words_until_its_sub_step(self):
+        src = ("// Before 07b: the grid is 2-D.\n// From 07b: the grid is 1-D.\nint g;\n"
+               "// Before 07b: dV's products first.\nint h;  // Before 07b: exp2f, not ex2\n")
+        on = {"07a": True, "07b": False}
+        # The words stay without the tag; a sentence's first word is capitalized, a name is not.
+        self.assertEqual(substeps.prune(src, on, {}),
+                         "// The grid is 2-D.\nint g;\n// dV's products first.\nint h;  // exp2f, not ex2\n")
+        self.assertEqual(substeps.prune(src, {"07a": True, "07b": True}, {}),
+                         "// From 07b: the grid is 1-D.\nint g;\nint h;\n")
+
+    def test_another_steps_tag_stays_and_an_unknown_sub_step_is_an_error(self):
+        src = "// From 09f: the persistent schedule.\nint x;\n"
+        self.assertEqual(substeps.prune(src, {"13a": True, "13b": False}, {}), src)
+        with self.assertRaisesRegex(ValueError, "tagged 13d, which is no sub-step"):
+            substeps.prune("// From 13d: nothing.\n", {"13a": True, "13b": False}, {})
+
+    def test_no_two_blank_lines_are_left(self):
+        src = "a();\n\nif constexpr (Tr::has(kB)) {\n  b();\n}\n\nc();\n"
+        self.assertEqual(substeps.prune(src, {"kB": False}, {}), "a();\n\nc();\n")
+
 
 class Views(unittest.TestCase):
     def test_every_sub_step_has_its_view(self):
@@ -94,6 +121,17 @@ class Views(unittest.TestCase):
             self.assertEqual("max_grew" in code, sid >= "07e", sid)
             self.assertEqual("exp2_" in code, sid >= "07f", sid)
             self.assertEqual("exp2f(fmaf(" in code, sid < "07f", sid)
+
+    def test_no_view_speaks_of_a_later_sub_step(self):
+        views = substeps.views()
+        for step in substeps.STEPS:
+            ideas = substeps.ideas_of(substeps.REPO / "steps" / step)
+            for _, value, sid in ideas:
+                code = views[sid].split("#pragma once", 1)[-1]
+                for name, later, later_sid in ideas:
+                    if later > value:
+                        self.assertIsNone(re.search(rf"\b{name}\b|\b{later_sid[:3]}\b", code),
+                                          f"{sid} names {later_sid}")
 
     def test_a_fold_that_matches_no_sub_step_is_an_error(self):
         with mock.patch.dict(substeps.STEPS["07_flash_attention2"], {r"text no kernel has": lambda on: ""}):
