@@ -178,7 +178,8 @@ def ladder_table(ladder: dict, meta: dict, source: str, runner: dict | None = No
 
 
 # ---- the roofline --------------------------------------------------------------------------------
-UNIT_COLORS = {"fma_f32": "tab:green", "mma_sync": "tab:blue", "wgmma": "tab:purple"}
+# One hue per unit in every figure: the CUDA cores purple, mma.sync blue, wgmma green.
+UNIT_COLORS = {"fma_f32": "tab:purple", "mma_sync": "tab:blue", "wgmma": "tab:green"}
 
 
 def compute_unit(step_id: str) -> str | None:
@@ -255,7 +256,9 @@ def roofline_table(ladder: dict, ceilings: dict | None) -> list[str]:
 
 # ---- plots (matplotlib is imported only here) ---------------------------------------------------
 
-CEILING_STYLES = ({"color": "tab:orange", "linestyle": "-."}, {"color": "tab:purple", "linestyle": (0, (1, 1))})
+# A ceiling in a dark shade of its unit's hue (UNIT_COLORS): no baseline's colour (FA4 is orange).
+CEILING_STYLES = {"mma_sync": {"color": "navy", "linestyle": "-."},
+                  "wgmma": {"color": "darkgreen", "linestyle": (0, (1, 1))}}
 BACKEND_STYLES = {"torch_flash": {"color": "black", "marker": "s", "linestyle": "--"},
                   "torch_cudnn": {"color": "tab:red", "marker": "^", "linestyle": "--"},
                   "torch_efficient": {"color": "gray", "marker": "v", "linestyle": ":"},
@@ -263,23 +266,26 @@ BACKEND_STYLES = {"torch_flash": {"color": "black", "marker": "s", "linestyle": 
                   "fa4": {"color": "tab:orange", "marker": "D", "linestyle": "--"}}
 
 
-# A family of steps a colour map and a marker, by the unit it computes on: the CUDA-core steps 01-05 in
-# purples, mma.sync's 06-07 (and 10, 11) in blues, wgmma's 08-09 in greens, darker the later the step;
-# the baselines keep their own colours (black, red, orange, grey: BACKEND_STYLES).
-FAMILY_STYLES = {"fma_f32": ("Purples", "s"), "mma_sync": ("Blues", "o"), "wgmma": ("Greens", "^")}
+# A family of steps a colour map, by the unit it computes on (UNIT_COLORS' hues): the CUDA-core steps 01-05
+# in purples, mma.sync's 06-07 (and 10, 11) in blues, wgmma's 08-09 in greens, darker the later the step,
+# and a marker of its own inside the family, so that two sub-steps of one shade apart can be told apart; the
+# baselines keep their own colours (black, red, orange, grey: BACKEND_STYLES).
+FAMILY_STYLES = {"fma_f32": "Purples", "mma_sync": "Blues", "wgmma": "Greens"}
+STEP_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "h")
 
 
 def step_styles(plt, step_ids: list[str]) -> dict[str, dict]:
-    """A line style per step: its family's colour map (FAMILY_STYLES) shaded by its place in the family."""
+    """A line style per step: its family's colour map (FAMILY_STYLES) shaded by its place in the family, and
+    that place's marker (STEP_MARKERS)."""
     families: dict[str, list[str]] = {}
     for i in step_ids:
         families.setdefault(compute_unit(i) or "mma_sync", []).append(i)
     styles = {}
     for unit, ids in families.items():
-        cmap_name, marker = FAMILY_STYLES[unit]
-        cmap = plt.get_cmap(cmap_name)
+        cmap = plt.get_cmap(FAMILY_STYLES[unit])
         for k, i in enumerate(ids):
-            styles[i] = {"color": cmap(0.45 + 0.5 * k / max(1, len(ids) - 1)), "marker": marker, "linestyle": "-"}
+            styles[i] = {"color": cmap(0.45 + 0.5 * k / max(1, len(ids) - 1)),
+                         "marker": STEP_MARKERS[k % len(STEP_MARKERS)], "linestyle": "-"}
     return styles
 
 
@@ -310,8 +316,8 @@ def plot_sweep(compare: dict, path: Path, ceilings: dict | None = None) -> None:
                     (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], markersize=4, label=label(impl, compare),
                                       **styles.get(impl, {}))
                     handles.setdefault(impl, line)
-            for (name, value, _), style in zip(tensor_ceilings(ceilings, dtype), CEILING_STYLES):
-                line = ax.axhline(value, linewidth=0.8, **style)
+            for name, value, unit in tensor_ceilings(ceilings, dtype):
+                line = ax.axhline(value, linewidth=0.8, **CEILING_STYLES[unit])
                 handles.setdefault(f"{name.split()[0]} ceiling (the panel's dtype)", line)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")  # 01 to FA4 spans nearly three decades; a linear axis flattens steps 01-07
@@ -362,8 +368,8 @@ def plot_ladder(ladder: dict, meta: dict, path: Path, ceilings: dict | None = No
             ax.axhline(r["tflops"], color=BACKEND_STYLES[impl]["color"], linestyle="--", linewidth=1, zorder=1,
                        label=f"{label(impl, meta)}: {r['tflops']:.0f}")
     peaks = tensor_ceilings(ceilings, ladder["shape"]["dtype"])
-    for (name, value, _), style in zip(peaks, CEILING_STYLES):
-        ax.axhline(value, linewidth=0.8, label=f"{name} ceiling: {value:.0f}", zorder=1, **style)
+    for name, value, unit in peaks:
+        ax.axhline(value, linewidth=0.8, label=f"{name} ceiling: {value:.0f}", zorder=1, **CEILING_STYLES[unit])
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     lowest = min(c["tflops"] for c in cols)

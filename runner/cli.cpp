@@ -315,7 +315,7 @@ problem (defaults: batch 2, heads 16, seqlen 2048, head_dim 128, fp16, not causa
   --dtype fp16|bf16    element type of Q, K, V, O
   --causal             causal mask, bottom-right aligned
   --scale X            softmax scale (default 1/sqrt(head_dim))
-  --softcap X          logit softcapping: softcap * tanh(s / softcap) before the softmax (default 0: off)
+  --softcap X          logit softcapping: softcap * tanh(s / softcap) before the softmax (default: off)
   --window L,R         sliding window: query i sees keys i+d-L ... i+d+R, d = seqlen_k - seqlen_q (-1: unbounded
                        on that side; with --causal the right bound is 0; default: no window)
   --varlen N,N,...     a variable-length batch: one sequence of each length, packed (total, heads, head_dim)
@@ -355,8 +355,8 @@ run:
   --json | --csv       machine-readable output on stdout instead of the table
   -h, --help           this text
 
-Numbers are plain decimals (digits only). Problem and run options apply to `run` only; given with
---list or banks they are refused. `explain` takes --step.
+N: digits only; X: a positive decimal (0.125, 1e-3); --window's bounds: digits or -1. Problem and
+run options apply to `run` only; given with --list or banks they are refused. `explain` takes --step.
 
 Exit status: 0 every checked step passed; 1 a step failed, nothing was checked (every selected step
 refused the problem), no GPU, or the output could not be written; 2 bad arguments.

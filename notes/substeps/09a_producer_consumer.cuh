@@ -44,9 +44,9 @@
 // seqlen 8448): 661 TFLOP/s for its full kernel, 582 without the GEMM-softmax pipelining (09c), 570
 // without warp specialization (09a); it credits ping-pong (09b) with 570 -> 620-640 (§3.1, seqlen
 // 8192). Those are another GPU's figures at other shapes, not a bar for this kernel. Measured here,
-// on an H200 (bench/results/compare_torch-20261202-044427.json, notes/09_warp_specialized.md):
-// warp specialization 1.23× step 08 at head_dim 128, N 8192; ping-pong 0.99× of 09a; at head_dim 64
-// the third consumer (09e) 1.1-1.3× 09d from N 2k.
+// on an H200 (bench/results/compare_torch-20261202-140716.json, notes/09_warp_specialized.md):
+// warp specialization 1.18× step 08 at head_dim 128, N 8192; ping-pong 0.99× of 09a; at head_dim 64
+// the third consumer (09e) 1.11-1.25× 09d from N 2k.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: nothing here calls the driver)
