@@ -184,11 +184,12 @@ UNIT_COLORS = {"fma_f32": "tab:purple", "mma_sync": "tab:blue", "wgmma": "tab:gr
 
 def compute_unit(step_id: str) -> str | None:
     """The unit a step computes on, by its number: 01-05 FP32 FMA on the CUDA cores; 06, 07 (07a-07g), 10 and
-    11 mma.sync; 08 and 09 (09a-09e) wgmma. None for an id without a number (no compute ceiling)."""
+    11 mma.sync; 08, 09 (09a-09f), 12 and 13 (Hopper's, sm_90a) wgmma. None for an id without a number (no
+    compute ceiling)."""
     if not step_id[:2].isdigit():
         return None
     n = int(step_id[:2])
-    return "fma_f32" if n <= 5 else "wgmma" if n in (8, 9) else "mma_sync"
+    return "fma_f32" if n <= 5 else "wgmma" if n in (8, 9, 12, 13) else "mma_sync"
 
 
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2}
@@ -267,7 +268,7 @@ BACKEND_STYLES = {"torch_flash": {"color": "black", "marker": "s", "linestyle": 
 
 
 # A family of steps a colour map, by the unit it computes on (UNIT_COLORS' hues): the CUDA-core steps 01-05
-# in purples, mma.sync's 06-07 (and 10, 11) in blues, wgmma's 08-09 in greens, darker the later the step,
+# in purples, mma.sync's 06-07 (and 10, 11) in blues, wgmma's 08-09 (and 12, 13) in greens, darker the later the step,
 # and a marker of its own inside the family, so that two sub-steps of one shade apart can be told apart; the
 # baselines keep their own colours (black, red, orange, grey: BACKEND_STYLES).
 FAMILY_STYLES = {"fma_f32": "Purples", "mma_sync": "Blues", "wgmma": "Greens"}

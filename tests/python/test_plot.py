@@ -157,13 +157,14 @@ class ComputeUnits(unittest.TestCase):
         units = {i: plot.compute_unit(i) for i in (
             "01_naive", "02_online_softmax", "03_smem_tiling", "04_pad", "04_swizzle", "05_cp_async",
             "06_ldmatrix_mma", "07a_rows32", "07g_flash_attention2", "08_tma_wgmma", "09a_producer_consumer",
-            "09d_tile_sizes", "10_decoding", "11_backward", "cublas")}
+            "09d_tile_sizes", "10_decoding", "11_backward", "12c_bulk_dq", "13a_softcap", "13c_varlen", "cublas")}
         self.assertEqual(units, {
             "01_naive": "fma_f32", "02_online_softmax": "fma_f32", "03_smem_tiling": "fma_f32", "04_pad": "fma_f32",
             "04_swizzle": "fma_f32", "05_cp_async": "fma_f32", "06_ldmatrix_mma": "mma_sync",
             "07a_rows32": "mma_sync", "07g_flash_attention2": "mma_sync", "08_tma_wgmma": "wgmma",
             "09a_producer_consumer": "wgmma", "09d_tile_sizes": "wgmma", "10_decoding": "mma_sync",
-            "11_backward": "mma_sync", "cublas": None})
+            "11_backward": "mma_sync", "12c_bulk_dq": "wgmma", "13a_softcap": "wgmma", "13c_varlen": "wgmma",
+            "cublas": None})
 
     def test_label_heights(self):
         gap = 0.1
