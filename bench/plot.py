@@ -268,9 +268,9 @@ BACKEND_STYLES = {"torch_flash": {"color": "black", "marker": "s", "linestyle": 
 
 
 # A family of steps a colour map, by the unit it computes on (UNIT_COLORS' hues): the CUDA-core steps 01-05
-# in purples, mma.sync's 06-07 (and 10, 11) in blues, wgmma's 08-09 (and 12, 13) in greens, darker the later the step,
-# and a marker of its own inside the family, so that two sub-steps of one shade apart can be told apart; the
-# baselines keep their own colours (black, red, orange, grey: BACKEND_STYLES).
+# in purples, mma.sync's 06-07 (and 10, 11) in blues, wgmma's 08-09 (and 12, 13) in greens, darker the later
+# the step, and a marker of its own inside the family, so that two sub-steps of one shade apart can be told
+# apart; the baselines keep their own colours (black, red, orange, grey: BACKEND_STYLES).
 FAMILY_STYLES = {"fma_f32": "Purples", "mma_sync": "Blues", "wgmma": "Greens"}
 STEP_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "h")
 

@@ -11,8 +11,8 @@ idea brings folded to what they are without it (07e's vote goes, 07f's exp2_ is 
 
 shows 07c's one idea. A comment that says what changes with a sub-step is tagged `// From 07c: …` or
 `// Before 07c: …`; a view keeps it only where it is true, so no view speaks of a later sub-step. The views
-are generated, never edited; `--check` (a ctest entry) fails when one
-is stale. An idea is on in sub-step IDEAS when IDEAS >= its value in traits.h's `enum Idea`.
+are generated, never edited; `--check` (a ctest entry) fails when one is stale. An idea is on in sub-step
+IDEAS when IDEAS >= its value in traits.h's `enum Idea`.
 """
 from __future__ import annotations
 
