@@ -257,40 +257,38 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
     // From 07c: the next x4 (and at the end of a step the next step's Q) is requested before the mma
     // instructions of the current one are issued.
     float s_acc[M_TILES][Tr::S_N_TILES][4] = {};  // [ROWS_PER_WARP, BLOCK_KV] fp32, C layout
-    {
-      constexpr int K_PAIRS = Tr::S_N_TILES / 2;
-      uint32_t q_frag[2][M_TILES][4];  // [2 steps][m16 tile]: Q [16 rows, 16 dims] as A (quadrants = a[0..3])
-      uint32_t k_frag[2][4];           // [2 loads]: K [16 keys, 16 dims] as the B of two n8 tiles
-      auto load_q = [&](const int ks) {
+    constexpr int K_PAIRS = Tr::S_N_TILES / 2;
+    uint32_t q_frag[2][M_TILES][4];  // [2 steps][m16 tile]: Q [16 rows, 16 dims] as A (quadrants = a[0..3])
+    uint32_t k_frag[2][4];           // [2 loads]: K [16 keys, 16 dims] as the B of two n8 tiles
+    auto load_q = [&](const int ks) {
 #pragma unroll
-        for (int mi = 0; mi < M_TILES; ++mi)
-          ldmatrix_x4(q_frag[ks % 2][mi], q_warp + qv_lane_off[ks * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(mi * 16, ks * 16));
-      };
-      auto load_k = [&](const int ks, const int np) {
-        ldmatrix_x4(k_frag[(ks * K_PAIRS + np) % 2],
-                    k_tile + k_lane_off[ks * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(np * 16, ks * 16));
-      };
-      load_q(0);
-      load_k(0, 0);
+      for (int mi = 0; mi < M_TILES; ++mi)
+        ldmatrix_x4(q_frag[ks % 2][mi], q_warp + qv_lane_off[ks * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(mi * 16, ks * 16));
+    };
+    auto load_k = [&](const int ks, const int np) {
+      ldmatrix_x4(k_frag[(ks * K_PAIRS + np) % 2],
+                  k_tile + k_lane_off[ks * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(np * 16, ks * 16));
+    };
+    load_q(0);
+    load_k(0, 0);
 #pragma unroll
-      for (int ks = 0; ks < Tr::QK_K_STEPS; ++ks)
+    for (int ks = 0; ks < Tr::QK_K_STEPS; ++ks)
 #pragma unroll
-        for (int np = 0; np < K_PAIRS; ++np) {
-          if (np + 1 < K_PAIRS) {
-            load_k(ks, np + 1);
-          } else if (ks + 1 < Tr::QK_K_STEPS) {
-            load_q(ks + 1);
-            load_k(ks + 1, 0);
-          }
-          const uint32_t* kf = k_frag[(ks * K_PAIRS + np) % 2];
-          const uint32_t b_lo[2] = {kf[0], kf[1]}, b_hi[2] = {kf[2], kf[3]};
-#pragma unroll
-          for (int mi = 0; mi < M_TILES; ++mi) {
-            mma_m16n8k16<T>(s_acc[mi][2 * np], q_frag[ks % 2][mi], b_lo);
-            mma_m16n8k16<T>(s_acc[mi][2 * np + 1], q_frag[ks % 2][mi], b_hi);
-          }
+      for (int np = 0; np < K_PAIRS; ++np) {
+        if (np + 1 < K_PAIRS) {
+          load_k(ks, np + 1);
+        } else if (ks + 1 < Tr::QK_K_STEPS) {
+          load_q(ks + 1);
+          load_k(ks + 1, 0);
         }
-    }
+        const uint32_t* kf = k_frag[(ks * K_PAIRS + np) % 2];
+        const uint32_t b_lo[2] = {kf[0], kf[1]}, b_hi[2] = {kf[2], kf[3]};
+#pragma unroll
+        for (int mi = 0; mi < M_TILES; ++mi) {
+          mma_m16n8k16<T>(s_acc[mi][2 * np], q_frag[ks % 2][mi], b_lo);
+          mma_m16n8k16<T>(s_acc[mi][2 * np + 1], q_frag[ks % 2][mi], b_hi);
+        }
+      }
 
     // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
     if constexpr (MASKED) {

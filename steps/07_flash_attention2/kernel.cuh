@@ -273,7 +273,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
     // From 07c: the next x4 (and at the end of a step the next step's Q) is requested before the mma
     // instructions of the current one are issued.
     float s_acc[M_TILES][Tr::S_N_TILES][4] = {};  // [ROWS_PER_WARP, BLOCK_KV] fp32, C layout
-    {
+    if constexpr (Tr::has(kLdmatrixPipeline)) {
       constexpr int K_PAIRS = Tr::S_N_TILES / 2;
       uint32_t q_frag[2][M_TILES][4];  // [2 steps][m16 tile]: Q [16 rows, 16 dims] as A (quadrants = a[0..3])
       uint32_t k_frag[2][4];           // [2 loads]: K [16 keys, 16 dims] as the B of two n8 tiles
@@ -286,24 +286,17 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
         ldmatrix_x4(k_frag[(ks * K_PAIRS + np) % 2],
                     k_tile + k_lane_off[ks * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(np * 16, ks * 16));
       };
-      if constexpr (Tr::has(kLdmatrixPipeline)) {
-        load_q(0);
-        load_k(0, 0);
-      }
+      load_q(0);
+      load_k(0, 0);
 #pragma unroll
       for (int ks = 0; ks < Tr::QK_K_STEPS; ++ks)
 #pragma unroll
         for (int np = 0; np < K_PAIRS; ++np) {
-          if constexpr (Tr::has(kLdmatrixPipeline)) {
-            if (np + 1 < K_PAIRS) {
-              load_k(ks, np + 1);
-            } else if (ks + 1 < Tr::QK_K_STEPS) {
-              load_q(ks + 1);
-              load_k(ks + 1, 0);
-            }
-          } else {
-            if (np == 0) load_q(ks);
-            load_k(ks, np);
+          if (np + 1 < K_PAIRS) {
+            load_k(ks, np + 1);
+          } else if (ks + 1 < Tr::QK_K_STEPS) {
+            load_q(ks + 1);
+            load_k(ks + 1, 0);
           }
           const uint32_t* kf = k_frag[(ks * K_PAIRS + np) % 2];
           const uint32_t b_lo[2] = {kf[0], kf[1]}, b_hi[2] = {kf[2], kf[3]};
@@ -313,6 +306,25 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
             mma_m16n8k16<T>(s_acc[mi][2 * np + 1], q_frag[ks % 2][mi], b_hi);
           }
         }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < Tr::QK_K_STEPS; ++ks) {
+        uint32_t q_frag[M_TILES][4];  // [m16 tile]: Q [16 rows, 16 dims] as A (quadrants = a[0..3])
+#pragma unroll
+        for (int mi = 0; mi < M_TILES; ++mi)
+          ldmatrix_x4(q_frag[mi], q_warp + qv_lane_off[ks * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(mi * 16, ks * 16));
+#pragma unroll
+        for (int np = 0; np < Tr::S_N_TILES / 2; ++np) {
+          uint32_t k_frag[4];  // K [16 keys, 16 dims] as the B of two n8 tiles
+          ldmatrix_x4(k_frag, k_tile + k_lane_off[ks * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(np * 16, ks * 16));
+          const uint32_t b_lo[2] = {k_frag[0], k_frag[1]}, b_hi[2] = {k_frag[2], k_frag[3]};
+#pragma unroll
+          for (int mi = 0; mi < M_TILES; ++mi) {
+            mma_m16n8k16<T>(s_acc[mi][2 * np], q_frag[mi], b_lo);
+            mma_m16n8k16<T>(s_acc[mi][2 * np + 1], q_frag[mi], b_hi);
+          }
+        }
+      }
     }
 
     // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
@@ -412,35 +424,49 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
               p_frag[mi][kk][frag::mma_a_reg_of_c(n_half, i)] =
                   pack2<T>(s_acc[mi][2 * kk + n_half][i], s_acc[mi][2 * kk + n_half][i + 1]);
 
-      constexpr int V_PAIRS = Tr::O_N_TILES / 2;
-      uint32_t v_frag[2][4];  // [2 loads]: V [16 keys, 16 dims] through .trans as the B of two n8 tiles
-      auto load_v = [&](const int kk, const int np) {
-        ldmatrix_x4_trans(v_frag[(kk * V_PAIRS + np) % 2],
-                          v_tile + qv_lane_off[np * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(kk * 16, np * 16));
-      };
-      if constexpr (Tr::has(kLdmatrixPipeline)) load_v(0, 0);
+      if constexpr (Tr::has(kLdmatrixPipeline)) {
+        constexpr int V_PAIRS = Tr::O_N_TILES / 2;
+        uint32_t v_frag[2][4];  // [2 loads]: V [16 keys, 16 dims] through .trans as the B of two n8 tiles
+        auto load_v = [&](const int kk, const int np) {
+          ldmatrix_x4_trans(v_frag[(kk * V_PAIRS + np) % 2],
+                            v_tile + qv_lane_off[np * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(kk * 16, np * 16));
+        };
+        load_v(0, 0);
 #pragma unroll
-      for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk)
+        for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk)
 #pragma unroll
-        for (int np = 0; np < V_PAIRS; ++np) {
-          if constexpr (Tr::has(kLdmatrixPipeline)) {
+          for (int np = 0; np < V_PAIRS; ++np) {
             if (np + 1 < V_PAIRS)
               load_v(kk, np + 1);
             else if (kk + 1 < Tr::PV_K_STEPS)
               load_v(kk + 1, 0);
-          } else {
-            load_v(kk, np);
-          }
-          // Quadrants of V [key, dim] through .trans: 0 = keys 0-7 × dims 0-7 (b[0] of n8 tile 2·np),
-          // 1 = keys 8-15 × dims 0-7 (its b[1]), 2 and 3 = the same keys × dims 8-15 (tile 2·np + 1).
-          const uint32_t* vf = v_frag[(kk * V_PAIRS + np) % 2];
-          const uint32_t b_lo[2] = {vf[0], vf[1]}, b_hi[2] = {vf[2], vf[3]};
+            // Quadrants of V [key, dim] through .trans: 0 = keys 0-7 × dims 0-7 (b[0] of n8 tile 2·np),
+            // 1 = keys 8-15 × dims 0-7 (its b[1]), 2 and 3 = the same keys × dims 8-15 (tile 2·np + 1).
+            const uint32_t* vf = v_frag[(kk * V_PAIRS + np) % 2];
+            const uint32_t b_lo[2] = {vf[0], vf[1]}, b_hi[2] = {vf[2], vf[3]};
 #pragma unroll
-          for (int mi = 0; mi < M_TILES; ++mi) {
-            mma_m16n8k16<T>(o_acc[mi][2 * np], p_frag[mi][kk], b_lo);
-            mma_m16n8k16<T>(o_acc[mi][2 * np + 1], p_frag[mi][kk], b_hi);
+            for (int mi = 0; mi < M_TILES; ++mi) {
+              mma_m16n8k16<T>(o_acc[mi][2 * np], p_frag[mi][kk], b_lo);
+              mma_m16n8k16<T>(o_acc[mi][2 * np + 1], p_frag[mi][kk], b_hi);
+            }
           }
-        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk)
+#pragma unroll
+          for (int np = 0; np < Tr::O_N_TILES / 2; ++np) {
+            uint32_t v_frag[4];  // V [16 keys, 16 dims] through .trans as the B of two n8 tiles
+            ldmatrix_x4_trans(v_frag, v_tile + qv_lane_off[np * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(kk * 16, np * 16));
+            // Quadrants of V [key, dim] through .trans: 0 = keys 0-7 × dims 0-7 (b[0] of n8 tile 2·np),
+            // 1 = keys 8-15 × dims 0-7 (its b[1]), 2 and 3 = the same keys × dims 8-15 (tile 2·np + 1).
+            const uint32_t b_lo[2] = {v_frag[0], v_frag[1]}, b_hi[2] = {v_frag[2], v_frag[3]};
+#pragma unroll
+            for (int mi = 0; mi < M_TILES; ++mi) {
+              mma_m16n8k16<T>(o_acc[mi][2 * np], p_frag[mi][kk], b_lo);
+              mma_m16n8k16<T>(o_acc[mi][2 * np + 1], p_frag[mi][kk], b_hi);
+            }
+          }
+      }
     }
   };
 
