@@ -118,6 +118,17 @@ __device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// One x4 of B (from ldmatrix_x4_k_pair's K order, or V's quadrants through .trans) holds the B fragments
+// of two neighbouring n8 tiles: b[0], b[1] for tile 2·np and b[2], b[3] for tile 2·np + 1. Both
+// products with the same A: acc[2·np] += a·B_lo, acc[2·np + 1] += a·B_hi.
+template <typename T, int N_TILES>
+__device__ __forceinline__ void mma_n8_pair(float (&acc)[N_TILES][4], const int np, const uint32_t (&a)[4],
+                                            const uint32_t* b) {
+  const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+  mma_m16n8k16<T>(acc[2 * np], a, b_lo);
+  mma_m16n8k16<T>(acc[2 * np + 1], a, b_hi);
+}
+
 // Issues the cp.async copies of one [ROWS, HEAD_DIM] tile, rows first_row … first_row + ROWS - 1 of
 // a tensor whose rows start `row_stride` elements apart at `gmem`, into `smem`, swizzled. Each pass
 // of the block's threads copies ROWS_PER_PASS whole rows, consecutive threads taking consecutive 16
@@ -248,12 +259,8 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
       for (int np = 0; np < Tr::S_N_TILES / 2; ++np) {
         uint32_t k_frag[4];  // K [16 keys, 16 dims] as the B of two n8 tiles
         ldmatrix_x4(k_frag, k_tile + k_lane_off[ks * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(np * 16, ks * 16));
-        const uint32_t b_lo[2] = {k_frag[0], k_frag[1]}, b_hi[2] = {k_frag[2], k_frag[3]};
 #pragma unroll
-        for (int mi = 0; mi < M_TILES; ++mi) {
-          mma_m16n8k16<T>(s_acc[mi][2 * np], q_frag[mi], b_lo);
-          mma_m16n8k16<T>(s_acc[mi][2 * np + 1], q_frag[mi], b_hi);
-        }
+        for (int mi = 0; mi < M_TILES; ++mi) mma_n8_pair<T>(s_acc[mi], np, q_frag[mi], k_frag);
       }
     }
 
@@ -346,12 +353,8 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
           ldmatrix_x4_trans(v_frag, v_tile + qv_lane_off[np * 16 % Tr::SWIZZLE_COLS / 16] + Tr::origin(kk * 16, np * 16));
           // Quadrants of V [key, dim] through .trans: 0 = keys 0-7 × dims 0-7 (b[0] of n8 tile 2·np),
           // 1 = keys 8-15 × dims 0-7 (its b[1]), 2 and 3 = the same keys × dims 8-15 (tile 2·np + 1).
-          const uint32_t b_lo[2] = {v_frag[0], v_frag[1]}, b_hi[2] = {v_frag[2], v_frag[3]};
 #pragma unroll
-          for (int mi = 0; mi < M_TILES; ++mi) {
-            mma_m16n8k16<T>(o_acc[mi][2 * np], p_frag[mi][kk], b_lo);
-            mma_m16n8k16<T>(o_acc[mi][2 * np + 1], p_frag[mi][kk], b_hi);
-          }
+          for (int mi = 0; mi < M_TILES; ++mi) mma_n8_pair<T>(o_acc[mi], np, p_frag[mi][kk], v_frag);
         }
     }
   };

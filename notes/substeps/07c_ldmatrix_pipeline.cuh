@@ -120,6 +120,17 @@ __device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// One x4 of B (from ldmatrix_x4_k_pair's K order, or V's quadrants through .trans) holds the B fragments
+// of two neighbouring n8 tiles: b[0], b[1] for tile 2·np and b[2], b[3] for tile 2·np + 1. Both
+// products with the same A: acc[2·np] += a·B_lo, acc[2·np + 1] += a·B_hi.
+template <typename T, int N_TILES>
+__device__ __forceinline__ void mma_n8_pair(float (&acc)[N_TILES][4], const int np, const uint32_t (&a)[4],
+                                            const uint32_t* b) {
+  const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+  mma_m16n8k16<T>(acc[2 * np], a, b_lo);
+  mma_m16n8k16<T>(acc[2 * np + 1], a, b_hi);
+}
+
 // Issues the cp.async copies of one [ROWS, HEAD_DIM] tile, rows first_row … first_row + ROWS - 1 of
 // a tensor whose rows start `row_stride` elements apart at `gmem`, into `smem`, swizzled. Each pass
 // of the block's threads copies ROWS_PER_PASS whole rows, consecutive threads taking consecutive 16
@@ -266,13 +277,9 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
           load_q(ks + 1);
           load_k(ks + 1, 0);
         }
-        const uint32_t* kf = k_frag[(ks * K_PAIRS + np) % 2];
-        const uint32_t b_lo[2] = {kf[0], kf[1]}, b_hi[2] = {kf[2], kf[3]};
 #pragma unroll
-        for (int mi = 0; mi < M_TILES; ++mi) {
-          mma_m16n8k16<T>(s_acc[mi][2 * np], q_frag[ks % 2][mi], b_lo);
-          mma_m16n8k16<T>(s_acc[mi][2 * np + 1], q_frag[ks % 2][mi], b_hi);
-        }
+        for (int mi = 0; mi < M_TILES; ++mi)
+          mma_n8_pair<T>(s_acc[mi], np, q_frag[ks % 2][mi], k_frag[(ks * K_PAIRS + np) % 2]);
       }
 
     // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
@@ -372,15 +379,9 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
             load_v(kk, np + 1);
           else if (kk + 1 < Tr::PV_K_STEPS)
             load_v(kk + 1, 0);
-          // Quadrants of V [key, dim] through .trans: 0 = keys 0-7 × dims 0-7 (b[0] of n8 tile 2·np),
-          // 1 = keys 8-15 × dims 0-7 (its b[1]), 2 and 3 = the same keys × dims 8-15 (tile 2·np + 1).
-          const uint32_t* vf = v_frag[(kk * V_PAIRS + np) % 2];
-          const uint32_t b_lo[2] = {vf[0], vf[1]}, b_hi[2] = {vf[2], vf[3]};
 #pragma unroll
-          for (int mi = 0; mi < M_TILES; ++mi) {
-            mma_m16n8k16<T>(o_acc[mi][2 * np], p_frag[mi][kk], b_lo);
-            mma_m16n8k16<T>(o_acc[mi][2 * np + 1], p_frag[mi][kk], b_hi);
-          }
+          for (int mi = 0; mi < M_TILES; ++mi)
+            mma_n8_pair<T>(o_acc[mi], np, p_frag[mi][kk], v_frag[(kk * V_PAIRS + np) % 2]);
         }
     }
   };
