@@ -355,8 +355,9 @@ run:
   --json | --csv       machine-readable output on stdout instead of the table
   -h, --help           this text
 
-N: digits only; X: a positive decimal (0.125, 1e-3); --window's bounds: digits or -1. Problem and
-run options apply to `run` only; given with --list or banks they are refused. `explain` takes --step.
+N: digits only; X: a positive decimal (0.125, 1e-3); --window's bounds: digits or -1. Problem options
+apply to `run` and `resources`, run options to `run` only; given elsewhere they are refused. `explain`
+and `banks` take --step.
 
 Exit status: 0 every checked step passed; 1 a step failed, nothing was checked (every selected step
 refused the problem), no GPU, or the output could not be written; 2 bad arguments.
