@@ -95,6 +95,26 @@ def substep_rows(kernels: dict[str, list[str]], lessons: list[tuple[str, str]]) 
     return rows
 
 
+def entry_row(earlier: Path, kernels: dict[str, list[str]], lessons: dict[str, list[tuple[str, str]]],
+              later: Path) -> list[str]:
+    """The row of a directory's first sub-step against what it extends: the last view of the earlier
+    directory where it has views (12c → 13a), else its kernel.cuh (06 → 07a). None without views."""
+    firsts = [sid for sid, _ in lessons.get(later.name, []) if sid in kernels]
+    if not firsts:
+        return []
+    first = firsts[0]
+    before = [sid for sid, _ in lessons.get(earlier.name, []) if sid in kernels]
+    if before:
+        label, old, where = f"`{before[-1]}`", kernels[before[-1]], "views in `notes/substeps/`"
+    else:
+        kernel = earlier / "kernel.cuh"
+        label, old = f"`{earlier.name}`", read_lines(kernel if kernel.is_file() else None)
+        where = "its `kernel.cuh` against the view in `notes/substeps/`"
+    added, removed = count_changes(old, kernels[first])
+    return [f"| {label} → `{first}` ({where}) | `{first}.cuh` +{added} −{removed} | +{added} −{removed} "
+            f"| {dict(lessons[later.name])[first].replace('|', chr(92) + '|')} |"]
+
+
 def table(steps: Path, lessons: dict[str, list[tuple[str, str]]], views: Path = fs_results.REPO / "notes" / "substeps"
           ) -> str:
     """The markdown between the markers (without the markers themselves); the sub-steps' rows from `views`."""
@@ -112,6 +132,7 @@ def table(steps: Path, lessons: dict[str, list[tuple[str, str]]], views: Path = 
         said = "<br>".join(f"`{sid}`: " + lesson.replace("|", "\\|")  # a '|' would end the cell
                            for sid, lesson in lessons.get(later.name, [])) or "(no step registered from this directory)"
         lines.append(f"| `{earlier.name}` → `{later.name}` | {listed} | +{added} −{removed} | {said} |")
+        lines += entry_row(earlier, kernels, lessons, later)
         lines += substep_rows(kernels, lessons.get(later.name, []))
     lines += ["", "Lines added and removed from the step a directory extends (its kernel.cuh says which, "
               "\"Extends step NN\"; else the one before) to it (files paired by name and compared line by line; a "

@@ -87,6 +87,24 @@ class Table(unittest.TestCase):
         self.assertIn("| `03a_third` → `03b_third` (views in `notes/substeps/`) | `03b_third.cuh` +1 −0 | +1 −0 "
                       "| second idea |", sc.table(self.steps, self.lessons, views))
 
+    def test_entry_row_against_what_the_directory_extends(self):
+        views = Path(self.tmp.name) / "views"
+        write(views / "03a_third.cuh", ["// Generated", "// the branches", "load", "compute"])
+        write(views / "03b_third.cuh", ["// Generated", "// the branches", "load", "prefetch", "compute"])
+        # 02_second has no views: its first sub-step is compared with the earlier kernel.cuh ...
+        self.assertIn("| `02_second` → `03a_third` (its `kernel.cuh` against the view in `notes/substeps/`) "
+                      "| `03a_third.cuh` +0 −3 | +0 −3 | first idea |", sc.table(self.steps, self.lessons, views))
+        # ... and, where the earlier directory has views, with its last one.
+        write(views / "02a_second.cuh", ["// Generated", "// the branches", "load", "store"])
+        write(views / "02b_second.cuh", ["// Generated", "// the branches", "load", "compute", "store"])
+        lessons = dict(self.lessons, **{"02_second": [("02a_second", "a"), ("02b_second", "b")]})
+        text = sc.table(self.steps, lessons, views)
+        self.assertIn("| `02b_second` → `03a_third` (views in `notes/substeps/`) | `03a_third.cuh` +0 −1 | +0 −1 "
+                      "| first idea |", text)
+        self.assertIn("| `02a_second` → `02b_second` (views in `notes/substeps/`) | `02b_second.cuh` +1 −0 |", text)
+        self.assertIn("| `01_first` → `02a_second` (its `kernel.cuh` against the view in `notes/substeps/`) "
+                      "| `02a_second.cuh` +0 −2 | +0 −2 | a |", text)
+
     def test_write_then_check(self):
         notes = Path(self.tmp.name) / "README.md"
         notes.write_text(NOTES)
