@@ -24,7 +24,7 @@ def step_dirs(steps: Path) -> list[Path]:
 def base_of(later: Path, dirs: list[Path]) -> Path:
     """The directory a step extends: the one its kernel.cuh names in its header ("Extends step 07 ..."),
     else the one before it."""
-    header = read_lines(later / "kernel.cuh" if (later / "kernel.cuh").is_file() else None)[:12]
+    header = kernel_lines(later)[:12]
     named = re.search(r"Extends step (\d\d)", "\n".join(header))
     if named:
         for d in dirs:
@@ -35,6 +35,12 @@ def base_of(later: Path, dirs: list[Path]) -> Path:
 
 def read_lines(path: Path | None) -> list[str]:
     return path.read_text(encoding="utf-8", errors="replace").splitlines() if path is not None else []
+
+
+def kernel_lines(step_dir: Path) -> list[str]:
+    """A step directory's kernel.cuh, [] where it has none."""
+    kernel = step_dir / "kernel.cuh"
+    return read_lines(kernel if kernel.is_file() else None)
 
 
 def count_changes(old: list[str], new: list[str]) -> tuple[int, int]:
@@ -83,36 +89,33 @@ def view_kernels(views: Path) -> dict[str, list[str]]:
     return out
 
 
-def substep_rows(kernels: dict[str, list[str]], lessons: list[tuple[str, str]]) -> list[str]:
-    """The rows of a step's sub-steps, one view (`kernels`, view_kernels) against the next."""
-    rows = []
+def substep_rows(kernels: dict[str, list[str]], lessons: list[tuple[str, str]],
+                 entry: tuple[str, list[str], str] | None = None) -> list[str]:
+    """The rows of a step's sub-steps, one view (`kernels`, view_kernels) against the next; with `entry`,
+    (label, lines, where) of what the first sub-step extends (entry_of), a row for the first one too."""
+    said = dict(lessons)
     ids = [sid for sid, _ in lessons if sid in kernels]
-    for earlier, later in zip(ids, ids[1:]):
-        added, removed = count_changes(kernels[earlier], kernels[later])
+    pairs = [(f"`{earlier}`", kernels[earlier], "views in `notes/substeps/`", later)
+             for earlier, later in zip(ids, ids[1:])]
+    if entry is not None and ids:
+        pairs.insert(0, (*entry, ids[0]))
+    rows = []
+    for label, old, where, later in pairs:
+        added, removed = count_changes(old, kernels[later])
         lines = f"`{later}.cuh` +{added} −{removed}" if added or removed else "none in the kernel (traits.h's tile table)"
-        rows.append(f"| `{earlier}` → `{later}` (views in `notes/substeps/`) | {lines} | +{added} −{removed} "
-                    f"| {dict(lessons)[later].replace('|', chr(92) + '|')} |")
+        rows.append(f"| {label} → `{later}` ({where}) | {lines} | +{added} −{removed} "
+                    f"| {said[later].replace('|', chr(92) + '|')} |")
     return rows
 
 
-def entry_row(earlier: Path, kernels: dict[str, list[str]], lessons: dict[str, list[tuple[str, str]]],
-              later: Path) -> list[str]:
-    """The row of a directory's first sub-step against what it extends: the last view of the earlier
-    directory where it has views (12c → 13a), else its kernel.cuh (06 → 07a). None without views."""
-    firsts = [sid for sid, _ in lessons.get(later.name, []) if sid in kernels]
-    if not firsts:
-        return []
-    first = firsts[0]
+def entry_of(earlier: Path, kernels: dict[str, list[str]], lessons: dict[str, list[tuple[str, str]]]
+             ) -> tuple[str, list[str], str]:
+    """What a directory's first sub-step extends, as (label, lines, where) for substep_rows: the last view
+    of the earlier directory where it has views (12c → 13a), else its kernel.cuh (06 → 07a)."""
     before = [sid for sid, _ in lessons.get(earlier.name, []) if sid in kernels]
     if before:
-        label, old, where = f"`{before[-1]}`", kernels[before[-1]], "views in `notes/substeps/`"
-    else:
-        kernel = earlier / "kernel.cuh"
-        label, old = f"`{earlier.name}`", read_lines(kernel if kernel.is_file() else None)
-        where = "its `kernel.cuh` against the view in `notes/substeps/`"
-    added, removed = count_changes(old, kernels[first])
-    return [f"| {label} → `{first}` ({where}) | `{first}.cuh` +{added} −{removed} | +{added} −{removed} "
-            f"| {dict(lessons[later.name])[first].replace('|', chr(92) + '|')} |"]
+        return f"`{before[-1]}`", kernels[before[-1]], "views in `notes/substeps/`"
+    return f"`{earlier.name}`", kernel_lines(earlier), "its `kernel.cuh` against the view in `notes/substeps/`"
 
 
 def table(steps: Path, lessons: dict[str, list[tuple[str, str]]], views: Path = fs_results.REPO / "notes" / "substeps"
@@ -132,8 +135,7 @@ def table(steps: Path, lessons: dict[str, list[tuple[str, str]]], views: Path = 
         said = "<br>".join(f"`{sid}`: " + lesson.replace("|", "\\|")  # a '|' would end the cell
                            for sid, lesson in lessons.get(later.name, [])) or "(no step registered from this directory)"
         lines.append(f"| `{earlier.name}` → `{later.name}` | {listed} | +{added} −{removed} | {said} |")
-        lines += entry_row(earlier, kernels, lessons, later)
-        lines += substep_rows(kernels, lessons.get(later.name, []))
+        lines += substep_rows(kernels, lessons.get(later.name, []), entry_of(earlier, kernels, lessons))
     lines += ["", "Lines added and removed from the step a directory extends (its kernel.cuh says which, "
               "\"Extends step NN\"; else the one before) to it (files paired by name and compared line by line; a "
               "file on one side only counts whole): what `diff -ru steps/<from> steps/<to>` shows. Regenerate with "
