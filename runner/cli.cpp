@@ -184,6 +184,14 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
     const size_t eq = args[i].rfind("--", 0) == 0 ? args[i].find('=') : std::string::npos;
     const std::string flag = args[i].substr(0, eq);
     const Flag* f = std::find_if(std::begin(kFlags), std::end(kFlags), [&](const Flag& g) { return flag == g.name; });
+    // explain and banks read a bare word as a step id: `explain 07a_rows32` is `explain --step 07a_rows32`.
+    if (f == std::end(kFlags) && (o.command == "explain" || o.command == "banks") && args[i].rfind('-', 0) != 0) {
+      f = std::find_if(std::begin(kFlags), std::end(kFlags), [](const Flag& g) { return g.name == std::string_view("--step"); });
+      p.text = args[i];
+      f->set(p);
+      given.push_back(f);
+      continue;
+    }
     if (f == std::end(kFlags)) return fail("unknown argument '" + args[i] + "' (see --help)");
     const Rule::Kind kind = f->rule.kind;
     if (f->scope == kCommand && !command_word.empty() && command_word != flag)
@@ -288,7 +296,8 @@ std::string runner_usage() {
 
 usage: flash-steps [run] [options]     check every step against the reference, time it, print a table
        flash-steps --list              list the registered steps (no GPU needed)
-       flash-steps explain [--step ID] what each step's index math predicts, from models of the hardware
+       flash-steps explain [[--step] ID]
+                                       what each step's index math predicts, from models of the hardware
                                        (no GPU needed): 03-05 their shared-memory bank maps, the wavefronts
                                        of every shared access and the ncu counters to expect; 06 the
                                        mma.sync fragment maps; 08 and 09 the tile table, shared-memory
@@ -297,7 +306,7 @@ usage: flash-steps [run] [options]     check every step against the reference, t
                                        softcapping's factors, the window's tile maps and the packed
                                        batch's grid. The steps without a model (01, 02, 07, 11) are
                                        named as such
-       flash-steps banks [--step ID]   the same as explain
+       flash-steps banks [[--step] ID] the same as explain
        flash-steps ... --help          this text, whatever else is given (-h too)
        flash-steps resources [options] [--backward] [--json]
                                        registers, shared memory and occupancy of every kernel each step
@@ -357,7 +366,7 @@ run:
 
 N: digits only; X: a positive decimal (0.125, 1e-3); --window's bounds: digits or -1. Problem options
 apply to `run` and `resources`, run options to `run` only; given elsewhere they are refused. `explain`
-and `banks` take --step.
+and `banks` take --step, or the step ids alone (flash-steps explain 07a_rows32).
 
 Exit status: 0 every checked step passed; 1 a step failed, nothing was checked (every selected step
 refused the problem), no GPU, or the output could not be written; 2 bad arguments.

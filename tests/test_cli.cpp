@@ -130,6 +130,12 @@ TEST_CASE("cli: mistakes give one clear message", "[cli]") {
 
 TEST_CASE("cli: a flag that applies is applied, and numbers in every plain form are read", "[cli]") {
   CHECK(parse({"explain", "--step", "03_smem_tiling"}).options.steps == std::vector<std::string>{"03_smem_tiling"});
+  // explain and banks take the ids alone too; other commands still refuse a bare word
+  CHECK(parse({"explain", "03_smem_tiling"}).options.steps == std::vector<std::string>{"03_smem_tiling"});
+  CHECK(parse({"banks", "04_pad,05_cp_async", "06_ldmatrix_mma"}).options.steps ==
+        std::vector<std::string>{"04_pad", "05_cp_async", "06_ldmatrix_mma"});
+  CHECK(parse({"run", "03_smem_tiling"}).error == "unknown argument '03_smem_tiling' (see --help)");
+  CHECK(parse({"explain", "-x"}).error == "unknown argument '-x' (see --help)");
   CHECK(parse({"run", "--head-dim", "256", "--seqlen", "0"}).error.empty());
   CHECK(parse({"--seqlen", "007"}).options.seqlen_q == 7);  // leading zeros are still digits
   for (const char* scale : {"0.5", ".5", "5e-1", "5E-1", "0.05e+1", "05.e-1"}) {
