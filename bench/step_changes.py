@@ -118,6 +118,19 @@ def entry_of(earlier: Path, kernels: dict[str, list[str]], lessons: dict[str, li
     return f"`{earlier.name}`", kernel_lines(earlier), "its `kernel.cuh` against the view in `notes/substeps/`"
 
 
+def exit_row(earlier: Path, later: Path, kernels: dict[str, list[str]], lessons: dict[str, list[tuple[str, str]]]
+             ) -> list[str]:
+    """A row for a directory without sub-steps that extends one with them (07 → 08, 10, 11): the earlier
+    directory's last view against its kernel.cuh, the diff without the earlier ideas' other branches."""
+    before = [sid for sid, _ in lessons.get(earlier.name, []) if sid in kernels]
+    if not before or any(sid in kernels for sid, _ in lessons.get(later.name, [])) or not kernel_lines(later):
+        return []
+    added, removed = count_changes(kernels[before[-1]], kernel_lines(later))
+    said = "<br>".join(lesson.replace("|", "\\|") for _, lesson in lessons.get(later.name, []))
+    return [f"| `{before[-1]}` → `{later.name}` (the view in `notes/substeps/` against its `kernel.cuh`) "
+            f"| `kernel.cuh` +{added} −{removed} | +{added} −{removed} | {said} |"]
+
+
 def table(steps: Path, lessons: dict[str, list[tuple[str, str]]], views: Path = fs_results.REPO / "notes" / "substeps"
           ) -> str:
     """The markdown between the markers (without the markers themselves); the sub-steps' rows from `views`."""
@@ -136,6 +149,7 @@ def table(steps: Path, lessons: dict[str, list[tuple[str, str]]], views: Path = 
                            for sid, lesson in lessons.get(later.name, [])) or "(no step registered from this directory)"
         lines.append(f"| `{earlier.name}` → `{later.name}` | {listed} | +{added} −{removed} | {said} |")
         lines += substep_rows(kernels, lessons.get(later.name, []), entry_of(earlier, kernels, lessons))
+        lines += exit_row(earlier, later, kernels, lessons)
     lines += ["", "Lines added and removed from the step a directory extends (its kernel.cuh says which, "
               "\"Extends step NN\"; else the one before) to it (files paired by name and compared line by line; a "
               "file on one side only counts whole): what `diff -ru steps/<from> steps/<to>` shows. Regenerate with "

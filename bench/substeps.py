@@ -46,9 +46,13 @@ STEPS = {
     },
     "12_hopper_backward": {},
     # Step 13's features are template flags (SOFTCAP, WINDOW, VARLEN) that the host picks per problem, not
-    # Tr::has(): 13a's view is the kernel with WINDOW false, its declarations and the band dropped; 13a's
-    # and 13b's have VARLEN false and its declarations dropped (its comments are tagged `// From 13c:`).
+    # Tr::has(): 13a's view is the kernel with WINDOW false, its declarations, its header and the band
+    # dropped; 13a's and 13b's have VARLEN false and its declarations and header dropped (its comments are
+    # tagged `// From 13c:`).
     "13_features": {
+        r'\n#include "common/step/varlen\.h"': lambda on: r"\g<0>" if on["kVarlen"] else "",
+        r'\n#include "common/step/window\.h"': lambda on: r"\g<0>" if on["kWindow"] else "",
+        r"\n *Band band;[^\n]*|\n *x\.band = band;": lambda on: r"\g<0>" if on["kWindow"] else "",
         r", bool VARLEN = false>": lambda on: ", bool VARLEN = false>" if on["kVarlen"] else ">",
         r"\n[^\n]*static_assert\(!VARLEN[^\n]*": lambda on: r"\g<0>" if on["kVarlen"] else "",
         r"if constexpr \(VARLEN\)": lambda on: "if constexpr (VARLEN)" if on["kVarlen"] else "if constexpr (false)",
@@ -60,15 +64,21 @@ STEPS = {
 }
 
 
+# Step 13's views also drop the template parameters of the flags they do not have, and the static_assert
+# that names one; step.cu passes every flag, so `--ptx` compiles step 13's views with these folds left out.
+SIGNATURE_FOLDS = {r", bool VARLEN = false>", r"\n[^\n]*static_assert\(!VARLEN[^\n]*", r", bool WINDOW>"}
+
 # `--ptx` compiles each view with its step's own step.cu in place of kernel.cuh and compares the PTX of its
 # sub-step's kernels (those whose demangled names carry its IDEAS here, and those that carry none) with the
-# PTX of the kernel itself: a view is the code its sub-step runs, not a paraphrase. Step 13's views drop
-# template flags that its step.cu passes, so they do not compile there; their folds are checked by the tests.
+# PTX of the kernel itself: a view is the code its sub-step runs, not a paraphrase.
 IDEAS_IN_NAME = {
     "07_flash_attention2": r"Traits<[^<>]*, (\d+)> >",
     "09_warp_specialized": r"Traits<[^<>]*, (\d+)> >",
     "12_hopper_backward": r"hopper_backward_kernel<[^,]+, \d+, \d+, (\d+), ",
 }
+# Step 13's kernels carry its flags instead, WINDOW and VARLEN last (SOFTCAP, before them, is 13a's, which
+# every view has): a view is compared on the kernels whose flags are all among its sub-step's ideas.
+FLAGS_IN_NAME = {"13_features": (r"step13::[^(]*, (true|false), (true|false)>\(", ("kWindow", "kVarlen"))}
 
 
 def step_ptx(step: str, nvcc: str, kernel: str | None = None) -> dict[str, str]:
@@ -85,19 +95,26 @@ def compare_ptx(nvcc: str, all_views: dict[str, str]) -> list[tuple[str, int, li
     """(sub-step, kernels compared, the demangled names of those whose PTX differs from the step's own) for every
     view of IDEAS_IN_NAME's steps."""
     # Every compile at once, as many as the machine has cores (each nvcc runs one front end).
-    subs = {step: ideas_of(REPO / "steps" / step) for step in IDEAS_IN_NAME}
+    steps = [*IDEAS_IN_NAME, *FLAGS_IN_NAME]
+    subs = {step: ideas_of(REPO / "steps" / step) for step in steps}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        own = {step: pool.submit(step_ptx, step, nvcc) for step in IDEAS_IN_NAME}
-        compiled = {sid: pool.submit(step_ptx, step, nvcc, all_views[sid])
-                    for step in IDEAS_IN_NAME for _, _, sid in subs[step]}
+        own = {step: pool.submit(step_ptx, step, nvcc) for step in steps}
+        compiled = {sid: pool.submit(step_ptx, step, nvcc, all_views[sid]) for step in steps for _, _, sid in subs[step]}
         out = []
-        for step, pattern in IDEAS_IN_NAME.items():
+        for step in steps:
             kernels = own[step].result()
             names = ptx_twins.demangled(list(kernels))
+            value = {name: v for name, v, _ in subs[step]}
             for _, ideas, sid in subs[step]:
-                mine = [m for m, d in names.items() if (n := re.search(pattern, d)) is None or int(n[1]) == ideas]
+                def mine(d: str) -> bool:
+                    if step in IDEAS_IN_NAME:
+                        return (n := re.search(IDEAS_IN_NAME[step], d)) is None or int(n[1]) == ideas
+                    pattern, flags = FLAGS_IN_NAME[step]
+                    n = re.search(pattern, d)
+                    return n is None or all(on == "false" or value[flag] <= ideas for on, flag in zip(n.groups(), flags))
                 view = compiled[sid].result()
-                out.append((sid, len(mine), [names[m] for m in mine if view.get(m) != kernels[m]]))
+                compared = [m for m, d in names.items() if mine(d)]
+                out.append((sid, len(compared), [names[m] for m in compared if view.get(m) != kernels[m]]))
     return out
 
 
@@ -167,7 +184,8 @@ TAG = re.compile(r"// (From|Before) (\d\d[a-z]): ")
 def _tagged_comments(source: str, on: dict[str, bool]) -> str:
     """A comment that says what changes with a sub-step carries a tag, `// From 07d: …` (true once 07d's
     idea is on) or `// Before 07d: …` (true until then), on a line of its own, where the comment lines
-    under it at the same indent belong to it, or after code on the line. A view keeps such a comment only
+    under it that continue its text (the same indent, `// ` and a word) belong to it, or after code on the
+    line; a blank `//`, or a line indented further inside the comment (a diagram's), ends the block. A view keeps such a comment only
     where it is true, and drops a kept Before tag's words, so that no view speaks of a later sub-step. Tags
     of another step's sub-steps stay as they are; a tag of this step's number that names no sub-step is an
     error."""
@@ -176,7 +194,7 @@ def _tagged_comments(source: str, on: dict[str, bool]) -> str:
         stripped = line.lstrip()
         indent = line[:len(line) - len(stripped)]
         if dropping is not None:
-            if indent == dropping and stripped.startswith("//") and not TAG.match(stripped):
+            if indent == dropping and re.match(r"// \S", stripped) and not TAG.match(stripped):
                 continue
             dropping = None
         m = TAG.search(line)
@@ -249,10 +267,13 @@ def prune(source: str, on: dict[str, bool], folds: dict, matched: set | None = N
     return re.sub(r"\n\n\n+", "\n\n", source)  # what a pruned block stood between
 
 
-def views(steps: Path = REPO / "steps") -> dict[str, str]:
-    """{sub-step id: its view (a banner, then the pruned kernel)}, for every sub-step of STEPS."""
+def views(steps: Path = REPO / "steps", compilable: bool = False) -> dict[str, str]:
+    """{sub-step id: its view (a banner, then the pruned kernel)}, for every sub-step of STEPS; `compilable`
+    keeps the template parameters step.cu passes (SIGNATURE_FOLDS left out), for --ptx."""
     out = {}
     for step_name, folds in STEPS.items():
+        if compilable:
+            folds = {regex: value for regex, value in folds.items() if regex not in SIGNATURE_FOLDS}
         step = steps / step_name
         ideas = ideas_of(step)
         kernel = (step / "kernel.cuh").read_text()
@@ -278,13 +299,14 @@ def main(argv=None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="write notes/substeps/<id>.cuh")
     mode.add_argument("--check", action="store_true", help="exit 1 when a view in notes/substeps/ is stale")
-    mode.add_argument("--ptx", metavar="NVCC", help="compile each view of steps 07, 09 and 12 with NVCC in place of "
-                      "its kernel and exit 1 when one sub-step's kernels differ from the kernel's own PTX")
+    mode.add_argument("--ptx", metavar="NVCC", help="compile each view with NVCC in place of its kernel (step 13's "
+                      "with the flags step.cu passes) and exit 1 when one sub-step's kernels differ from the kernel's "
+                      "own PTX")
     ap.add_argument("--out-dir", default=str(OUT), help="where the views are (default: notes/substeps)")
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
     if args.ptx:
-        results = compare_ptx(args.ptx, views())
+        results = compare_ptx(args.ptx, views(compilable=True))
         for sid, count, differ in results:
             print(f"{sid}: {count - len(differ)} of {count} kernels compile to the kernel's own PTX")
             for name in differ:

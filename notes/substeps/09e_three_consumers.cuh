@@ -10,19 +10,20 @@
 // tensor pipe busy 54 % of the time and 36 % of the warp cycles spent at the block barrier, because
 // both warpgroups run their softmax at the same time while the tensor cores wait, then both wait for
 // their products. The kernel is templated on Traits<HEAD_DIM, BLOCK_KV, KV_STAGES, CONSUMERS, IDEAS>
-// (traits.h). 09a is the kernel itself; `Tr::has(kPingPong)` marks where 09b changes it,
-// softmax_under_pv(Tr::IDEAS, …) the wait 09c splits, 09d and 09e change only the tile table
-// (choose_config), and `Tr::has(kPersistent)` the grid 09f makes persistent:
+// (traits.h). 09a is the kernel itself.
+// From 09b: `Tr::has(kPingPong)` marks where 09b changes it.
+// From 09c: softmax_under_pv(Tr::IDEAS, …) marks the wait that 09c splits.
+// From 09d: 09d and 09e change only the tile table (choose_config).
 //
 //   09a kWarpSpecialization  warpgroup 0 is a producer: one thread issues every TMA copy, in the order
 //                            the consumers need them, and the warpgroup gives its registers away
-//                            (setmaxnreg.dec to 24); warpgroups 1 … CONSUMERS (two, three in 09e at
-//                            head_dim 64) are consumers of 64 query rows each and take them
-//                            (setmaxnreg.inc to 240; 160 with three). Each K and V stage has a full
-//                            barrier (the TMA's bytes) and an empty barrier (one arrival per consumer
-//                            warp once its wgmma reading the stage has completed): no block barrier
-//                            in the loop, so neither consumer waits for the other. The loop is made of
-//                            turns: turn k issues S(k) = Q·K(k)ᵀ and O += P(k-1)·V(k-1) back to back.
+//                            (setmaxnreg.dec to 24); warpgroups 1 … CONSUMERS (two) are consumers of
+//                            64 query rows each and take them (setmaxnreg.inc to 240). Each K and V
+//                            stage has a full barrier (the TMA's bytes) and an empty barrier (one
+//                            arrival per consumer warp once its wgmma reading the stage has
+//                            completed): no block barrier in the loop, so neither consumer waits for
+//                            the other. The loop is made of turns: turn k issues S(k) = Q·K(k)ᵀ and
+//                            O += P(k-1)·V(k-1) back to back.
 //   09b kPingPong            the consumers take turns: named barriers (bar.sync / bar.arrive) let a
 //                            consumer issue its products only after the one before it in the rotation
 //                            (0, 1, …, 0, …) has issued its own, so their products reach the tensor
@@ -38,30 +39,26 @@
 //                            FlashAttention-3 there), 512 threads, 160 registers a consumer thread, so
 //                            tiles of 128 keys; three softmaxes take turns under the tensor cores' work.
 //
-// One turn of a consumer (09c; kv_stage / kv_parity / release_parity, traits.h, give every phase):
+// One turn of a consumer (kv_stage / kv_parity / release_parity, traits.h, give every phase):
 //
 //     wait K(k) full, V(k-1) full                 mbarrier.try_wait.parity
-//     [ping-pong] bar.sync turn_barrier(c)        my turn
+// From 09b: bar.sync turn_barrier(c)              my turn
 //     S(k) = Q·K(k)ᵀ          wgmma ss, commit    in flight
 //     O += P(k-1)·V(k-1)      wgmma rs, commit    in flight
-//     [ping-pong] bar.arrive turn_barrier(next)   the next consumer's turn
-//     wgmma.wait_group 1      S(k) done
-//     mask, row max, exp2, row sums of S(k)       (P·V(k-1) still running)
+// From 09b: bar.arrive turn_barrier(next)         the next consumer's turn
+// From 09c: wgmma.wait_group 1            S(k) done
+//     mask, row max, exp2, row sums of S(k)
+// From 09c: (P·V(k-1) still running under the softmax)
 //     release K(k)            mbarrier.arrive k_empty
-//     wgmma.wait_group 0      P·V(k-1) done       release V(k-1): mbarrier.arrive v_empty
+// From 09c: wgmma.wait_group 0            P·V(k-1) done; release V(k-1): mbarrier.arrive v_empty
 //     O rescale, P(k) = S(k) rounded to fp16/bf16
 //
 // and of the producer thread, copy after copy (kv_load): wait for the stage's release (empty
 // barrier), announce the bytes (arrive.expect_tx on the full barrier), issue the TMA copy.
 //
 // Expected: the tensor cores busy while a softmax runs, most of step 08's barrier stall gone.
-// FlashAttention-3's paper, on an H100 at head_dim 128, FP16, ablates two of these ideas (Table 2,
-// seqlen 8448): 661 TFLOP/s for its full kernel, 582 without the GEMM-softmax pipelining (09c), 570
-// without warp specialization (09a); it credits ping-pong (09b) with 570 -> 620-640 (§3.1, seqlen
-// 8192). Those are another GPU's figures at other shapes, not a bar for this kernel. Measured here,
-// on an H200 (bench/results/compare_torch-20261202-140716.json, notes/09_warp_specialized.md):
-// warp specialization 1.18× step 08 at head_dim 128, N 8192; ping-pong 0.99× of 09a; at head_dim 64
-// the third consumer (09e) 1.11-1.25× 09d from N 2k.
+// notes/09_warp_specialized.md measures each sub-step against the one before it in one run on the
+// H200, and sets FlashAttention-3's published ablation beside those figures.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: nothing here calls the driver)

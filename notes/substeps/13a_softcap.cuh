@@ -13,11 +13,11 @@
 //                  costs one FMUL and one MUFU.TANH per score beside the one MUFU.EX2.
 //
 // Both kernels are copies of their steps' final sub-steps (notes/substeps/09f_persistent.cuh and
-// 12c_bulk_dq.cuh: diff them against this file), with SOFTCAP, WINDOW and VARLEN template flags. With
-// all three false the forward compiles to 09f's PTX, instruction for instruction; the backward differs from
-// 12c's by a second copy of its masked exp2 loop (bench/results/ptx-13-off-vs-09f-12c.txt).
-// The rest is reused: step 09's and step 12's index math and instructions, step 11's preprocessing, dQ
-// conversion and deterministic dQ kernel (with their own flags).
+// 12c_bulk_dq.cuh: diff them against this file), with a template flag for each feature: SOFTCAP for
+// 13a's. With every flag false the forward compiles to 09f's PTX, instruction for instruction; the
+// backward differs from 12c's by a second copy of its masked exp2 loop
+// (bench/results/ptx-13-off-vs-09f-12c.txt). The rest is reused: step 09's and step 12's index math and
+// instructions, step 11's preprocessing, dQ conversion and deterministic dQ kernel (with their own flags).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)
@@ -27,8 +27,6 @@
 #include <type_traits>
 
 #include "common/step/softcap.h"
-#include "common/step/varlen.h"
-#include "common/step/window.h"
 #include "steps/09_warp_specialized/kernel.cuh"
 #include "steps/12_hopper_backward/kernel.cuh"
 #include "steps/13_features/traits.h"
@@ -89,7 +87,6 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     uint32_t bh;
     int h, b, h_kv, q0, q_rows, kv_first, kv_tiles, masked_tiles, masked_bottom;
     int q_start, k_start, tb;
-    Band band;  // the band of these rows' sequence
   };
   auto work_of = [&](const unsigned w) {
     Work x;
@@ -99,7 +96,6 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     x.h = int(tile.bh % unsigned(p.heads_q)), x.b = int(tile.bh / unsigned(p.heads_q)), x.tb = x.b;
     x.q0 = tile.q_tile * BLOCK_Q;
     x.q_rows = min(BLOCK_Q, seqlen_q - x.q0);  // real query rows in this tile
-    x.band = band;
     x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
     x.kv_first = 0, x.masked_bottom = 0;
     const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, causal);

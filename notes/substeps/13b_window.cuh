@@ -20,11 +20,12 @@
 //                  causal tile skip runs unchanged.
 //
 // Both kernels are copies of their steps' final sub-steps (notes/substeps/09f_persistent.cuh and
-// 12c_bulk_dq.cuh: diff them against this file), with SOFTCAP, WINDOW and VARLEN template flags. With
-// all three false the forward compiles to 09f's PTX, instruction for instruction; the backward differs from
-// 12c's by a second copy of its masked exp2 loop (bench/results/ptx-13-off-vs-09f-12c.txt).
-// The rest is reused: step 09's and step 12's index math and instructions, step 11's preprocessing, dQ
-// conversion and deterministic dQ kernel (with their own flags).
+// 12c_bulk_dq.cuh: diff them against this file), with a template flag for each feature: SOFTCAP for
+// 13a's. With every flag false the forward compiles to 09f's PTX, instruction for instruction; the
+// backward differs from 12c's by a second copy of its masked exp2 loop
+// (bench/results/ptx-13-off-vs-09f-12c.txt). The rest is reused: step 09's and step 12's index math and
+// instructions, step 11's preprocessing, dQ conversion and deterministic dQ kernel (with their own flags).
+// From 13b: WINDOW is 13b's flag.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)
@@ -34,7 +35,6 @@
 #include <type_traits>
 
 #include "common/step/softcap.h"
-#include "common/step/varlen.h"
 #include "common/step/window.h"
 #include "steps/09_warp_specialized/kernel.cuh"
 #include "steps/12_hopper_backward/kernel.cuh"

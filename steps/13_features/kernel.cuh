@@ -25,11 +25,13 @@
 //                  the padded batch's rows.
 //
 // Both kernels are copies of their steps' final sub-steps (notes/substeps/09f_persistent.cuh and
-// 12c_bulk_dq.cuh: diff them against this file), with SOFTCAP, WINDOW and VARLEN template flags. With
-// all three false the forward compiles to 09f's PTX, instruction for instruction; the backward differs from
-// 12c's by a second copy of its masked exp2 loop (bench/results/ptx-13-off-vs-09f-12c.txt).
-// The rest is reused: step 09's and step 12's index math and instructions, step 11's preprocessing, dQ
-// conversion and deterministic dQ kernel (with their own flags).
+// 12c_bulk_dq.cuh: diff them against this file), with a template flag for each feature: SOFTCAP for
+// 13a's. With every flag false the forward compiles to 09f's PTX, instruction for instruction; the
+// backward differs from 12c's by a second copy of its masked exp2 loop
+// (bench/results/ptx-13-off-vs-09f-12c.txt). The rest is reused: step 09's and step 12's index math and
+// instructions, step 11's preprocessing, dQ conversion and deterministic dQ kernel (with their own flags).
+// From 13b: WINDOW is 13b's flag.
+// From 13c: VARLEN is 13c's flag.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)

@@ -105,6 +105,19 @@ class Table(unittest.TestCase):
         self.assertIn("| `01_first` → `02a_second` (its `kernel.cuh` against the view in `notes/substeps/`) "
                       "| `02a_second.cuh` +0 −2 | +0 −2 | a |", text)
 
+    def test_exit_row_of_a_directory_that_extends_one_with_views(self):
+        views = Path(self.tmp.name) / "views"
+        write(views / "01a_first.cuh", ["// Generated", "// the branches", "load", "store"])
+        write(views / "01b_first.cuh", ["// Generated", "// the branches", "load", "compute", "store"])
+        lessons = dict(self.lessons, **{"01_first": [("01a_first", "a"), ("01b_first", "b")]})
+        text = sc.table(self.steps, lessons, views)
+        # 02_second has no sub-steps: its kernel.cuh against 01's last view, beside the directories' own row.
+        self.assertIn("| `01b_first` → `02_second` (the view in `notes/substeps/` against its `kernel.cuh`) "
+                      "| `kernel.cuh` +2 −0 | +2 −0 | prefetch \\| overlap |", text)
+        self.assertIn("| `01_first` → `02_second` | `extra.h` (new) +2 −0, `kernel.cuh` +1 −0", text)
+        # 03_third has sub-steps of its own (an entry row instead) and no kernel.cuh: no exit row.
+        self.assertNotIn("→ `03_third` (the view", text)
+
     def test_write_then_check(self):
         notes = Path(self.tmp.name) / "README.md"
         notes.write_text(NOTES)

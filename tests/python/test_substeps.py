@@ -79,6 +79,15 @@ class Prune(unittest.TestCase):
         self.assertEqual(substeps.prune(src, on, {}), "  // what every view says\n  x();\n  y();\n")
         self.assertEqual(substeps.prune(src, {**on, "kB": True, "07b": True}, {}), src)
 
+    def test_a_tagged_block_ends_at_a_blank_comment_or_a_deeper_line(self):
+        # A diagram in a comment: a tagged line drops alone; the lines indented further, and a blank `//`, stay.
+        src = ("// One turn:\n//\n//     wait\n// From 07b: bar.sync\n//     compute\n"
+               "// From 07b: a sentence that goes on\n// on a second line.\n//\n// Then this.\nint x;\n")
+        on = {"07a": True, "07b": False}
+        self.assertEqual(substeps.prune(src, on, {}),
+                         "// One turn:\n//\n//     wait\n//     compute\n//\n// Then this.\nint x;\n")
+        self.assertEqual(substeps.prune(src, {"07a": True, "07b": True}, {}), src)
+
     def test_a_before_tag_keeps_its_words_until_its_sub_step(self):
         src = ("// Before 07b: the grid is 2-D.\n// From 07b: the grid is 1-D.\nint g;\n"
                "// Before 07b: dV's products first.\nint h;  // Before 07b: exp2f, not ex2\n")
