@@ -816,6 +816,22 @@ def decode_rates(results: Path = RESULTS) -> dict[str, list[tuple[int, float]]]:
     return {k: sorted(v) for k, v in rates.items()}
 
 
+def decode_times(results: Path = RESULTS) -> tuple[dict[str, list[tuple[int, float]]], list[tuple[int, float]]]:
+    """({step: [(seqlen_k, ms)]} of the steps that passed, [(seqlen_k, ms to read K and V once at the HBM read
+    ceiling)]) from the same decoding runs as decode_rates."""
+    import json
+    times: dict[str, list[tuple[int, float]]] = {}
+    floor = []
+    for path in sorted(results.glob(DECODE_SEQLEN_FILES)):
+        run = json.loads(path.read_text())
+        n = run["problem"]["seqlen_k"]
+        floor.append((n, run["problem"]["kv_bytes"] / (hbm_read_tbs() * 1e12) * 1e3))
+        for r in run["rows"]:
+            if r["status"] == "PASS":
+                times.setdefault(r["id"], []).append((n, r["ms"]))
+    return {k: sorted(v) for k, v in times.items()}, sorted(floor)
+
+
 def hbm_read_tbs() -> float:
     """The measured HBM read ceiling (TB/s) of DECODE_CEILINGS."""
     return hbm_ceiling(RESULTS / DECODE_CEILINGS)["tbs"]
@@ -823,7 +839,7 @@ def hbm_read_tbs() -> float:
 
 @_drawn("10_split_kv.png", 1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.25, 1]})
 def fig_10(fig, axes):
-    """Step 10: one sequence's keys cut into splits, merged by their LSEs; and GB/s against seqlen_k."""
+    """Step 10: one sequence's keys cut into splits, merged by their LSEs; and time against seqlen_k."""
     ax, bx = axes
     # (a) b1 sk131072 h32/8: 8 blocks (one per K/V head) would fill 8 of the 264 slots
     tiles = -(-131072 // DECODE_BLOCK_KV)
@@ -842,23 +858,23 @@ def fig_10(fig, axes):
             fontsize=9, bbox={"boxstyle": "round", "fc": "whitesmoke", "ec": "gray"})
     _canvas(ax, (-tiles * 0.02, tiles * 1.02), (-2.9, 1.8))
     ax.set_title(f"split-KV (b1 h32/8, the heuristic's {splits} splits: steps/10_decoding/traits.h)", fontsize=9)
-    # (b) GB/s of K and V read against seqlen_k, b8 h32/8, from the runs
-    rates = decode_rates()
+    # (b) time against seqlen_k, b8 h32/8, from the runs, over the time K and V take at the HBM read ceiling
+    times, floor = decode_times()
     for step, colour in (("10_decoding", "tab:red"), ("09d_tile_sizes", "tab:blue"),
                          ("07g_flash_attention2", "tab:green"), ("05_cp_async", "tab:gray")):
-        if step in rates:
-            xs, ys = zip(*rates[step])
-            bx.plot(xs, ys, "o-", color=colour, label=step, lw=1.2, ms=4)
-    hbm = hbm_read_tbs() * 1000
-    bx.axhline(hbm, color="black", ls="--", lw=0.8)
-    bx.text(1024, hbm * 1.02, f"HBM read ceiling, {hbm / 1000:.2f} TB/s ({DECODE_CEILINGS})", fontsize=7)
-    bx.set_ylim(0, hbm * 1.12)
+        if step in times:
+            xs, ys = zip(*times[step])
+            bx.plot(xs, [y * 1000 for y in ys], "o-", color=colour, label=step, lw=1.2, ms=4)
+    xs, ys = zip(*floor)
+    bx.plot(xs, [y * 1000 for y in ys], "--", color="black", lw=0.8,
+            label=f"K and V read once at the HBM read ceiling, {hbm_read_tbs():.2f} TB/s")
     bx.set_xscale("log", base=2)
+    bx.set_yscale("log")
     bx.set_xlabel("seqlen_k (keys per sequence)", fontsize=8)
-    bx.set_ylabel("GB/s of K and V read", fontsize=8)
+    bx.set_ylabel("time per launch, µs (log)", fontsize=8)
     bx.set_title("one new token, b8 h32/8 d128 fp16 (bench/results/decode-seqlen-*.json)", fontsize=9)
     bx.legend(fontsize=7)
-    bx.grid(alpha=0.3)
+    bx.grid(alpha=0.3, which="both")
 
 
 # ---- step 10: the paged cache (steps/10_decoding/traits.h, copy_row; kernel.cuh's page lookup) -----------

@@ -28,7 +28,7 @@ while (($#)); do
     --out) out="${2:?--out needs a value}"; shift ;;
     --seqlens) seqlens="${2:?--seqlens needs a value}"; shift ;;
     --head-dims) head_dims="${2:?--head-dims needs a value}"; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "window_sweep.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift

@@ -394,6 +394,12 @@ class SplitKV(unittest.TestCase):
         self.assertEqual([n for n, _ in rates["10_decoding"]], [1024, 4096, 16384, 65536, 131072])
         self.assertGreater(rates["10_decoding"][-1][1], rates["09d_tile_sizes"][-1][1])  # the split pays
         self.assertLess(rates["10_decoding"][-1][1], figures.hbm_read_tbs() * 1000)  # under the roof
+        times, floor = figures.decode_times()
+        self.assertEqual([n for n, _ in floor], [n for n, _ in times["10_decoding"]])
+        for (n, ms), (_, gbs) in zip(times["10_decoding"], rates["10_decoding"]):
+            self.assertAlmostEqual(ms * gbs * 1e6, 8 * 8 * n * 128 * 2 * 2, delta=1e-3 * ms * gbs * 1e6)  # K and V bytes
+        for (n, ms), (_, least) in zip(times["10_decoding"], floor):
+            self.assertGreater(ms, least)  # never faster than reading K and V at the ceiling
 
 
 class PagedCache10(unittest.TestCase):
