@@ -26,10 +26,10 @@
 //                    the threads read a result: the tensor cores idle while the threads work
 //
 // The rest is step 11's and is reused from it: the preprocessing (D and LSE₂), the conversion of the
-// fp32 dQ accumulator (12a, 12b), and the deterministic mode's dQ kernel (steps/11_backward/kernel.cuh); step 08's
+// fp32 dQ accumulator, and the deterministic mode's dQ kernel (steps/11_backward/kernel.cuh); step 08's
 // instructions (mbarrier, TMA, wgmma) come from steps/08_tma_wgmma/kernel.cuh. What stays for later
-// sub-steps: the same threads still wait for the TMA, issue the copies and hand dQ on (warp
-// specialization, as step 09 did for the forward).
+// work: the same threads still wait for the TMA, issue the copies and hand dQ on (warp specialization, as
+// step 09 did for the forward).
 #pragma once
 
 #include <cuda.h>

@@ -33,10 +33,11 @@
 //                    issued 16 atomics; the accumulator is in that order, so dQ's conversion is 12c's
 //
 // The rest is step 11's and is reused from it: the preprocessing (D and LSE₂), the conversion of the
-// fp32 dQ accumulator (12a, 12b), and the deterministic mode's dQ kernel (steps/11_backward/kernel.cuh); step 08's
+// fp32 dQ accumulator, and the deterministic mode's dQ kernel (steps/11_backward/kernel.cuh); step 08's
 // instructions (mbarrier, TMA, wgmma) come from steps/08_tma_wgmma/kernel.cuh. What stays for later
-// sub-steps: the same threads still wait for the TMA, issue the copies and hand dQ on (warp
-// specialization, as step 09 did for the forward).
+// work: the same threads still wait for the TMA, issue the copies and hand dQ on (warp specialization, as
+// step 09 did for the forward).
+// From 12c: 12c converts dQ with a kernel of its own (convert_dq_tiles_kernel), for its accumulator's order.
 #pragma once
 
 #include <cuda.h>
