@@ -185,24 +185,20 @@ ParsedArgs parse_runner_args(const std::vector<std::string>& args) {
     const std::string flag = args[i].substr(0, eq);
     const Flag* f = std::find_if(std::begin(kFlags), std::end(kFlags), [&](const Flag& g) { return flag == g.name; });
     // explain and banks read a bare word as a step id: `explain 07a_rows32` is `explain --step 07a_rows32`.
-    if (f == std::end(kFlags) && (o.command == "explain" || o.command == "banks") && args[i].rfind('-', 0) != 0) {
-      f = std::find_if(std::begin(kFlags), std::end(kFlags), [](const Flag& g) { return g.name == std::string_view("--step"); });
-      p.text = args[i];
-      f->set(p);
-      given.push_back(f);
-      continue;
-    }
+    const bool bare_id = f == std::end(kFlags) && (o.command == "explain" || o.command == "banks") &&
+                         args[i].rfind('-', 0) != 0;
+    if (bare_id) f = std::find_if(std::begin(kFlags), std::end(kFlags), [](const Flag& g) { return g.name == std::string_view("--step"); });
     if (f == std::end(kFlags)) return fail("unknown argument '" + args[i] + "' (see --help)");
     const Rule::Kind kind = f->rule.kind;
     if (f->scope == kCommand && !command_word.empty() && command_word != flag)
       return fail("'" + command_word + "' and '" + flag + "' are two commands; give one");
     if (kind == Rule::none && eq != std::string::npos) return fail(flag + " takes no value");
-    if (kind != Rule::none && eq == std::string::npos && i + 1 == args.size()) return fail(flag + " needs a value");
-    p.text = eq != std::string::npos ? args[i].substr(eq + 1) : kind != Rule::none ? args[++i] : "";
+    if (!bare_id && kind != Rule::none && eq == std::string::npos && i + 1 == args.size()) return fail(flag + " needs a value");
+    p.text = bare_id ? args[i] : eq != std::string::npos ? args[i].substr(eq + 1) : kind != Rule::none ? args[++i] : "";
     const bool read = kind == Rule::integer ? read_integer(f->rule, p.text, p.n)
                                             : kind != Rule::decimal || read_decimal(p.text, p.x);
     if (read) f->set(p);
-    if (!read || p.refused) return fail(flag + " expects " + f->rule.expects + ", got '" + p.text + "'");
+    if (!read || p.refused) return fail(std::string(f->name) + " expects " + f->rule.expects + ", got '" + p.text + "'");
     if (f->scope == kCommand) command_word = flag;
     else given.push_back(f);
   }

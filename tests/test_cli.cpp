@@ -136,6 +136,7 @@ TEST_CASE("cli: a flag that applies is applied, and numbers in every plain form 
         std::vector<std::string>{"04_pad", "05_cp_async", "06_ldmatrix_mma"});
   CHECK(parse({"run", "03_smem_tiling"}).error == "unknown argument '03_smem_tiling' (see --help)");
   CHECK(parse({"explain", "-x"}).error == "unknown argument '-x' (see --help)");
+  CHECK(parse({"explain", ","}).error == "--step expects a step id (see --list), got ','");  // as --step , is
   CHECK(parse({"run", "--head-dim", "256", "--seqlen", "0"}).error.empty());
   CHECK(parse({"--seqlen", "007"}).options.seqlen_q == 7);  // leading zeros are still digits
   for (const char* scale : {"0.5", ".5", "5e-1", "5E-1", "0.05e+1", "05.e-1"}) {
