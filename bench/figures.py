@@ -804,32 +804,34 @@ def num_splits_for(base_blocks: int, tiles: int, slots: int = DECODE_SLOTS, max_
     return next((s for s in range(1, most + 1) if 10 * cost(s) <= 11 * best), 1)
 
 
-def decode_rates(results: Path = RESULTS) -> dict[str, list[tuple[int, float]]]:
-    """{step: [(seqlen_k, GB/s)]} from the decoding runs (the runner's JSON), the steps that passed."""
+def decode_runs(results: Path = RESULTS) -> list[dict]:
+    """The decoding runs (the runner's JSON) of DECODE_SEQLEN_FILES, by seqlen_k."""
     import json
-    rates: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(results.glob(DECODE_SEQLEN_FILES)):
-        run = json.loads(path.read_text())
+    return sorted((json.loads(path.read_text()) for path in results.glob(DECODE_SEQLEN_FILES)),
+                  key=lambda run: run["problem"]["seqlen_k"])
+
+
+def _passed(runs: list[dict], field: str) -> dict[str, list[tuple[int, float]]]:
+    """{step: [(seqlen_k, its row's `field`)]} of the steps that passed."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for run in runs:
         for r in run["rows"]:
             if r["status"] == "PASS":
-                rates.setdefault(r["id"], []).append((run["problem"]["seqlen_k"], r["gbs"]))
-    return {k: sorted(v) for k, v in rates.items()}
+                out.setdefault(r["id"], []).append((run["problem"]["seqlen_k"], r[field]))
+    return out
+
+
+def decode_rates(results: Path = RESULTS) -> dict[str, list[tuple[int, float]]]:
+    """{step: [(seqlen_k, GB/s)]} from the decoding runs, the steps that passed."""
+    return _passed(decode_runs(results), "gbs")
 
 
 def decode_times(results: Path = RESULTS) -> tuple[dict[str, list[tuple[int, float]]], list[tuple[int, float]]]:
     """({step: [(seqlen_k, ms)]} of the steps that passed, [(seqlen_k, ms to read K and V once at the HBM read
     ceiling)]) from the same decoding runs as decode_rates."""
-    import json
-    times: dict[str, list[tuple[int, float]]] = {}
-    floor = []
-    for path in sorted(results.glob(DECODE_SEQLEN_FILES)):
-        run = json.loads(path.read_text())
-        n = run["problem"]["seqlen_k"]
-        floor.append((n, run["problem"]["kv_bytes"] / (hbm_read_tbs() * 1e12) * 1e3))
-        for r in run["rows"]:
-            if r["status"] == "PASS":
-                times.setdefault(r["id"], []).append((n, r["ms"]))
-    return {k: sorted(v) for k, v in times.items()}, sorted(floor)
+    runs, tbs = decode_runs(results), hbm_read_tbs()
+    floor = [(run["problem"]["seqlen_k"], run["problem"]["kv_bytes"] / (tbs * 1e12) * 1e3) for run in runs]
+    return _passed(runs, "ms"), floor
 
 
 def hbm_read_tbs() -> float:

@@ -108,13 +108,19 @@ def substep_rows(kernels: dict[str, list[str]], lessons: list[tuple[str, str]],
     return rows
 
 
+def last_view(step_dir: Path, kernels: dict[str, list[str]], lessons: dict[str, list[tuple[str, str]]]) -> str | None:
+    """The id of a directory's last sub-step with a view (12c_bulk_dq), None where it has none."""
+    ids = [sid for sid, _ in lessons.get(step_dir.name, []) if sid in kernels]
+    return ids[-1] if ids else None
+
+
 def entry_of(earlier: Path, kernels: dict[str, list[str]], lessons: dict[str, list[tuple[str, str]]]
              ) -> tuple[str, list[str], str]:
     """What a directory's first sub-step extends, as (label, lines, where) for substep_rows: the last view
     of the earlier directory where it has views (12c → 13a), else its kernel.cuh (06 → 07a)."""
-    before = [sid for sid, _ in lessons.get(earlier.name, []) if sid in kernels]
-    if before:
-        return f"`{before[-1]}`", kernels[before[-1]], "views in `notes/substeps/`"
+    last = last_view(earlier, kernels, lessons)
+    if last:
+        return f"`{last}`", kernels[last], "views in `notes/substeps/`"
     return f"`{earlier.name}`", kernel_lines(earlier), "its `kernel.cuh` against the view in `notes/substeps/`"
 
 
@@ -122,12 +128,12 @@ def exit_row(earlier: Path, later: Path, kernels: dict[str, list[str]], lessons:
              ) -> list[str]:
     """A row for a directory without sub-steps that extends one with them (07 → 08, 10, 11): the earlier
     directory's last view against its kernel.cuh, the diff without the earlier ideas' other branches."""
-    before = [sid for sid, _ in lessons.get(earlier.name, []) if sid in kernels]
-    if not before or any(sid in kernels for sid, _ in lessons.get(later.name, [])) or not kernel_lines(later):
+    last = last_view(earlier, kernels, lessons)
+    if not last or last_view(later, kernels, lessons) or not kernel_lines(later):
         return []
-    added, removed = count_changes(kernels[before[-1]], kernel_lines(later))
+    added, removed = count_changes(kernels[last], kernel_lines(later))
     said = "<br>".join(lesson.replace("|", "\\|") for _, lesson in lessons.get(later.name, []))
-    return [f"| `{before[-1]}` → `{later.name}` (the view in `notes/substeps/` against its `kernel.cuh`) "
+    return [f"| `{last}` → `{later.name}` (the view in `notes/substeps/` against its `kernel.cuh`) "
             f"| `kernel.cuh` +{added} −{removed} | +{added} −{removed} | {said} |"]
 
 

@@ -27,6 +27,10 @@ import ptx_twins
 from fs_results import REPO, parser
 
 OUT = REPO / "notes" / "substeps"
+# Step 13's views drop the template parameters of the flags they do not have, and the static_assert that names
+# one; step.cu passes every flag, so `--ptx` compiles step 13's views with these folds left out (views()).
+VARLEN_PARAM, VARLEN_ASSERT, WINDOW_PARAM = r", bool VARLEN = false>", r"\n[^\n]*static_assert\(!VARLEN[^\n]*", r", bool WINDOW>"
+SIGNATURE_FOLDS = {VARLEN_PARAM, VARLEN_ASSERT, WINDOW_PARAM}
 # The steps whose sub-steps share one kernel, and folds of their own beyond Tr::has(): 09c's idea is
 # softmax_under_pv(Tr::IDEAS, ...) (traits.h), which is false before kIntraOverlap.
 # Before 07g a sub-step has only two K/V buffers (traits.h's has_config: kD64 and kD128_K32), so its
@@ -53,20 +57,16 @@ STEPS = {
         r'\n#include "common/step/varlen\.h"': lambda on: r"\g<0>" if on["kVarlen"] else "",
         r'\n#include "common/step/window\.h"': lambda on: r"\g<0>" if on["kWindow"] else "",
         r"\n *Band band;[^\n]*|\n *x\.band = band;": lambda on: r"\g<0>" if on["kWindow"] else "",
-        r", bool VARLEN = false>": lambda on: ", bool VARLEN = false>" if on["kVarlen"] else ">",
-        r"\n[^\n]*static_assert\(!VARLEN[^\n]*": lambda on: r"\g<0>" if on["kVarlen"] else "",
+        VARLEN_PARAM: lambda on: ", bool VARLEN = false>" if on["kVarlen"] else ">",
+        VARLEN_ASSERT: lambda on: r"\g<0>" if on["kVarlen"] else "",
         r"if constexpr \(VARLEN\)": lambda on: "if constexpr (VARLEN)" if on["kVarlen"] else "if constexpr (false)",
         r"\bVARLEN \? ": lambda on: "VARLEN ? " if on["kVarlen"] else "false ? ",
-        r", bool WINDOW>": lambda on: ", bool WINDOW>" if on["kWindow"] else ">",
+        WINDOW_PARAM: lambda on: ", bool WINDOW>" if on["kWindow"] else ">",
         r"\n[^\n]*\b(?:band_of|diagonals_of)\([^\n]*": lambda on: r"\g<0>" if on["kWindow"] else "",
         r"if constexpr \(WINDOW\)": lambda on: "if constexpr (WINDOW)" if on["kWindow"] else "if constexpr (false)",
     },
 }
 
-
-# Step 13's views also drop the template parameters of the flags they do not have, and the static_assert
-# that names one; step.cu passes every flag, so `--ptx` compiles step 13's views with these folds left out.
-SIGNATURE_FOLDS = {r", bool VARLEN = false>", r"\n[^\n]*static_assert\(!VARLEN[^\n]*", r", bool WINDOW>"}
 
 # `--ptx` compiles each view with its step's own step.cu in place of kernel.cuh and compares the PTX of its
 # sub-step's kernels (those whose demangled names carry its IDEAS here, and those that carry none) with the
@@ -81,6 +81,17 @@ IDEAS_IN_NAME = {
 FLAGS_IN_NAME = {"13_features": (r"step13::[^(]*, (true|false), (true|false)>\(", ("kWindow", "kVarlen"))}
 
 
+def compared_on(step: str, demangled: str, ideas: int, value: dict[str, int]) -> bool:
+    """Whether the view of sub-step IDEAS of `step` is compared on the kernel of this demangled name: one of its
+    sub-step's (IDEAS_IN_NAME: that IDEAS; FLAGS_IN_NAME: only flags of ideas it has, `value` giving each idea's
+    number), or one that carries neither."""
+    if step in IDEAS_IN_NAME:
+        return (n := re.search(IDEAS_IN_NAME[step], demangled)) is None or int(n[1]) == ideas
+    pattern, flags = FLAGS_IN_NAME[step]
+    n = re.search(pattern, demangled)
+    return n is None or all(on == "false" or value[flag] <= ideas for on, flag in zip(n.groups(), flags))
+
+
 def step_ptx(step: str, nvcc: str, kernel: str | None = None) -> dict[str, str]:
     """ptx_twins.kernels() of steps/<step>/step.cu compiled to PTX (sm_90a), with `kernel` (a view's text) found
     in place of its kernel.cuh when given."""
@@ -93,7 +104,7 @@ def step_ptx(step: str, nvcc: str, kernel: str | None = None) -> dict[str, str]:
 
 def compare_ptx(nvcc: str, all_views: dict[str, str]) -> list[tuple[str, int, list[str]]]:
     """(sub-step, kernels compared, the demangled names of those whose PTX differs from the step's own) for every
-    view of IDEAS_IN_NAME's steps."""
+    view of IDEAS_IN_NAME's and FLAGS_IN_NAME's steps."""
     # Every compile at once, as many as the machine has cores (each nvcc runs one front end).
     steps = [*IDEAS_IN_NAME, *FLAGS_IN_NAME]
     subs = {step: ideas_of(REPO / "steps" / step) for step in steps}
@@ -106,14 +117,8 @@ def compare_ptx(nvcc: str, all_views: dict[str, str]) -> list[tuple[str, int, li
             names = ptx_twins.demangled(list(kernels))
             value = {name: v for name, v, _ in subs[step]}
             for _, ideas, sid in subs[step]:
-                def mine(d: str) -> bool:
-                    if step in IDEAS_IN_NAME:
-                        return (n := re.search(IDEAS_IN_NAME[step], d)) is None or int(n[1]) == ideas
-                    pattern, flags = FLAGS_IN_NAME[step]
-                    n = re.search(pattern, d)
-                    return n is None or all(on == "false" or value[flag] <= ideas for on, flag in zip(n.groups(), flags))
                 view = compiled[sid].result()
-                compared = [m for m, d in names.items() if mine(d)]
+                compared = [m for m, d in names.items() if compared_on(step, d, ideas, value)]
                 out.append((sid, len(compared), [names[m] for m in compared if view.get(m) != kernels[m]]))
     return out
 
@@ -185,8 +190,9 @@ def _tagged_comments(source: str, on: dict[str, bool]) -> str:
     """A comment that says what changes with a sub-step carries a tag, `// From 07d: …` (true once 07d's
     idea is on) or `// Before 07d: …` (true until then), on a line of its own, where the comment lines
     under it that continue its text (the same indent, `// ` and a word) belong to it, or after code on the
-    line; a blank `//`, or a line indented further inside the comment (a diagram's), ends the block. A view keeps such a comment only
-    where it is true, and drops a kept Before tag's words, so that no view speaks of a later sub-step. Tags
+    line; a blank `//`, or a line indented further inside the comment (a diagram's), ends the block. A view
+    keeps such a comment only where it is true, and drops a kept Before tag's words, so that no view speaks
+    of a later sub-step. Tags
     of another step's sub-steps stay as they are; a tag of this step's number that names no sub-step is an
     error."""
     out, dropping = [], None  # dropping: the indent of the comment block being dropped
