@@ -1,6 +1,6 @@
 """bench/varlen_bench.py without PyTorch or a GPU: the lengths (seeded, within bounds), the offsets and the mean,
 the sequences checked, the command line (--help without PyTorch), the problem of a packed batch without tensors,
-its FLOPs against a brute-force count over every (row, key) pair (with the library), the ratios, goals and table,
+its FLOPs against a brute-force count over every (row, key) pair (with the library), the ratios and table,
 the timing loop and the backward's judgement on stand-ins, and FlashAttention-4's varlen function found or not."""
 import contextlib
 import io
@@ -102,7 +102,8 @@ class Arguments(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("--sequences", out.stdout)
         self.assertIn("13c_varlen", out.stdout)
-        self.assertIn("Goals (this script's thresholds", out.stdout)
+        self.assertIn("The table's two ratios", out.stdout)
+        self.assertNotIn("MISS", out.stdout)
 
 
 class Problem(unittest.TestCase):
@@ -189,22 +190,15 @@ class Table(unittest.TestCase):
         self.assertNotIn("x_dense", r[("bwd", "ours", "varlen")])  # its dense row was refused
         self.assertAlmostEqual(r[("bwd", "ours", "varlen")]["x_fa4"], 5.0 / 6.0)  # a failed check is still timed
 
-    def test_goals(self):
-        g = vb.goals(self.rows())
-        self.assertEqual([(x["direction"], x["goal"].split(" / ")[1], x["at_least"], x["met"]) for x in g],
-                         [("fwd", "ours dense at the mean length", 0.90, False), ("fwd", "FA4 varlen", 1.00, True),
-                          ("bwd", "FA4 varlen", 0.90, False)])  # bwd: 0.83x, and its check failed
-
     def test_table(self):
         text = vb.table(dict(RESULT, rows=self.rows()))
         self.assertIn("forward: TFLOP/s (median, real pairs), step 13c_varlen, H200", text)
         self.assertIn("fa4 = FA4 4.0.0b36", text)
         fwd = next(line for line in text.splitlines() if line.startswith("d128"))
-        self.assertEqual(fwd.split(), ["d128", "h16/16", "fp16", "555.6", "733.3", "0.76x", "MISS", "500.0", "1.11x",
-                                       "ok", "578.9"])
+        self.assertEqual(fwd.split(), ["d128", "h16/16", "fp16", "555.6", "733.3", "0.76x", "500.0", "1.11x",
+                                       "578.9"])
         bwd = [line for line in text.splitlines() if line.startswith("d128")][1]
-        self.assertEqual(bwd.split(), ["d128", "h16/16", "fp16", "416.7!", "refused", "-", "500.0", "0.83x", "MISS",
-                                       "-"])
+        self.assertEqual(bwd.split(), ["d128", "h16/16", "fp16", "416.7!", "refused", "-", "500.0", "0.83x", "-"])
         self.assertIn("bwd ours varlen d128 h16/16 fp16: fail: check failed: dq", text)
         self.assertIn("bwd ours dense d128 h16/16 fp16: refused: 13c_varlen: no", text)
 
