@@ -158,5 +158,36 @@ class Links(unittest.TestCase):
                         self.assertIn(name, names)
 
 
+class ProjectPages(unittest.TestCase):
+    """The pages beside the notes and the help of every bench and test script: no tracker numbers, goals
+    or pass marks either (there "target" is cmake's or a training target's, so it is not looked for)."""
+    # a tracker's number is followed by punctuation ("issue 20 (", "issue 11's", "issues 10-12)"); the
+    # GPU verb by what is issued ("issues 2 instructions")
+    WORDS = re.compile(r"\bmoonshots?\b|\brequirements?\b|\bissues? #?\d+(?!\d|\s*[a-z])|\bgoals?\b", re.IGNORECASE)
+    MARK = re.compile(r"\bMISS\b")
+
+    def pages(self):
+        yield from (REPO / name for name in ("README.md", "bench/README.md", "tests/README.md", "python/README.md")
+                    if (REPO / name).is_file())
+        yield from sorted((REPO / "bench" / "results").rglob("README.md"))
+        yield from sorted((REPO / "bench").glob("*.py"))
+        yield from sorted((REPO / "bench").glob("*.sh"))
+        yield from sorted((REPO / "tests").glob("*.sh"))
+
+    def test_no_bookkeeping(self):
+        for page in self.pages():
+            for number, line in enumerate(page.read_text().splitlines(), 1):
+                with self.subTest(page=str(page.relative_to(REPO)), line=number):
+                    self.assertIsNone(self.WORDS.search(line), line)
+                    self.assertIsNone(self.MARK.search(line), line)
+
+    def test_the_rule_sees_them(self):
+        for line in ("after the size pass of issue 20", "issue 11's tests", "(issues 10-12)", "issue #21",
+                     "goals: varlen/dense >= 0.90", "0.76x MISS"):
+            self.assertTrue(self.WORDS.search(line) or self.MARK.search(line), line)
+        for line in ("a miss in L2", "the warp issues 2 instructions", "cmake --target flash-steps"):
+            self.assertFalse(self.WORDS.search(line) or self.MARK.search(line), line)
+
+
 if __name__ == "__main__":
     unittest.main()
