@@ -12,6 +12,8 @@ NOTES = REPO / "notes"
 RESULTS = REPO / "bench" / "results"
 
 CORE_MAX_LINES = 180   # three pages of about 60 lines
+CORE_MAX_CHARS = 12000  # and of about 4,000 characters as rendered (link targets left out), however wide the lines
+LINK_TARGET = re.compile(r"\]\([^)]*\)")
 APPENDIX = re.compile(r"^## Appendix\b")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 RESULT_NAME = re.compile(r"bench/results/([A-Za-z0-9_.\-*]+)")
@@ -89,6 +91,8 @@ class Shape(unittest.TestCase):
                 self.assertLessEqual(starts[0], CORE_MAX_LINES,
                                      f"the core is {starts[0]} lines; at most {CORE_MAX_LINES}")
                 core = "\n".join(lines[:starts[0]])
+                shown = len(LINK_TARGET.sub("]", core))
+                self.assertLessEqual(shown, CORE_MAX_CHARS, f"the core shows {shown} characters; at most {CORE_MAX_CHARS}")
                 self.assertRegex(core, r"\]\(figures/[^)]+\.png\)", "the core has no picture")
                 self.assertRegex(core, r"bench/results/", "the core names no measured file")
 
