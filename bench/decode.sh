@@ -17,7 +17,7 @@
 #   runner-decode-<date>.txt                    the runner's tables (GB/s of K+V, % of the HBM read ceiling)
 #   compare_torch-decode-<date>.json / .csv     every shape, every implementation
 # and copies them to $OUT when it is set. The HBM read ceiling is hbm_read of the newest
-# bench/results/ceilings-*.json (4.64 TB/s on the H200, ceilings-20261130-212215.json).
+# bench/results/ceilings-*.json (on the H200: 4.64 TB/s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
