@@ -637,18 +637,20 @@ def fig_08_descriptors(fig, axes, block_kv: int = 128):
     ax.set_title("K-major Q, K: an atom of 8 rows × 128 bytes (box); the digit is the logical chunk\n"
                  "(k16 step ks reads chunks 2·ks % 8, +1: it starts 32·(ks % 4) bytes into the row)", fontsize=8.5)
     # (b) MN-major V: [key][dim] rows; 64 head dims a column block, block_kv rows each
-    bx.set_xlim(0, 2.9)
+    step, side = 1.7, 2.85  # the second band's x (a gap for LBO's label), and where the side notes start
+    bx.set_xlim(0, 4.0)
     bx.set_ylim(block_kv / 8 + 1.6, -0.3)
     for b in range(2):
         for g in range(block_kv // 8):
-            _box(bx, b * 1.3, g, 1.0, 1.0, fc=cmap(b + 2), alpha=0.3 + 0.4 * (g // 2 % 2), ec="white")
-        bx.text(b * 1.3 + 0.5, block_kv / 8 + 0.9, f"head dims {64 * b}-{64 * b + 63}\n(starts +{b * block_kv * ROW_BYTES_08} bytes)",
+            _box(bx, b * step, g, 1.0, 1.0, fc=cmap(b + 2), alpha=0.3 + 0.4 * (g // 2 % 2), ec="white")
+        bx.text(b * step + 0.5, block_kv / 8 + 0.9, f"head dims {64 * b}-{64 * b + 63}\n(starts +{b * block_kv * ROW_BYTES_08} bytes)",
                 ha="center", va="center", fontsize=7.5)
-    bx.annotate("", (1.3, block_kv / 16), (1.0, block_kv / 16), arrowprops={"arrowstyle": "->", "lw": 1})
-    bx.text(1.15, block_kv / 16 + 1.2, f"LBO = {block_kv}·128\n= {block_kv * ROW_BYTES_08} bytes", ha="center", fontsize=7.5)
-    bx.annotate("", (2.45, 1), (2.45, 0), arrowprops={"arrowstyle": "->", "lw": 1})
-    bx.text(2.5, 0.5, f"SBO = {8 * ROW_BYTES_08} bytes:\nthe next 8 keys", fontsize=7.5, va="center")
-    bx.text(2.5, 3.0, f"k16 step kk: keys 16kk …,\n+{16 * ROW_BYTES_08}·kk bytes", fontsize=7.5, va="center")
+    bx.annotate("", (step, block_kv / 16), (1.0, block_kv / 16), arrowprops={"arrowstyle": "->", "lw": 1})
+    bx.text((1.0 + step) / 2, block_kv / 16 + 0.4, f"LBO =\n{block_kv}·128\n= {block_kv * ROW_BYTES_08}\nbytes", ha="center",
+            va="top", fontsize=7.5)
+    bx.annotate("", (side - 0.08, 1), (side - 0.08, 0), arrowprops={"arrowstyle": "->", "lw": 1})
+    bx.text(side, 0.5, f"SBO = {8 * ROW_BYTES_08} bytes:\nthe next 8 keys", fontsize=7.5, va="center")
+    bx.text(side, 3.0, f"k16 step kk:\nkeys 16kk …,\n+{16 * ROW_BYTES_08}·kk bytes", fontsize=7.5, va="center")
     bx.set_yticks([g + 0.5 for g in range(0, block_kv // 8, 2)])
     bx.set_yticklabels([f"keys {8 * g}-{8 * g + 7}" for g in range(0, block_kv // 8, 2)], fontsize=7)
     bx.set_xticks([])
