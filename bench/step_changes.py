@@ -137,6 +137,55 @@ def exit_row(earlier: Path, later: Path, kernels: dict[str, list[str]], lessons:
             f"| `kernel.cuh` +{added} −{removed} | +{added} −{removed} | {said} |"]
 
 
+SECTION = re.compile(r"^// ==== the (\w+): step (\d\d[a-z])'s kernel\b")
+
+
+def kernel_function(lines: list[str]) -> list[str]:
+    """The first __global__ function of `lines`, from its template line (if it has one) to the first line
+    that starts with '}'; [] where there is none."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("__global__")]
+    if not starts:
+        return []
+    g = starts[0]
+    first = g - 1 if g > 0 and lines[g - 1].startswith("template") else g
+    last = next((i for i in range(g, len(lines)) if lines[i].startswith("}")), len(lines) - 1)
+    return lines[first:last + 1]
+
+
+def sections(view: str, kernels: dict[str, list[str]]) -> list[tuple[str, str, list[str], list[str]]]:
+    """A view made of one section per pass, each headed "// ==== the <pass>: step <id>'s kernel" and copied
+    from that sub-step's kernel (13a: 09f's forward, 12c's backward): (pass, that sub-step, its __global__
+    function, the section's) for each pass; [] for a view without sections."""
+    lines = kernels[view]
+    marks = [(i, m) for i, line in enumerate(lines) if (m := SECTION.match(line))]
+    out = []
+    for n, (start, m) in enumerate(marks):
+        end = marks[n + 1][0] if n + 1 < len(marks) else len(lines)
+        source = next((sid for sid in kernels if sid.startswith(m.group(2) + "_")), None)
+        if source is not None:
+            out.append((m.group(1), source, kernel_function(kernels[source]), kernel_function(lines[start:end])))
+    return out
+
+
+def section_rows(view: str, kernels: dict[str, list[str]]) -> list[str]:
+    """A row per pass of a view with sections (sections()), which `diff` of the whole views mixes together."""
+    rows = []
+    for name, source, old, new in sections(view, kernels):
+        added, removed = count_changes(old, new)
+        rows.append(f"| `{source}` → `{view}`, the {name} (the `__global__` function of each view) "
+                    f"| `{view}.cuh` +{added} −{removed} | +{added} −{removed} | the {name} alone of the row above |")
+    return rows
+
+
+def section_diffs(view: str, kernels: dict[str, list[str]]) -> str:
+    """The unified diff of each pass of a view with sections, what --sections prints."""
+    out = []
+    for name, source, old, new in sections(view, kernels):
+        out += difflib.unified_diff(old, new, f"{source}.cuh (its __global__ function)",
+                                    f"{view}.cuh, the {name}", lineterm="")
+    return "\n".join(out) + ("\n" if out else "")
+
+
 def table(steps: Path, lessons: dict[str, list[tuple[str, str]]], views: Path = fs_results.REPO / "notes" / "substeps"
           ) -> str:
     """The markdown between the markers (without the markers themselves); the sub-steps' rows from `views`."""
@@ -155,6 +204,9 @@ def table(steps: Path, lessons: dict[str, list[tuple[str, str]]], views: Path = 
                            for sid, lesson in lessons.get(later.name, [])) or "(no step registered from this directory)"
         lines.append(f"| `{earlier.name}` → `{later.name}` | {listed} | +{added} −{removed} | {said} |")
         lines += substep_rows(kernels, lessons.get(later.name, []), entry_of(earlier, kernels, lessons))
+        first = next((sid for sid, _ in lessons.get(later.name, []) if sid in kernels), None)
+        if first:
+            lines += section_rows(first, kernels)
         lines += exit_row(earlier, later, kernels, lessons)
     lines += ["", "Lines added and removed from the step a directory extends (its kernel.cuh says which, "
               "\"Extends step NN\"; else the one before) to it (files paired by name and compared line by line; a "
@@ -172,7 +224,17 @@ def main(argv=None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite the table in --notes")
     mode.add_argument("--check", action="store_true", help="exit 1 when the table in --notes is stale")
+    mode.add_argument("--sections", metavar="VIEW", help="print the diff of each pass of a view made of one "
+                      "section per pass (13a_softcap: its forward against 09f's kernel, its backward against 12c's)")
     args = ap.parse_args(argv)
+    if args.sections:
+        kernels = view_kernels(fs_results.REPO / "notes" / "substeps")
+        if args.sections not in kernels or not sections(args.sections, kernels):
+            print(f"step_changes.py: --sections: {args.sections!r} is not a view with one section per pass "
+                  f"(notes/substeps/13a_softcap.cuh is one)", file=sys.stderr)
+            return 2
+        print(section_diffs(args.sections, kernels), end="")
+        return 0
 
     lib = fs_results.library_path(args.lib)
     try:

@@ -118,6 +118,37 @@ class Table(unittest.TestCase):
         # 03_third has sub-steps of its own (an entry row instead) and no kernel.cuh: no exit row.
         self.assertNotIn("→ `03_third` (the view", text)
 
+    def test_kernel_function(self):
+        lines = ["// helpers", "inline int f();", "// the kernel", "template <int N>", "__global__ void k(int x) {",
+                 "  body;", "  if (x) {", "  }", "}", "", "__global__ void second() {", "}"]
+        self.assertEqual(sc.kernel_function(lines), lines[3:9])
+        self.assertEqual(sc.kernel_function(lines[9:]), lines[10:12])  # no template line above it
+        self.assertEqual(sc.kernel_function(["no kernel"]), [])
+
+    def test_section_rows_of_a_view_with_one_section_per_pass(self):
+        views = Path(self.tmp.name) / "views"
+        write(views / "01b_first.cuh", ["// Generated", "// the branches", "template <class T>",
+                                        "__global__ void fwd() {", "  load;", "  softmax;", "}"])
+        write(views / "02c_second.cuh", ["// Generated", "// the branches", "__global__ void bwd() {", "  dq;", "}",
+                                         "__global__ void convert() {", "}"])
+        write(views / "03a_third.cuh", ["// Generated", "// the branches", "#include <x>",
+                                        "// ==== the forward: step 01b's kernel ====", "namespace f {",
+                                        "template <class T>", "__global__ void fwd() {", "  load;", "  cap;",
+                                        "  softmax;", "}", "}",
+                                        "// ==== the backward: step 02c's kernel ====",
+                                        "__global__ void bwd() {", "  cap;", "  dq;", "}"])
+        rows = sc.section_rows("03a_third", sc.view_kernels(views))
+        self.assertEqual(rows, [
+            "| `01b_first` → `03a_third`, the forward (the `__global__` function of each view) "
+            "| `03a_third.cuh` +1 −0 | +1 −0 | the forward alone of the row above |",
+            "| `02c_second` → `03a_third`, the backward (the `__global__` function of each view) "
+            "| `03a_third.cuh` +1 −0 | +1 −0 | the backward alone of the row above |"])
+        self.assertEqual(sc.section_rows("01b_first", sc.view_kernels(views)), [])  # no sections, no rows
+        # in the table, after the first sub-step's entry row
+        lessons = dict(self.lessons, **{"03_third": [("03a_third", "first idea")]})
+        text = sc.table(self.steps, lessons, views)
+        self.assertIn("| first idea |\n| `01b_first` → `03a_third`, the forward", text)
+
     def test_write_then_check(self):
         notes = Path(self.tmp.name) / "README.md"
         notes.write_text(NOTES)
@@ -126,6 +157,28 @@ class Table(unittest.TestCase):
         fs_results.update_between_markers(notes, text, sc.BEGIN, sc.END)
         self.assertEqual(fs_results.between_markers(notes.read_text(), sc.BEGIN, sc.END), text)
         self.assertTrue(notes.read_text().endswith("<!-- step-changes:end -->\n\nkept\n"))
+
+
+class Sections(unittest.TestCase):
+    """--sections on the repository's own views: 13a_softcap has a forward and a backward section."""
+    def run_main(self, *argv):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = sc.main(list(argv))
+        return code, out.getvalue(), err.getvalue()
+
+    def test_the_passes_of_13a(self):
+        code, out, _ = self.run_main("--sections", "13a_softcap")
+        self.assertEqual(code, 0)
+        self.assertIn("--- 09f_persistent.cuh (its __global__ function)\n+++ 13a_softcap.cuh, the forward", out)
+        self.assertIn("--- 12c_bulk_dq.cuh (its __global__ function)\n+++ 13a_softcap.cuh, the backward", out)
+        self.assertIn("tanh_approx", out)
+
+    def test_a_view_without_sections_is_refused(self):
+        for view in ("07a_rows32", "no_such_view"):
+            code, out, err = self.run_main("--sections", view)
+            self.assertEqual((code, out), (2, ""))
+            self.assertIn(f"--sections: '{view}' is not a view with one section per pass", err)
 
 
 @unittest.skipUnless(fs_results.library_path().exists(), "libflash_steps.so not built (set FLASH_STEPS_LIB)")
