@@ -91,6 +91,17 @@ def dots(values) -> str:
     return " · ".join(f"{v:.3f}" for v in values)
 
 
+def span(values) -> str:
+    """Lowest–highest of the values."""
+    values = list(values)
+    return f"{min(values):.3f}–{max(values):.3f}"
+
+
+def near_one(values) -> int:
+    """How many of the values are within 2 % of 1."""
+    return sum(abs(v - 1) <= 0.02 for v in values)
+
+
 def core_table(s: dict, c: dict) -> list[str]:
     """The note's table: (1024, 0) and (4096, 0) over full causal, and 13b over FA4 with (1024, 0)."""
     lines = ["| pass, head_dim | (1024, 0) / causal, N 4k · 8k · 16k | (4096, 0) / causal, 8k · 16k "
@@ -109,7 +120,7 @@ def ranges(s: dict) -> list[str]:
     lines = ["window / full (causal; (512, 512): non-causal), seqlen 4096 and above, lowest–highest:"]
     for band, base in (("(1024, 0)", "causal"), ("(4096, 0)", "causal"), ("(512, 512)", "full")):
         rs = [r for mode in ("forward", "backward") for d in (128, 64) for _, r in window_ratios(s, mode, d, band, base)]
-        lines.append(f"  {band}: {min(rs):.3f}–{max(rs):.3f} over {len(rs)} shapes")
+        lines.append(f"  {band}: {span(rs)} over {len(rs)} shapes")
     lines += ["", "(512, 512) / full, N 4k · 8k · 16k:"]
     for mode in ("forward", "backward"):
         for d in (128, 64):
@@ -120,13 +131,11 @@ def ranges(s: dict) -> list[str]:
         rs = [(rows[STEP] / rows[BASE[mode]], f"head_dim {d}, {k(n)}, {band}")
               for (m, d, n, band), rows in sorted(s.items())
               if m == mode and band in ("causal", "full") and BASE[mode] in rows and STEP in rows]
-        within = sum(abs(r - 1) <= 0.02 for r, _ in rs)
         outside = "; ".join(f"{r:.3f} ({what})" for r, what in rs if abs(r - 1) > 0.02)
-        lines.append(f"  {mode}: {min(rs)[0]:.3f}–{max(rs)[0]:.3f}, {within} of {len(rs)} within 2 %"
+        lines.append(f"  {mode}: {span(r for r, _ in rs)}, {near_one(r for r, _ in rs)} of {len(rs)} within 2 %"
                      + (f"; outside: {outside}" if outside else ""))
         both += rs
-    lines.append(f"  both: {min(both)[0]:.3f}–{max(both)[0]:.3f}, {sum(abs(r - 1) <= 0.02 for r, _ in both)} of "
-                 f"{len(both)} within 2 %")
+    lines.append(f"  both: {span(r for r, _ in both)}, {near_one(r for r, _ in both)} of {len(both)} within 2 %")
     return lines
 
 
