@@ -30,7 +30,8 @@ OUT = REPO / "notes" / "substeps"
 # Step 13's views drop the template parameters of the flags they do not have, and the static_assert that names
 # one; step.cu passes every flag, so `--ptx` compiles step 13's views with these folds left out (views()).
 VARLEN_PARAM, VARLEN_ASSERT, WINDOW_PARAM = r", bool VARLEN = false>", r"\n[^\n]*static_assert\(!VARLEN[^\n]*", r", bool WINDOW>"
-SIGNATURE_FOLDS = {VARLEN_PARAM, VARLEN_ASSERT, WINDOW_PARAM}
+O_PARAM = r", T\* __restrict__ o\) \{"  # the forward's output pointer, which only 13c's packed batch writes through
+SIGNATURE_FOLDS = {VARLEN_PARAM, VARLEN_ASSERT, WINDOW_PARAM, O_PARAM}
 # The steps whose sub-steps share one kernel, and folds of their own beyond Tr::has(): 09c's idea is
 # softmax_under_pv(Tr::IDEAS, ...) (traits.h), which is false before kIntraOverlap.
 # Before 07g a sub-step has only two K/V buffers (traits.h's has_config: kD64 and kD128_K32), so its
@@ -59,11 +60,35 @@ STEPS = {
         r"\n *Band band;[^\n]*|\n *x\.band = band;": lambda on: r"\g<0>" if on["kWindow"] else "",
         VARLEN_PARAM: lambda on: ", bool VARLEN = false>" if on["kVarlen"] else ">",
         VARLEN_ASSERT: lambda on: r"\g<0>" if on["kVarlen"] else "",
+        O_PARAM: lambda on: r"\g<0>" if on["kVarlen"] else ") {",
         r"if constexpr \(VARLEN\)": lambda on: "if constexpr (VARLEN)" if on["kVarlen"] else "if constexpr (false)",
         r"\bVARLEN \? ": lambda on: "VARLEN ? " if on["kVarlen"] else "false ? ",
         WINDOW_PARAM: lambda on: ", bool WINDOW>" if on["kWindow"] else ">",
         r"\n[^\n]*\b(?:band_of|diagonals_of)\([^\n]*": lambda on: r"\g<0>" if on["kWindow"] else "",
         r"if constexpr \(WINDOW\)": lambda on: "if constexpr (WINDOW)" if on["kWindow"] else "if constexpr (false)",
+        # What 13c's packed batch adds to the work item and the coordinates, zero without it: the sequence's
+        # first rows (q_start, k_start; k_row0 in the backward's epilogue) and the tensor maps' batch
+        # coordinate `tb` (b); the backward's block coordinates, assigned in two branches, are constants again.
+        r"\n *int q_start, k_start, tb;|\n *x\.q_start = 0, x\.k_start = 0;|\n *int q_start = 0, k_start = 0;[^\n]*|"
+        r"\n *const int tb = [^\n]*|\n *const int64_t k_row0 = [^\n]*": lambda on: r"\g<0>" if on["kVarlen"] else "",
+        r", x\.tb = x\.b;": lambda on: r"\g<0>" if on["kVarlen"] else ";",
+        r"x\.q_start \+ |x\.k_start \+ |(?<![\w.])q_start \+ |(?<![\w.])k_start \+ ": lambda on: r"\g<0>" if on["kVarlen"] else "",
+        r"\bx\.tb\b": lambda on: r"\g<0>" if on["kVarlen"] else "x.b",
+        r"(?<=[(, ])tb(?=[,)])": lambda on: r"\g<0>" if on["kVarlen"] else "b",
+        r"\bk_row0\b": lambda on: r"\g<0>" if on["kVarlen"] else "0",
+        r"\n *const int64_t lse_at = [^\n]*": lambda on: r"\g<0>" if on["kVarlen"] else "",
+        r"lse\[lse_at \+ ": lambda on: r"\g<0>" if on["kVarlen"] else "lse[int64_t(x.bh) * seqlen_q + ",
+        r"\n *bool by_box = c \* ROWS_PER_WARPGROUP < x\.q_rows;": lambda on: r"\g<0>" if on["kVarlen"] else "",
+        r"if \(t == 0 && by_box\)": lambda on: r"\g<0>" if on["kVarlen"] else "if (t == 0 && c * ROWS_PER_WARPGROUP < x.q_rows)",
+        r"int seqlen_q = int\(f\.seqlen_q\), seqlen_k = int\(f\.seqlen_k\), kv0, b, h_kv;\n *const int head_dim":
+            lambda on: r"\g<0>" if on["kVarlen"] else "const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim",
+        r"(?<=\n)( *)(kv0 = int\(blockIdx|b = int\(bh_kv)": lambda on: r"\g<0>" if on["kVarlen"] else r"\1const int \2",
+        # What 13b's band adds, without it: the first K/V tile of a work item (0) and the masked visits at its
+        # bottom (none); the backward's query-tile run and mask flag, reassigned only for a band, are constants.
+        r"kv_first, |, masked_bottom(?=;)|\n *x\.kv_first = 0, x\.masked_bottom = 0;|x\.kv_first \+ |"
+        r"\n *const int unmasked_end = [^\n]*": lambda on: r"\g<0>" if on["kWindow"] else "",
+        r"k < unmasked_end;": lambda on: r"\g<0>" if on["kWindow"] else "k < x.kv_tiles;",
+        r"(?<=\n)( *)(int first_tile|int tiles_per_head|bool masked) = ": lambda on: r"\g<0>" if on["kWindow"] else r"\1const \2 = ",
     },
 }
 

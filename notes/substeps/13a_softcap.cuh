@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
                    float* __restrict__ lse, const Problem p, const float scale_log2,
-                   const Softcap cap, T* __restrict__ o) {
+                   const Softcap cap) {
   constexpr int HEAD_DIM = Tr::HEAD_DIM, BLOCK_KV = Tr::BLOCK_KV, KV_STAGES = Tr::KV_STAGES;
   constexpr int BLOCK_Q = Tr::BLOCK_Q, CONSUMERS = Tr::CONSUMERS;
 
@@ -81,23 +81,18 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   auto position = [&](const unsigned n) {
     return Tr::has(kPersistent) ? persistent_position(n, blockIdx.x, gridDim.x) : (n == 0 ? blockIdx.x : num_tiles);
   };
-  // The K/V tiles of a work item are kv_first … kv_first + kv_tiles - 1, visited from the last down; the
-  // first masked_tiles visits need the mask.
   struct Work {
     uint32_t bh;
-    int h, b, h_kv, q0, q_rows, kv_first, kv_tiles, masked_tiles, masked_bottom;
-    int q_start, k_start, tb;
+    int h, b, h_kv, q0, q_rows, kv_tiles, masked_tiles;
   };
   auto work_of = [&](const unsigned w) {
     Work x;
-    x.q_start = 0, x.k_start = 0;
     const BlockTile tile = block_tile(w, q_tiles);
     x.bh = tile.bh;
-    x.h = int(tile.bh % unsigned(p.heads_q)), x.b = int(tile.bh / unsigned(p.heads_q)), x.tb = x.b;
+    x.h = int(tile.bh % unsigned(p.heads_q)), x.b = int(tile.bh / unsigned(p.heads_q));
     x.q0 = tile.q_tile * BLOCK_Q;
     x.q_rows = min(BLOCK_Q, seqlen_q - x.q0);  // real query rows in this tile
     x.h_kv = int(unsigned(x.h) / (unsigned(p.heads_q) / unsigned(p.heads_kv)));  // GQA: kv_head_of(p, h)
-    x.kv_first = 0, x.masked_bottom = 0;
     const KvTiles kv = kv_tiles_for(x.q0, x.q_rows, BLOCK_KV, seqlen_q, seqlen_k, causal);
     x.kv_tiles = kv.count, x.masked_tiles = kv.count - kv.unmasked;
     return x;
@@ -141,7 +136,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         auto load_tile = [&](const CUtensorMap& map, uint32_t dst, uint32_t bar, int rows, int row0, int head) {
 #pragma unroll
           for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-            const BoxCoord c = tma_box(cb, row0, head, x.tb);
+            const BoxCoord c = tma_box(cb, row0, head, x.b);
             sm90::tma_load_4d(dst + box_offset(rows, cb), &map, bar, c.col, c.row, c.head, c.batch);
           }
         };
@@ -152,7 +147,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
           if (n > 0) sm90::mbarrier_wait(q_empty, (n - 1) & 1u);
           if (x.kv_tiles > 0) {
             sm90::mbarrier_arrive_expect_tx(q_full, Tr::Q_BYTES);
-            load_tile(q_map, q_smem, q_full, BLOCK_Q, x.q_start + x.q0, x.h);
+            load_tile(q_map, q_smem, q_full, BLOCK_Q, x.q0, x.h);
           } else {
             sm90::mbarrier_arrive(q_full);
           }
@@ -174,7 +169,7 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
           if (waits_for_release(visit, KV_STAGES)) sm90::mbarrier_wait(empty, release_parity(visit, KV_STAGES));
           sm90::mbarrier_arrive_expect_tx(full, Tr::KV_BYTES);
           load_tile(l.v ? v_map : k_map, (l.v ? v_smem : k_smem) + uint32_t(s * Tr::KV_BYTES), full, BLOCK_KV,
-                    x.k_start + (x.kv_first + x.kv_tiles - 1 - l.visit) * BLOCK_KV, x.h_kv);
+                    (x.kv_tiles - 1 - l.visit) * BLOCK_KV, x.h_kv);
         }
         visits += x.kv_tiles;
       }
@@ -267,10 +262,10 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
             for (int i = 0; i < Tr::S_REGS; ++i) s_acc[i] = tanh_approx(s_acc[i] * cap.pre);
           }
 
-          // Column of register i = this thread's first column + acc_col_offset(i), a constant. Keys past
-          // seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
+          // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
+          // Column of register i = this thread's first column + acc_col_offset(i), a constant.
           if constexpr (MASKED) {
-            const int kv0 = (x.kv_first + x.kv_tiles - 1 - k) * BLOCK_KV;
+            const int kv0 = (x.kv_tiles - 1 - k) * BLOCK_KV;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int64_t row = int64_t(x.q0) + c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;
@@ -355,14 +350,12 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         if (grants_first_turn(c, CONSUMERS))
                     sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
         // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first), turn count (P·V only).
-        // Visits [masked_tiles, unmasked_end) need no mask.
-        const int unmasked_end = x.kv_tiles - x.masked_bottom;
         if (x.masked_tiles > 0)
           turn(0, std::true_type{}, std::false_type{}, std::true_type{});
         else
           turn(0, std::true_type{}, std::false_type{}, std::false_type{});
         for (int k = 1; k < x.masked_tiles; ++k) turn(k, std::true_type{}, std::true_type{}, std::true_type{});
-        for (int k = max(x.masked_tiles, 1); k < unmasked_end; ++k)
+        for (int k = max(x.masked_tiles, 1); k < x.kv_tiles; ++k)
           turn(k, std::true_type{}, std::true_type{}, std::false_type{});
         turn(x.kv_tiles, std::false_type{}, std::true_type{}, std::false_type{});
       }
@@ -377,9 +370,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         inv_sum[r] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
         const int row = c * ROWS_PER_WARPGROUP + wgmma_acc(t, 2 * r).row;  // inside the tile
-        const int64_t lse_at = int64_t(x.bh) * seqlen_q;
         if (lse && t % 4 == 0 && row < x.q_rows)
-          lse[lse_at + x.q0 + row] = sum > 0.0f ? row_max[r] * logit_scale<SOFTCAP>(p) + logf(sum) : -INFINITY;
+          lse[int64_t(x.bh) * seqlen_q + x.q0 + row] = sum > 0.0f ? row_max[r] * logit_scale<SOFTCAP>(p) + logf(sum) : -INFINITY;
       }
 
       // O, normalized and rounded, into this consumer's own rows of q_smem, in the layout the TMA reads
@@ -401,12 +393,12 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       // of them precede the store its first thread issues.
       sm90::fence_proxy_async_shared();
       sm90::named_barrier_sync(epilogue_barrier(c, CONSUMERS), EPILOGUE_BARRIER_THREADS);
-      bool by_box = c * ROWS_PER_WARPGROUP < x.q_rows;  // a consumer whose rows all lie past seqlen_q stores nothing
-      if (t == 0 && by_box) {
+      // A consumer whose rows all lie past seqlen_q (a short last query tile) stores nothing.
+      if (t == 0 && c * ROWS_PER_WARPGROUP < x.q_rows) {
 #pragma unroll
         for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
           // past seqlen_q, head_dim: not written
-          const BoxCoord e = tma_box(cb, x.q_start + x.q0 + c * ROWS_PER_WARPGROUP, x.h, x.tb);
+          const BoxCoord e = tma_box(cb, x.q0 + c * ROWS_PER_WARPGROUP, x.h, x.b);
           sm90::tma_store_4d(&o_map, q_smem + o_box_offset(c, cb, BLOCK_Q), e.col, e.row, e.head, e.batch);
         }
         sm90::tma_store_commit();
@@ -414,7 +406,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         // complete on their own and are visible when the kernel has finished.
         sm90::tma_store_wait_read();
       }
-      // q_smem is free again (09f loads the next tile's Q into it).
+      // q_smem is free again.
+      // From 09f: the next tile's Q is loaded into it.
       if (t == 0) sm90::mbarrier_arrive(q_empty);
       visits += x.kv_tiles;
     }
@@ -453,23 +446,20 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   const uint32_t kv_full = base + Tr::BARRIER_OFFSET;
   auto q_full = [&](int s) { return kv_full + 8u * uint32_t(1 + s); };
 
-  int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), kv0, b, h_kv;
-  const int head_dim = int(f.head_dim);
+  const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
-  int q_start = 0, k_start = 0;
   const uint32_t kv_tiles = uint32_t(step11::tiles(seqlen_k, BLOCK_KV));
   const uint32_t bh_kv = blockIdx.x / kv_tiles;
-  kv0 = int(blockIdx.x % kv_tiles) * BLOCK_KV;
-  b = int(bh_kv / uint32_t(f.heads_kv)), h_kv = int(bh_kv % uint32_t(f.heads_kv));
+  const int kv0 = int(blockIdx.x % kv_tiles) * BLOCK_KV;
+  const int b = int(bh_kv / uint32_t(f.heads_kv)), h_kv = int(bh_kv % uint32_t(f.heads_kv));
   const int group = int(f.heads_q / f.heads_kv);
   const int64_t rows_per_head = step11::padded_rows(f.seqlen_q);
-  const int tb = b;  // the tensor maps' batch coordinate
 
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), t = threadIdx.x % 128;
 
   // The visits, as step 11: every query tile from the first that sees these keys, per query head.
-  int first_tile = step11::first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
-  int tiles_per_head = int(step11::tiles(seqlen_q, BLOCK_Q)) - first_tile;
+  const int first_tile = step11::first_query_tile(kv0, BLOCK_Q, seqlen_q, seqlen_k, causal);
+  const int tiles_per_head = int(step11::tiles(seqlen_q, BLOCK_Q)) - first_tile;
   const int visits = tiles_per_head > 0 ? group * tiles_per_head : 0;
   auto head_of = [&](int v) { return h_kv * group + v / tiles_per_head; };
   auto q0_of = [&](int v) { return (first_tile + v % tiles_per_head) * BLOCK_Q; };
@@ -485,7 +475,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   auto load_tile = [&](const CUtensorMap& map, uint32_t dst, uint32_t bar, int rows, int row0, int head) {
 #pragma unroll
     for (int cb = 0; cb < Tr::COL_BLOCKS; ++cb) {
-      const step08::BoxCoord c = step08::tma_box(cb, row0, head, tb);
+      const step08::BoxCoord c = step08::tma_box(cb, row0, head, b);
       sm90::tma_load_4d(dst + box_offset(rows, cb), &map, bar, c.col, c.row, c.head, c.batch);
     }
   };
@@ -493,15 +483,15 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     const int s = v % Q_STAGES, h = head_of(v), q0 = q0_of(v);
     const int64_t row0 = (int64_t(b) * f.heads_q + h) * rows_per_head + q0;
     sm90::mbarrier_arrive_expect_tx(q_full(s), Tr::VISIT_BYTES);
-    load_tile(q_map, q_smem(s), q_full(s), BLOCK_Q, q_start + q0, h);
-    load_tile(do_map, do_smem(s), q_full(s), BLOCK_Q, q_start + q0, h);
+    load_tile(q_map, q_smem(s), q_full(s), BLOCK_Q, q0, h);
+    load_tile(do_map, do_smem(s), q_full(s), BLOCK_Q, q0, h);
     bulk_load(base + uint32_t(Tr::LSE_OFFSET + s * Tr::ROWS_BYTES), lse2 + row0, Tr::ROWS_BYTES, q_full(s));
     bulk_load(base + uint32_t(Tr::D_OFFSET + s * Tr::ROWS_BYTES), d_rows + row0, Tr::ROWS_BYTES, q_full(s));
   };
   if (threadIdx.x == 0 && visits > 0) {
     sm90::mbarrier_arrive_expect_tx(kv_full, 2 * Tr::KV_BYTES);
-    load_tile(k_map, k_smem, kv_full, BLOCK_KV, k_start + kv0, h_kv);
-    load_tile(v_map, v_smem, kv_full, BLOCK_KV, k_start + kv0, h_kv);
+    load_tile(k_map, k_smem, kv_full, BLOCK_KV, kv0, h_kv);
+    load_tile(v_map, v_smem, kv_full, BLOCK_KV, kv0, h_kv);
     for (int v = 0; v < visits && v < Q_STAGES; ++v) load_visit(v);
   }
 
@@ -560,7 +550,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
       sm90::Wgmma<BLOCK_Q, T>::ss(s_acc, advance(k_rows_desc, kv_rows_step(wg, ks)),
                                   advance(q_k_desc, stage_bytes + q_k_major_step(BLOCK_Q, ks)), ks > 0);
-    // 12b: Sᵀ is a commit group of its own, waited for alone.
+    // From 12b: Sᵀ is a commit group of its own, waited for alone.
     sm90::wgmma_commit();
 #pragma unroll
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
@@ -574,7 +564,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     // the row's diagonal) get P = 0; rows past seqlen_q have LSE₂ = +inf, P = 0.
     const float* lse_tile = lse_smem + s * BLOCK_Q;
     const float* dd_tile = dd_smem + s * BLOCK_Q;
-    bool masked = step11::tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
+    const bool masked = step11::tile_needs_mask(q0, kv0, BLOCK_KV, seqlen_q, seqlen_k, causal);
     auto probability = [&](int i, float score) {
       const step08::frag::Coord c = wgmma_acc(t, i);  // (key in the warpgroup's 64, query in the tile)
       float pv = step11::exp2_fast(fmaf(score, scale_log2, -lse_tile[c.col]));
@@ -637,7 +627,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       sm90::fence_proxy_async_shared();  // the generic stores, before wgmma reads them (async proxy)
     }
 
-    // 12b has issued dV already and issues dK after dQ, under the dQ atomics (12c: its staging and reduce).
+    // From 12b: dV's products are issued already; dK's come after dQ's, under the dQ atomics.
+    // From 12c: under dQ's staging and bulk reduce-add instead of its atomics.
     if constexpr (!ATOMIC_DQ) issue_dk();
 
     if constexpr (ATOMIC_DQ) {
@@ -685,9 +676,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   if (ATOMIC_DQ && threadIdx.x == 0) bulk_wait_all();
 
   // ---- epilogue: dK = scale·dK_acc and dV, this warpgroup's keys, columns < head_dim
-  const int64_t k_row0 = 0;
-  T* dk_rows = dk + offset_of(p.dk, tb, k_row0, h_kv);
-  T* dv_rows = dv + offset_of(p.dv, tb, k_row0, h_kv);
+  T* dk_rows = dk + offset_of(p.dk, b, 0, h_kv);
+  T* dv_rows = dv + offset_of(p.dv, b, 0, h_kv);
 #pragma unroll
   for (int i = 0; i < Tr::KV_REGS; i += 2) {
     const step08::frag::Coord c = wgmma_acc(t, i);

@@ -103,9 +103,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
   auto position = [&](const unsigned n) {
     return Tr::has(kPersistent) ? persistent_position(n, blockIdx.x, gridDim.x) : (n == 0 ? blockIdx.x : num_tiles);
   };
-  // The K/V tiles of a work item are kv_first … kv_first + kv_tiles - 1, visited from the last down; the
-  // first masked_tiles visits need the mask.
-  // From 13b: and the last masked_bottom.
+  // From 13b: the K/V tiles of a work item are kv_first … kv_first + kv_tiles - 1, visited from the last
+  // down; the first masked_tiles visits need the mask, and the last masked_bottom.
   // From 13c: rows q0 … of the tile and kv0 … of a K/V tile count from the sequence's first row, which is row
   // q_start of the packed Q and O and row k_start of K and V; `tb` is the tensor maps' batch coordinate.
   struct Work {
@@ -317,9 +316,9 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
             for (int i = 0; i < Tr::S_REGS; ++i) s_acc[i] = tanh_approx(s_acc[i] * cap.pre);
           }
 
-          // Column of register i = this thread's first column + acc_col_offset(i), a constant. Keys past
-          // seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
-          // From 13b: so do keys outside the row's band.
+          // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
+          // Column of register i = this thread's first column + acc_col_offset(i), a constant.
+          // From 13b: keys outside the row's band get -inf too.
           if constexpr (MASKED) {
             const int kv0 = (x.kv_first + x.kv_tiles - 1 - k) * BLOCK_KV;
 #pragma unroll
@@ -417,9 +416,9 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         if (grants_first_turn(c, CONSUMERS))
                     sm90::named_barrier_arrive(turn_barrier(next_consumer(c, CONSUMERS)), TURN_BARRIER_THREADS);
         // Turn 0 (S only), turns 1 … count - 1 (both; the masked visits first), turn count (P·V only).
-        // Visits [masked_tiles, unmasked_end) need no mask.
-        // From 13b: the masked visits last too; kv_span leaves at least one unmasked visit unless it masks
-        // every visit from the top (masked_bottom 0), so unmasked_end >= 1.
+        // From 13b: visits [masked_tiles, unmasked_end) need no mask, the masked visits last too; kv_span
+        // leaves at least one unmasked visit unless it masks every visit from the top (masked_bottom 0), so
+        // unmasked_end >= 1.
         const int unmasked_end = x.kv_tiles - x.masked_bottom;
         if (x.masked_tiles > 0)
           turn(0, std::true_type{}, std::false_type{}, std::true_type{});
@@ -470,7 +469,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
       // of them precede the store its first thread issues.
       sm90::fence_proxy_async_shared();
       sm90::named_barrier_sync(epilogue_barrier(c, CONSUMERS), EPILOGUE_BARRIER_THREADS);
-      bool by_box = c * ROWS_PER_WARPGROUP < x.q_rows;  // a consumer whose rows all lie past seqlen_q stores nothing
+      // A consumer whose rows all lie past seqlen_q (a short last query tile) stores nothing.
+      bool by_box = c * ROWS_PER_WARPGROUP < x.q_rows;
       if constexpr (VARLEN) {
         const int own_rows = x.q_rows - c * ROWS_PER_WARPGROUP;  // this consumer's real rows of the tile
         // In a packed batch the rows past a sequence's end are the next sequence's, and a TMA box
@@ -499,7 +499,8 @@ __global__ void __launch_bounds__(Tr::NUM_THREADS, 1)
         // complete on their own and are visible when the kernel has finished.
         sm90::tma_store_wait_read();
       }
-      // q_smem is free again (09f loads the next tile's Q into it).
+      // q_smem is free again.
+      // From 09f: the next tile's Q is loaded into it.
       if (t == 0) sm90::mbarrier_arrive(q_empty);
       visits += x.kv_tiles;
     }
@@ -667,7 +668,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
       sm90::Wgmma<BLOCK_Q, T>::ss(s_acc, advance(k_rows_desc, kv_rows_step(wg, ks)),
                                   advance(q_k_desc, stage_bytes + q_k_major_step(BLOCK_Q, ks)), ks > 0);
-    // 12b: Sᵀ is a commit group of its own, waited for alone.
+    // From 12b: Sᵀ is a commit group of its own, waited for alone.
     sm90::wgmma_commit();
 #pragma unroll
     for (int ks = 0; ks < Tr::D_K_STEPS; ++ks)
@@ -750,7 +751,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       sm90::fence_proxy_async_shared();  // the generic stores, before wgmma reads them (async proxy)
     }
 
-    // 12b has issued dV already and issues dK after dQ, under the dQ atomics (12c: its staging and reduce).
+    // From 12b: dV's products are issued already; dK's come after dQ's, under the dQ atomics.
+    // From 12c: under dQ's staging and bulk reduce-add instead of its atomics.
     if constexpr (!ATOMIC_DQ) issue_dk();
 
     if constexpr (ATOMIC_DQ) {
