@@ -27,6 +27,13 @@ import ptx_twins
 from fs_results import REPO, parser
 
 OUT = REPO / "notes" / "substeps"
+
+
+def fold(idea: str, without: str):
+    """A fold's value: the matched text itself where `idea` is on, `without` where it is off."""
+    return lambda on: r"\g<0>" if on[idea] else without
+
+
 # Step 13's views drop the template parameters of the flags they do not have, and the static_assert that names
 # one; step.cu passes every flag, so `--ptx` compiles step 13's views with these folds left out (views()).
 VARLEN_PARAM, VARLEN_ASSERT, WINDOW_PARAM = r", bool VARLEN = false>", r"\n[^\n]*static_assert\(!VARLEN[^\n]*", r", bool WINDOW>"
@@ -38,16 +45,16 @@ SIGNATURE_FOLDS = {VARLEN_PARAM, VARLEN_ASSERT, WINDOW_PARAM, O_PARAM}
 # view drops the one-buffer pipeline, which 07g's table brings.
 STEPS = {
     "07_flash_attention2": {
-        r"Tr::KV_STAGES == 2": lambda on: "Tr::KV_STAGES == 2" if on["kHeadDimTable"] else "true",
-        r"Tr::KV_STAGES == 1": lambda on: "Tr::KV_STAGES == 1" if on["kHeadDimTable"] else "false",
+        r"Tr::KV_STAGES == 2": fold("kHeadDimTable", "true"),
+        r"Tr::KV_STAGES == 1": fold("kHeadDimTable", "false"),
         # Before 07e no warp votes on its maxima; before 07f exp2_ is exp2f.
-        r"\n *bool max_grew = false;|\n *max_grew \|= [^\n]*": lambda on: r"\g<0>" if on["kRescaleSkip"] else "",
-        r"\n// 2\^x\. (?:[^\n]*\n)*?\}\n(?=\n)": lambda on: r"\g<0>" if on["kFastExp2"] else "",
-        r"exp2_<Tr>\(": lambda on: r"\g<0>" if on["kFastExp2"] else "exp2f(",
+        r"\n *bool max_grew = false;|\n *max_grew \|= [^\n]*": fold("kRescaleSkip", ""),
+        r"\n// 2\^x\. (?:[^\n]*\n)*?\}\n(?=\n)": fold("kFastExp2", ""),
+        r"exp2_<Tr>\(": fold("kFastExp2", "exp2f("),
     },
     "09_warp_specialized": {
         r"softmax_under_pv\(Tr::IDEAS, HAS_S, HAS_PV\)": lambda on: "HAS_S && HAS_PV" if on["kIntraOverlap"] else "false",
-        r"q_load_position\(Tr::IDEAS, x\.kv_tiles, n\)": lambda on: r"\g<0>" if on["kPersistent"] else "0",
+        r"q_load_position\(Tr::IDEAS, x\.kv_tiles, n\)": fold("kPersistent", "0"),
     },
     "12_hopper_backward": {},
     # Step 13's features are template flags (SOFTCAP, WINDOW, VARLEN) that the host picks per problem, not
@@ -55,40 +62,40 @@ STEPS = {
     # dropped; 13a's and 13b's have VARLEN false and its declarations and header dropped (its comments are
     # tagged `// From 13c:`).
     "13_features": {
-        r'\n#include "common/step/varlen\.h"': lambda on: r"\g<0>" if on["kVarlen"] else "",
-        r'\n#include "common/step/window\.h"': lambda on: r"\g<0>" if on["kWindow"] else "",
-        r"\n *Band band;[^\n]*|\n *x\.band = band;": lambda on: r"\g<0>" if on["kWindow"] else "",
-        VARLEN_PARAM: lambda on: ", bool VARLEN = false>" if on["kVarlen"] else ">",
-        VARLEN_ASSERT: lambda on: r"\g<0>" if on["kVarlen"] else "",
-        O_PARAM: lambda on: r"\g<0>" if on["kVarlen"] else ") {",
-        r"if constexpr \(VARLEN\)": lambda on: "if constexpr (VARLEN)" if on["kVarlen"] else "if constexpr (false)",
-        r"\bVARLEN \? ": lambda on: "VARLEN ? " if on["kVarlen"] else "false ? ",
-        WINDOW_PARAM: lambda on: ", bool WINDOW>" if on["kWindow"] else ">",
-        r"\n[^\n]*\b(?:band_of|diagonals_of)\([^\n]*": lambda on: r"\g<0>" if on["kWindow"] else "",
-        r"if constexpr \(WINDOW\)": lambda on: "if constexpr (WINDOW)" if on["kWindow"] else "if constexpr (false)",
+        r'\n#include "common/step/varlen\.h"': fold("kVarlen", ""),
+        r'\n#include "common/step/window\.h"': fold("kWindow", ""),
+        r"\n *Band band;[^\n]*|\n *x\.band = band;": fold("kWindow", ""),
+        VARLEN_PARAM: fold("kVarlen", ">"),
+        VARLEN_ASSERT: fold("kVarlen", ""),
+        O_PARAM: fold("kVarlen", ") {"),
+        r"if constexpr \(VARLEN\)": fold("kVarlen", "if constexpr (false)"),
+        r"\bVARLEN \? ": fold("kVarlen", "false ? "),
+        WINDOW_PARAM: fold("kWindow", ">"),
+        r"\n[^\n]*\b(?:band_of|diagonals_of)\([^\n]*": fold("kWindow", ""),
+        r"if constexpr \(WINDOW\)": fold("kWindow", "if constexpr (false)"),
         # What 13c's packed batch adds to the work item and the coordinates, zero without it: the sequence's
         # first rows (q_start, k_start; k_row0 in the backward's epilogue) and the tensor maps' batch
         # coordinate `tb` (b); the backward's block coordinates, assigned in two branches, are constants again.
         r"\n *int q_start, k_start, tb;|\n *x\.q_start = 0, x\.k_start = 0;|\n *int q_start = 0, k_start = 0;[^\n]*|"
-        r"\n *const int tb = [^\n]*|\n *const int64_t k_row0 = [^\n]*": lambda on: r"\g<0>" if on["kVarlen"] else "",
-        r", x\.tb = x\.b;": lambda on: r"\g<0>" if on["kVarlen"] else ";",
-        r"x\.q_start \+ |x\.k_start \+ |(?<![\w.])q_start \+ |(?<![\w.])k_start \+ ": lambda on: r"\g<0>" if on["kVarlen"] else "",
-        r"\bx\.tb\b": lambda on: r"\g<0>" if on["kVarlen"] else "x.b",
-        r"(?<=[(, ])tb(?=[,)])": lambda on: r"\g<0>" if on["kVarlen"] else "b",
-        r"\bk_row0\b": lambda on: r"\g<0>" if on["kVarlen"] else "0",
-        r"\n *const int64_t lse_at = [^\n]*": lambda on: r"\g<0>" if on["kVarlen"] else "",
-        r"lse\[lse_at \+ ": lambda on: r"\g<0>" if on["kVarlen"] else "lse[int64_t(x.bh) * seqlen_q + ",
-        r"\n *bool by_box = c \* ROWS_PER_WARPGROUP < x\.q_rows;": lambda on: r"\g<0>" if on["kVarlen"] else "",
-        r"if \(t == 0 && by_box\)": lambda on: r"\g<0>" if on["kVarlen"] else "if (t == 0 && c * ROWS_PER_WARPGROUP < x.q_rows)",
+        r"\n *const int tb = [^\n]*|\n *const int64_t k_row0 = [^\n]*": fold("kVarlen", ""),
+        r", x\.tb = x\.b;": fold("kVarlen", ";"),
+        r"x\.q_start \+ |x\.k_start \+ |(?<![\w.])q_start \+ |(?<![\w.])k_start \+ ": fold("kVarlen", ""),
+        r"\bx\.tb\b": fold("kVarlen", "x.b"),
+        r"(?<=[(, ])tb(?=[,)])": fold("kVarlen", "b"),
+        r"\bk_row0\b": fold("kVarlen", "0"),
+        r"\n *const int64_t lse_at = [^\n]*": fold("kVarlen", ""),
+        r"lse\[lse_at \+ ": fold("kVarlen", "lse[int64_t(x.bh) * seqlen_q + "),
+        r"\n *bool by_box = c \* ROWS_PER_WARPGROUP < x\.q_rows;": fold("kVarlen", ""),
+        r"if \(t == 0 && by_box\)": fold("kVarlen", "if (t == 0 && c * ROWS_PER_WARPGROUP < x.q_rows)"),
         r"int seqlen_q = int\(f\.seqlen_q\), seqlen_k = int\(f\.seqlen_k\), kv0, b, h_kv;\n *const int head_dim":
-            lambda on: r"\g<0>" if on["kVarlen"] else "const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim",
-        r"(?<=\n)( *)(kv0 = int\(blockIdx|b = int\(bh_kv)": lambda on: r"\g<0>" if on["kVarlen"] else r"\1const int \2",
+            fold("kVarlen", "const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim"),
+        r"(?<=\n)( *)(kv0 = int\(blockIdx|b = int\(bh_kv)": fold("kVarlen", r"\1const int \2"),
         # What 13b's band adds, without it: the first K/V tile of a work item (0) and the masked visits at its
         # bottom (none); the backward's query-tile run and mask flag, reassigned only for a band, are constants.
         r"kv_first, |, masked_bottom(?=;)|\n *x\.kv_first = 0, x\.masked_bottom = 0;|x\.kv_first \+ |"
-        r"\n *const int unmasked_end = [^\n]*": lambda on: r"\g<0>" if on["kWindow"] else "",
-        r"k < unmasked_end;": lambda on: r"\g<0>" if on["kWindow"] else "k < x.kv_tiles;",
-        r"(?<=\n)( *)(int first_tile|int tiles_per_head|bool masked) = ": lambda on: r"\g<0>" if on["kWindow"] else r"\1const \2 = ",
+        r"\n *const int unmasked_end = [^\n]*": fold("kWindow", ""),
+        r"k < unmasked_end;": fold("kWindow", "k < x.kv_tiles;"),
+        r"(?<=\n)( *)(int first_tile|int tiles_per_head|bool masked) = ": fold("kWindow", r"\1const \2 = "),
     },
 }
 
