@@ -90,6 +90,7 @@ STEPS = {
         r"int seqlen_q = int\(f\.seqlen_q\), seqlen_k = int\(f\.seqlen_k\), kv0, b, h_kv;\n *const int head_dim":
             fold("kVarlen", "const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim"),
         r"(?<=\n)( *)(kv0 = int\(blockIdx|b = int\(bh_kv)": fold("kVarlen", r"\1const int \2"),
+        r"(?<=\n)( *)(Band band = band_of\(f\);)": fold("kVarlen", r"\1const \2"),  # 13c reassigns it per sequence
         # What 13b's band adds, without it: the first K/V tile of a work item (0) and the masked visits at its
         # bottom (none); the backward's query-tile run and mask flag, reassigned only for a band, are constants.
         r"kv_first, |, masked_bottom(?=;)|\n *x\.kv_first = 0, x\.masked_bottom = 0;|x\.kv_first \+ |"

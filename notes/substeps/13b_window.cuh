@@ -491,7 +491,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 
   const int seqlen_q = int(f.seqlen_q), seqlen_k = int(f.seqlen_k), head_dim = int(f.head_dim);
   const bool causal = f.causal != 0;
-  Band band = band_of(f);
+  const Band band = band_of(f);
   const uint32_t kv_tiles = uint32_t(step11::tiles(seqlen_k, BLOCK_KV));
   const uint32_t bh_kv = blockIdx.x / kv_tiles;
   const int kv0 = int(blockIdx.x % kv_tiles) * BLOCK_KV;
