@@ -47,8 +47,10 @@ STEPS = {
     "07_flash_attention2": {
         r"Tr::KV_STAGES == 2": fold("kHeadDimTable", "true"),
         r"Tr::KV_STAGES == 1": fold("kHeadDimTable", "false"),
-        # Before 07e no warp votes on its maxima; before 07f exp2_ is exp2f.
-        r"\n *bool max_grew = false;|\n *max_grew \|= [^\n]*": fold("kRescaleSkip", ""),
+        # From 07b step 06's per-row mask in the softmax loop is gone, and the row and last key it compared with.
+        r"\n *const int row = q0 \+ [^\n]*\n *const int last_key = [^\n]*":
+            lambda on: "" if on["kWorkOrder"] else r"\g<0>",
+        # Before 07f exp2_ is exp2f.
         r"\n// 2\^x\. (?:[^\n]*\n)*?\}\n(?=\n)": fold("kFastExp2", ""),
         r"exp2_<Tr>\(": fold("kFastExp2", "exp2f("),
     },
@@ -278,6 +280,10 @@ def prune(source: str, on: dict[str, bool], folds: dict, matched: set | None = N
     source = re.sub(r"false \? [^:;]+? : ([^;]+?);", r"\1;", source)
     source = re.sub(r"!true \|\| ", "", source)
     source = re.sub(r"\(!false \|\| .*\) \{", "(true) {", source)
+    # `if constexpr (!true)`, `(MASKED && false)`, `(MASKED && true)` (MASKED).
+    source = re.sub(r"if constexpr \(!(true|false)\)", lambda m: "if constexpr (true)" if m[1] == "false" else "if constexpr (false)", source)
+    source = re.sub(r"\((\w+) && true\)", r"(\1)", source)
+    source = re.sub(r"\(\w+ && false\)", "(false)", source)
     # Every `if constexpr (true|false) A [else B]`, and every plain `if (true) A` the constants left, is
     # replaced by A or B (or nothing).
     pattern = re.compile(r"if (?:constexpr )?\((true|false)\)")

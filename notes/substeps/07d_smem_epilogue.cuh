@@ -285,8 +285,9 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
       }
 
     // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
+    // From 07b: only in the masked tiles, in a pass of its own.
+    const int kv0 = j * BLOCK_KV;  // the tile's first key
     if constexpr (MASKED) {
-      const int kv0 = j * BLOCK_KV;
 #pragma unroll
       for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
@@ -303,56 +304,47 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
 
     // ---- online softmax
     // exp(scale·(s - m)) = exp2(s·scale·log2(e) - m·scale·log2(e)): one FMA and one exp2 per score.
-    float max_scaled[M_TILES][2];  // the new row max, times scale·log2(e)
-    float correction[M_TILES][2];  // exp2 of (old max - new max)·scale·log2(e): 1 where it did not grow
+    // Step 06's loop, each row's max, rescale and exponentials in turn; the 4 lanes of a
+    // row are lanes 4g … 4g + 3.
 #pragma unroll
     for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float tile_max = row_max[mi][r];
-#pragma unroll
-        for (int nt = 0; nt < Tr::S_N_TILES; ++nt)
-          tile_max = fmaxf(tile_max, fmaxf(s_acc[mi][nt][2 * r], s_acc[mi][nt][2 * r + 1]));
-        // The 4 lanes of a row (same g, t = 0..3) are lanes 4g … 4g+3: XOR 1 and 2 reach them all.
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        // A row that has seen no key yet keeps max -inf; subtract 0 then, so -inf - (-inf) never
-        // makes a NaN (its p are exp2(-inf) = 0 and its correction 0).
-        max_scaled[mi][r] = tile_max == -INFINITY ? 0.0f : tile_max * scale_log2;
-        correction[mi][r] = exp2f(row_max[mi][r] * scale_log2 - max_scaled[mi][r]);
-        row_max[mi][r] = tile_max;
-      }
-    // Rescaling O costs each thread HEAD_DIM/4 multiplies per row it holds and tile.
-#pragma unroll
-    for (int mi = 0; mi < M_TILES; ++mi)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        // Each lane keeps the sum of its own columns; the 4 lanes of a row share `correction`, so
-        // their partial sums are added once, in the epilogue.
-        row_sum[mi][r] *= correction[mi][r];
-#pragma unroll
-        for (int nt = 0; nt < Tr::O_N_TILES; ++nt) {
-          o_acc[mi][nt][2 * r] *= correction[mi][r];
-          o_acc[mi][nt][2 * r + 1] *= correction[mi][r];
-        }
-      }
-#pragma unroll
-    for (int mi = 0; mi < M_TILES; ++mi)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
+        float tile_max = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < Tr::S_N_TILES; ++nt)
 #pragma unroll
           for (int i = 2 * r; i < 2 * r + 2; ++i) {
-            s_acc[mi][nt][i] = exp2f(fmaf(s_acc[mi][nt][i], scale_log2, -max_scaled[mi][r]));
+            tile_max = fmaxf(tile_max, s_acc[mi][nt][i]);
+          }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[mi][r], tile_max);
+        // A row that has seen no key yet (new_max = -inf) subtracts 0 instead: 2^(-inf) = 0, not NaN.
+        const float max_used = new_max == -INFINITY ? 0.0f : new_max;
+        const float max_scaled = max_used * scale_log2;
+        const float rescale = exp2f((row_max[mi][r] - max_used) * scale_log2);  // 1 if the max held, 0 the first time
+        row_max[mi][r] = new_max;
+        row_sum[mi][r] *= rescale;
+#pragma unroll
+        for (int nt = 0; nt < Tr::O_N_TILES; ++nt) {
+          o_acc[mi][nt][2 * r] *= rescale;
+          o_acc[mi][nt][2 * r + 1] *= rescale;
+        }
+#pragma unroll
+        for (int nt = 0; nt < Tr::S_N_TILES; ++nt)
+#pragma unroll
+          for (int i = 2 * r; i < 2 * r + 2; ++i) {
+            s_acc[mi][nt][i] = exp2f(fmaf(s_acc[mi][nt][i], scale_log2, -max_scaled));  // P, in place of S
             row_sum[mi][r] += s_acc[mi][nt][i];
           }
+      }
 
     // ---- O += P·V
     // P for keys 16·kk … 16·kk + 15 = the accumulators of S's n8 tiles 2·kk and 2·kk + 1, rounded to
     // T in place of the fp32 scores (frag::mma_a_reg_of_c). Then k16 steps over keys; in each, V's B
     // fragments two n8 tiles of head dims (one ldmatrix.x4.trans) at a time.
-    // From 07c: double-buffered as above.
+    // From 07c: all of P first, then V double-buffered as above.
     {
       uint32_t p_frag[M_TILES][Tr::PV_K_STEPS][4];  // [ROWS_PER_WARP, BLOCK_KV] as A, fp16/bf16
 #pragma unroll
@@ -393,6 +385,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
   for (int t = masked_tiles; t < kv_tiles; ++t) process_tile(t, std::false_type{});
 
   // ---- epilogue
+  // From 07d: O normalized for every row first, then staged through shared memory.
   // Each lane summed only its own columns; the row sum is the sum over the row's 4 lanes. A row that
   // saw no key has row_sum 0: O = 0 and LSE = -inf, never NaN. (__fdividef: the MUFU reciprocal,
   // 2 ulp, without the subroutine call of an IEEE division; row_sum <= seqlen_k.)

@@ -298,8 +298,9 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
       }
 
     // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
+    // From 07b: only in the masked tiles, in a pass of its own.
+    const int kv0 = j * BLOCK_KV;  // the tile's first key
     if constexpr (MASKED) {
-      const int kv0 = j * BLOCK_KV;
 #pragma unroll
       for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
@@ -316,6 +317,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
 
     // ---- online softmax
     // exp(scale·(s - m)) = exp2(s·scale·log2(e) - m·scale·log2(e)): one FMA and one exp2 per score.
+    // From 07e: the maxima of all rows first, so that the warp can vote on them before any rescale.
     float max_scaled[M_TILES][2];  // the new row max, times scale·log2(e)
     float correction[M_TILES][2];  // exp2 of (old max - new max)·scale·log2(e): 1 where it did not grow
     bool max_grew = false;
@@ -371,7 +373,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
     // P for keys 16·kk … 16·kk + 15 = the accumulators of S's n8 tiles 2·kk and 2·kk + 1, rounded to
     // T in place of the fp32 scores (frag::mma_a_reg_of_c). Then k16 steps over keys; in each, V's B
     // fragments two n8 tiles of head dims (one ldmatrix.x4.trans) at a time.
-    // From 07c: double-buffered as above.
+    // From 07c: all of P first, then V double-buffered as above.
     {
       uint32_t p_frag[M_TILES][Tr::PV_K_STEPS][4];  // [ROWS_PER_WARP, BLOCK_KV] as A, fp16/bf16
 #pragma unroll
@@ -412,6 +414,7 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
   for (int t = masked_tiles; t < kv_tiles; ++t) process_tile(t, std::false_type{});
 
   // ---- epilogue
+  // From 07d: O normalized for every row first, then staged through shared memory.
   // Each lane summed only its own columns; the row sum is the sum over the row's 4 lanes. A row that
   // saw no key has row_sum 0: O = 0 and LSE = -inf, never NaN. (__fdividef: the MUFU reciprocal,
   // 2 ulp, without the subroutine call of an IEEE division; row_sum <= seqlen_k.)

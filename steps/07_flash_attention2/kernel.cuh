@@ -331,8 +331,10 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
     }
 
     // Keys past seqlen_k (zero-filled rows of K) and, with causal, keys after the diagonal get -inf.
-    if constexpr (MASKED) {
-      const int kv0 = j * BLOCK_KV;
+    // Before 07b: in every tile, inside the softmax's loop over rows below (step 06's code).
+    // From 07b: only in the masked tiles, in a pass of its own.
+    const int kv0 = j * BLOCK_KV;  // the tile's first key
+    if constexpr (MASKED && Tr::has(kWorkOrder)) {
 #pragma unroll
       for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
@@ -358,76 +360,122 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
 
     // ---- online softmax
     // exp(scale·(s - m)) = exp2(s·scale·log2(e) - m·scale·log2(e)): one FMA and one exp2 per score.
-    float max_scaled[M_TILES][2];  // the new row max, times scale·log2(e)
-    float correction[M_TILES][2];  // exp2 of (old max - new max)·scale·log2(e): 1 where it did not grow
-    bool max_grew = false;
-#pragma unroll
-    for (int mi = 0; mi < M_TILES; ++mi)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float tile_max = row_max[mi][r];
-#pragma unroll
-        for (int nt = 0; nt < Tr::S_N_TILES; ++nt)
-          tile_max = fmaxf(tile_max, fmaxf(s_acc[mi][nt][2 * r], s_acc[mi][nt][2 * r + 1]));
-        // The 4 lanes of a row (same g, t = 0..3) are lanes 4g … 4g+3: XOR 1 and 2 reach them all.
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        // A row that has seen no key yet keeps max -inf; subtract 0 then, so -inf - (-inf) never
-        // makes a NaN (its p are exp2(-inf) = 0 and its correction 0).
-        max_scaled[mi][r] = tile_max == -INFINITY ? 0.0f : tile_max * scale_log2;
-        correction[mi][r] = exp2_<Tr>(row_max[mi][r] * scale_log2 - max_scaled[mi][r]);
-        max_grew |= tile_max > row_max[mi][r];
-        row_max[mi][r] = tile_max;
-      }
-    // Rescaling O costs each thread HEAD_DIM/4 multiplies per row it holds and tile.
-    // From 07e: a warp whose rows' maxima did not grow skips it (every correction is exactly 1); the
-    // vote keeps the branch uniform.
-    if (!Tr::has(kRescaleSkip) || __any_sync(0xffffffffu, max_grew)) {
+    // Before 07e: step 06's loop, each row's max, rescale and exponentials in turn; the 4 lanes of a
+    // row are lanes 4g … 4g + 3.
+    // From 07e: the maxima of all rows first, so that the warp can vote on them before any rescale.
+    if constexpr (!Tr::has(kRescaleSkip)) {
 #pragma unroll
       for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          // Each lane keeps the sum of its own columns; the 4 lanes of a row share `correction`, so
-          // their partial sums are added once, in the epilogue.
-          row_sum[mi][r] *= correction[mi][r];
+          const int row = q0 + warp_row0 + mi * 16 + frag::mma_c(lane, 2 * r).row;
+          // Before 07b: the last key row g + 8r may see: the end of K, or with causal the diagonal
+          // (j <= i + Sk - Sq). Every key of every tile is compared with it, as in step 06, in 32 bits
+          // (64-bit compares cost registers that the 32 rows need).
+          const int last_key = p.causal ? min(seqlen_k - 1, row + (seqlen_k - seqlen_q)) : seqlen_k - 1;
+          float tile_max = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < Tr::S_N_TILES; ++nt)
+#pragma unroll
+            for (int i = 2 * r; i < 2 * r + 2; ++i) {
+              if constexpr (!Tr::has(kWorkOrder))
+                if (kv0 + nt * 8 + frag::mma_c(lane, i).col > last_key) s_acc[mi][nt][i] = -INFINITY;
+              tile_max = fmaxf(tile_max, s_acc[mi][nt][i]);
+            }
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          const float new_max = fmaxf(row_max[mi][r], tile_max);
+          // A row that has seen no key yet (new_max = -inf) subtracts 0 instead: 2^(-inf) = 0, not NaN.
+          const float max_used = new_max == -INFINITY ? 0.0f : new_max;
+          const float max_scaled = max_used * scale_log2;
+          const float rescale = exp2f((row_max[mi][r] - max_used) * scale_log2);  // 1 if the max held, 0 the first time
+          row_max[mi][r] = new_max;
+          row_sum[mi][r] *= rescale;
 #pragma unroll
           for (int nt = 0; nt < Tr::O_N_TILES; ++nt) {
-            o_acc[mi][nt][2 * r] *= correction[mi][r];
-            o_acc[mi][nt][2 * r + 1] *= correction[mi][r];
+            o_acc[mi][nt][2 * r] *= rescale;
+            o_acc[mi][nt][2 * r + 1] *= rescale;
           }
+#pragma unroll
+          for (int nt = 0; nt < Tr::S_N_TILES; ++nt)
+#pragma unroll
+            for (int i = 2 * r; i < 2 * r + 2; ++i) {
+              s_acc[mi][nt][i] = exp2f(fmaf(s_acc[mi][nt][i], scale_log2, -max_scaled));  // P, in place of S
+              row_sum[mi][r] += s_acc[mi][nt][i];
+            }
         }
-    }
+    } else {
+      float max_scaled[M_TILES][2];  // the new row max, times scale·log2(e)
+      float correction[M_TILES][2];  // exp2 of (old max - new max)·scale·log2(e): 1 where it did not grow
+      bool max_grew = false;
 #pragma unroll
-    for (int mi = 0; mi < M_TILES; ++mi)
+      for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
+        for (int r = 0; r < 2; ++r) {
+          float tile_max = row_max[mi][r];
 #pragma unroll
-        for (int nt = 0; nt < Tr::S_N_TILES; ++nt)
+          for (int nt = 0; nt < Tr::S_N_TILES; ++nt)
+            tile_max = fmaxf(tile_max, fmaxf(s_acc[mi][nt][2 * r], s_acc[mi][nt][2 * r + 1]));
+          // The 4 lanes of a row (same g, t = 0..3) are lanes 4g … 4g+3: XOR 1 and 2 reach them all.
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          // A row that has seen no key yet keeps max -inf; subtract 0 then, so -inf - (-inf) never
+          // makes a NaN (its p are exp2(-inf) = 0 and its correction 0).
+          max_scaled[mi][r] = tile_max == -INFINITY ? 0.0f : tile_max * scale_log2;
+          correction[mi][r] = exp2_<Tr>(row_max[mi][r] * scale_log2 - max_scaled[mi][r]);
+          max_grew |= tile_max > row_max[mi][r];
+          row_max[mi][r] = tile_max;
+        }
+      // Rescaling O costs each thread HEAD_DIM/4 multiplies per row it holds and tile.
+      // From 07e: a warp whose rows' maxima did not grow skips it (every correction is exactly 1); the
+      // vote keeps the branch uniform.
+      if (__any_sync(0xffffffffu, max_grew)) {
 #pragma unroll
-          for (int i = 2 * r; i < 2 * r + 2; ++i) {
-            s_acc[mi][nt][i] = exp2_<Tr>(fmaf(s_acc[mi][nt][i], scale_log2, -max_scaled[mi][r]));
-            row_sum[mi][r] += s_acc[mi][nt][i];
+        for (int mi = 0; mi < M_TILES; ++mi)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            // Each lane keeps the sum of its own columns; the 4 lanes of a row share `correction`, so
+            // their partial sums are added once, in the epilogue.
+            row_sum[mi][r] *= correction[mi][r];
+#pragma unroll
+            for (int nt = 0; nt < Tr::O_N_TILES; ++nt) {
+              o_acc[mi][nt][2 * r] *= correction[mi][r];
+              o_acc[mi][nt][2 * r + 1] *= correction[mi][r];
+            }
           }
+      }
+#pragma unroll
+      for (int mi = 0; mi < M_TILES; ++mi)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int nt = 0; nt < Tr::S_N_TILES; ++nt)
+#pragma unroll
+            for (int i = 2 * r; i < 2 * r + 2; ++i) {
+              s_acc[mi][nt][i] = exp2_<Tr>(fmaf(s_acc[mi][nt][i], scale_log2, -max_scaled[mi][r]));
+              row_sum[mi][r] += s_acc[mi][nt][i];
+            }
+    }
 
     // ---- O += P·V
     // P for keys 16·kk … 16·kk + 15 = the accumulators of S's n8 tiles 2·kk and 2·kk + 1, rounded to
     // T in place of the fp32 scores (frag::mma_a_reg_of_c). Then k16 steps over keys; in each, V's B
     // fragments two n8 tiles of head dims (one ldmatrix.x4.trans) at a time.
-    // From 07c: double-buffered as above.
+    // From 07c: all of P first, then V double-buffered as above.
     {
-      uint32_t p_frag[M_TILES][Tr::PV_K_STEPS][4];  // [ROWS_PER_WARP, BLOCK_KV] as A, fp16/bf16
-#pragma unroll
-      for (int mi = 0; mi < M_TILES; ++mi)
-#pragma unroll
-        for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk)
-#pragma unroll
-          for (int n_half = 0; n_half < 2; ++n_half)
-#pragma unroll
-            for (int i = 0; i < 4; i += 2)
-              p_frag[mi][kk][frag::mma_a_reg_of_c(n_half, i)] =
-                  pack2<T>(s_acc[mi][2 * kk + n_half][i], s_acc[mi][2 * kk + n_half][i + 1]);
-
       if constexpr (Tr::has(kLdmatrixPipeline)) {
+        uint32_t p_frag[M_TILES][Tr::PV_K_STEPS][4];  // [ROWS_PER_WARP, BLOCK_KV] as A, fp16/bf16
+#pragma unroll
+        for (int mi = 0; mi < M_TILES; ++mi)
+#pragma unroll
+          for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk)
+#pragma unroll
+            for (int n_half = 0; n_half < 2; ++n_half)
+#pragma unroll
+              for (int i = 0; i < 4; i += 2)
+                p_frag[mi][kk][frag::mma_a_reg_of_c(n_half, i)] =
+                    pack2<T>(s_acc[mi][2 * kk + n_half][i], s_acc[mi][2 * kk + n_half][i + 1]);
+
         constexpr int V_PAIRS = Tr::O_N_TILES / 2;
         uint32_t v_frag[2][4];  // [2 loads]: V [16 keys, 16 dims] through .trans as the B of two n8 tiles
         auto load_v = [&](const int kk, const int np) {
@@ -449,7 +497,16 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
           }
       } else {
 #pragma unroll
-        for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk)
+        for (int kk = 0; kk < Tr::PV_K_STEPS; ++kk) {
+          uint32_t p_frag[M_TILES][4];  // [m16 tile]: P [16 rows, keys 16·kk …] as A, fp16/bf16
+#pragma unroll
+          for (int mi = 0; mi < M_TILES; ++mi)
+#pragma unroll
+            for (int n_half = 0; n_half < 2; ++n_half)
+#pragma unroll
+              for (int i = 0; i < 4; i += 2)
+                p_frag[mi][frag::mma_a_reg_of_c(n_half, i)] =
+                    pack2<T>(s_acc[mi][2 * kk + n_half][i], s_acc[mi][2 * kk + n_half][i + 1]);
 #pragma unroll
           for (int np = 0; np < Tr::O_N_TILES / 2; ++np) {
             uint32_t v_frag[4];  // V [16 keys, 16 dims] through .trans as the B of two n8 tiles
@@ -457,8 +514,9 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
             // Quadrants of V [key, dim] through .trans: 0 = keys 0-7 × dims 0-7 (b[0] of n8 tile 2·np),
             // 1 = keys 8-15 × dims 0-7 (its b[1]), 2 and 3 = the same keys × dims 8-15 (tile 2·np + 1).
 #pragma unroll
-            for (int mi = 0; mi < M_TILES; ++mi) mma_n8_pair<T>(o_acc[mi], np, p_frag[mi][kk], v_frag);
+            for (int mi = 0; mi < M_TILES; ++mi) mma_n8_pair<T>(o_acc[mi], np, p_frag[mi], v_frag);
           }
+        }
       }
     }
   };
@@ -472,25 +530,54 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
   }
 
   // ---- epilogue
-  // Each lane summed only its own columns; the row sum is the sum over the row's 4 lanes. A row that
-  // saw no key has row_sum 0: O = 0 and LSE = -inf, never NaN. (__fdividef: the MUFU reciprocal,
-  // 2 ulp, without the subroutine call of an IEEE division; row_sum <= seqlen_k.)
-  float inv_sum[M_TILES][2];
+  // Before 07d: step 06's epilogue: the 4 partial row sums added up, then per row O = o_acc / row_sum,
+  // each lane storing two neighbouring columns (4 bytes) at a time, and LSE = scale·row_max + log(row_sum).
+  // From 07d: O normalized for every row first, then staged through shared memory.
+  if constexpr (!Tr::has(kSmemEpilogue)) {
 #pragma unroll
-  for (int mi = 0; mi < M_TILES; ++mi)
+    for (int mi = 0; mi < M_TILES; ++mi)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = row_sum[mi][r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      inv_sum[mi][r] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
-      const int row = warp_row0 + mi * 16 + frag::mma_c(lane, 2 * r).row;  // inside the tile
-      if (lse && frag::thread_in_group(lane) == 0 && row < q_rows)
-        lse[int64_t(bh) * seqlen_q + q0 + row] = sum > 0.0f ? row_max[mi][r] * p.softmax_scale + logf(sum) : -INFINITY;
-    }
+      for (int r = 0; r < 2; ++r) {
+        row_sum[mi][r] += __shfl_xor_sync(0xffffffffu, row_sum[mi][r], 1);
+        row_sum[mi][r] += __shfl_xor_sync(0xffffffffu, row_sum[mi][r], 2);
+      }
+#pragma unroll
+    for (int mi = 0; mi < M_TILES; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const frag::Coord c = frag::mma_c(lane, 2 * r);  // this lane's elements 2r, 2r+1: one row, two columns
+        const int row = q0 + warp_row0 + mi * 16 + c.row;
+        if (row >= p.seqlen_q) continue;
+        // A row with no key to attend has row_sum = 0: O = 0 and LSE = -inf.
+        const float inv_sum = row_sum[mi][r] > 0.0f ? 1.0f / row_sum[mi][r] : 0.0f;
+        T* o_row = o + offset_of(p.o, b, row, h);
+#pragma unroll
+        for (int nt = 0; nt < Tr::O_N_TILES; ++nt)
+          *reinterpret_cast<uint32_t*>(o_row + nt * 8 + c.col) =
+              pack2<T>(o_acc[mi][nt][2 * r] * inv_sum, o_acc[mi][nt][2 * r + 1] * inv_sum);
+        if (lse && frag::thread_in_group(lane) == 0)
+          lse[bh * p.seqlen_q + row] =
+              row_sum[mi][r] > 0.0f ? row_max[mi][r] * p.softmax_scale + logf(row_sum[mi][r]) : -INFINITY;
+      }
+  } else {
+    // Each lane summed only its own columns; the row sum is the sum over the row's 4 lanes. A row that
+    // saw no key has row_sum 0: O = 0 and LSE = -inf, never NaN. (__fdividef: the MUFU reciprocal,
+    // 2 ulp, without the subroutine call of an IEEE division; row_sum <= seqlen_k.)
+    float inv_sum[M_TILES][2];
+#pragma unroll
+    for (int mi = 0; mi < M_TILES; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float sum = row_sum[mi][r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        inv_sum[mi][r] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
+        const int row = warp_row0 + mi * 16 + frag::mma_c(lane, 2 * r).row;  // inside the tile
+        if (lse && frag::thread_in_group(lane) == 0 && row < q_rows)
+          lse[int64_t(bh) * seqlen_q + q0 + row] = sum > 0.0f ? row_max[mi][r] * p.softmax_scale + logf(sum) : -INFINITY;
+      }
 
-  T* o_tile = o + offset_of(p.o, b, q0, h);
-  if constexpr (Tr::has(kSmemEpilogue)) {
+    T* o_tile = o + offset_of(p.o, b, q0, h);
     // O, normalized and rounded, into this warp's own rows of q_smem (no other warp reads them: each
     // warp reads only its own rows of Q), then out in 16-byte chunks, consecutive lanes writing
     // consecutive chunks of a row. Both passes are conflict-free with the swizzle.
@@ -515,21 +602,6 @@ __device__ __forceinline__ void attend(const T* __restrict__ q, const T* __restr
         *reinterpret_cast<uint4*>(o_tile + row * p.o.row + col) =
             *reinterpret_cast<const uint4*>(o_smem + Layout::offset(row, col));
     }
-  } else {
-    // Step 06's stores: each lane writes its two neighbouring columns of a row, 4 bytes at a time.
-#pragma unroll
-    for (int mi = 0; mi < M_TILES; ++mi)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const frag::Coord c = frag::mma_c(lane, 2 * r);
-        const int row = warp_row0 + mi * 16 + c.row;
-        if (row >= q_rows) continue;
-#pragma unroll
-        for (int nt = 0; nt < Tr::O_N_TILES; ++nt)
-          if (nt * 8 + c.col < head_dim)
-            *reinterpret_cast<uint32_t*>(o_tile + row * p.o.row + nt * 8 + c.col) =
-                pack2<T>(o_acc[mi][nt][2 * r] * inv_sum[mi][r], o_acc[mi][nt][2 * r + 1] * inv_sum[mi][r]);
-      }
   }
 }
 
